@@ -1,0 +1,1 @@
+//! The workerpool operator: the scaling engine and the tools built on it.
