@@ -1,1 +1,46 @@
-pub fn x(){}
+//! The workerpool worker runtime.
+//!
+//! Takes jobs from Redis lists with reliable fetch, runs them through a
+//! [`Handler`] with bounded concurrency, retries failures with exponential
+//! backoff and full jitter, dead-letters what never succeeds, returns the
+//! jobs of lost workers to their queue, and drains gracefully on SIGTERM.
+//! The queue contract (key layout, job envelope) is in [`keys`] and [`job`]
+//! and documented in `docs/queue-contract.md`.
+
+pub mod backoff;
+pub mod config;
+pub mod exec;
+pub mod handler;
+pub mod http;
+pub mod job;
+pub mod keys;
+pub mod metrics;
+pub mod queue;
+mod runtime;
+pub mod scripts;
+
+pub use config::{Config, HandlerChoice};
+pub use handler::{Handler, Noop, Outcome, Sleep};
+pub use job::Job;
+pub use metrics::Metrics;
+pub use runtime::{Error, Shutdown, run};
+
+use std::sync::Arc;
+
+/// Builds the handler chosen on the command line. Starts the exec pool's
+/// children, so a command that cannot start is reported here.
+pub fn build_handler(
+    choice: HandlerChoice,
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<Arc<dyn Handler>, exec::SpawnError> {
+    Ok(match choice {
+        HandlerChoice::Exec(command) => Arc::new(exec::ExecPool::start(
+            command,
+            config.concurrency,
+            metrics.child_restarts.clone(),
+        )?),
+        HandlerChoice::Noop => Arc::new(Noop),
+        HandlerChoice::Sleep => Arc::new(Sleep),
+    })
+}

@@ -1,1 +1,45 @@
-fn main(){}
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+use workerpool_worker::config::Args;
+use workerpool_worker::{Metrics, Shutdown, build_handler, run};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (config, choice) = match Args::parse().into_config() {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let metrics = Metrics::new();
+    let shutdown = match Shutdown::on_signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let handler = match build_handler(choice, &config, &metrics) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(config, handler, metrics, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! Worker configuration: command-line flags, each also read from a
+//! `WORKERPOOL_*` environment variable, validated into a [`Config`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::exec::ExecCommand;
+
+/// Settings of the worker runtime.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Redis connection URL.
+    pub redis_url: String,
+    /// Queues in priority order, the first served first.
+    pub queues: Vec<String>,
+    /// Jobs run at once.
+    pub concurrency: usize,
+    /// Attempts before a job is dead-lettered.
+    pub max_attempts: u32,
+    /// Backoff before the second attempt; doubles per attempt.
+    pub backoff_base: Duration,
+    /// Upper bound of the backoff.
+    pub backoff_max: Duration,
+    /// Time one attempt may take.
+    pub job_timeout: Duration,
+    /// Time in-flight jobs get to finish after SIGTERM.
+    pub shutdown_timeout: Duration,
+    /// Time between heartbeats (and maintenance rounds).
+    pub heartbeat_interval: Duration,
+    /// Silence after which a worker counts as lost and its jobs are returned.
+    pub dead_after: Duration,
+    /// Address of the HTTP endpoints; `None` serves none.
+    pub listen: Option<SocketAddr>,
+    /// Stable worker id (the pod name in Kubernetes).
+    pub worker_id: String,
+}
+
+impl Config {
+    /// Defaults for everything but the URL and the queues.
+    pub fn new(redis_url: impl Into<String>, queues: Vec<String>) -> Self {
+        Self {
+            redis_url: redis_url.into(),
+            queues,
+            concurrency: 1,
+            max_attempts: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            job_timeout: Duration::from_secs(600),
+            shutdown_timeout: Duration::from_secs(25),
+            heartbeat_interval: Duration::from_secs(5),
+            dead_after: Duration::from_secs(30),
+            listen: None,
+            worker_id: default_worker_id(),
+        }
+    }
+
+    /// Checks the settings together; the error names the flag to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |msg: String| Err(ConfigError(msg));
+        if self.queues.is_empty() {
+            return fail(
+                "--queue is required (or WORKERPOOL_QUEUE): the Redis list to take jobs from"
+                    .into(),
+            );
+        }
+        if let Some(q) = self
+            .queues
+            .iter()
+            .find(|q| q.trim().is_empty() || q.contains(char::is_whitespace))
+        {
+            return fail(format!(
+                "--queue {q:?}: a queue name must be non-empty and without spaces"
+            ));
+        }
+        if let Err(e) = redis::Client::open(self.redis_url.as_str()) {
+            return fail(format!(
+                "--redis-url {:?} is not a Redis URL ({e}); expected redis://[user:password@]host[:port][/db]",
+                self.redis_url
+            ));
+        }
+        if self.concurrency == 0 {
+            return fail("--concurrency must be at least 1".into());
+        }
+        if self.max_attempts == 0 {
+            return fail("--max-attempts must be at least 1".into());
+        }
+        if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
+            return fail("--backoff-base must be positive and no larger than --backoff-max".into());
+        }
+        if self.job_timeout.is_zero() || self.heartbeat_interval.is_zero() {
+            return fail("--job-timeout and --heartbeat-interval must be positive".into());
+        }
+        if self.dead_after < self.heartbeat_interval * 3 {
+            return fail(format!(
+                "--dead-after ({}) must be at least 3 x --heartbeat-interval ({}), or live workers would be taken for lost",
+                humantime::format_duration(self.dead_after),
+                humantime::format_duration(self.heartbeat_interval)
+            ));
+        }
+        if self.worker_id.is_empty() || self.worker_id.contains(crate::keys::Instance::SEPARATOR) {
+            return fail(format!(
+                "--worker-id {:?} must be non-empty and must not contain '{}'",
+                self.worker_id,
+                crate::keys::Instance::SEPARATOR
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A configuration that cannot run, with what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// The host name, which is the pod name in Kubernetes.
+pub fn default_worker_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_string())
+}
+
+/// Which handler runs the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HandlerKind {
+    /// A supervised pool of long-lived processes running the command after
+    /// `--`, one JSON job per line on stdin, one JSON reply per line on stdout.
+    Exec,
+    /// Completes every job at once.
+    Noop,
+    /// Sleeps `data.ms` milliseconds per job.
+    Sleep,
+}
+
+/// The handler chosen on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerChoice {
+    /// See [`HandlerKind::Exec`].
+    Exec(ExecCommand),
+    /// See [`HandlerKind::Noop`].
+    Noop,
+    /// See [`HandlerKind::Sleep`].
+    Sleep,
+}
+
+/// Runs background jobs from Redis queues: reliable fetch, retries with
+/// backoff, dead-lettering, heartbeats and recovery of lost workers'
+/// jobs, graceful drain on SIGTERM.
+///
+/// Every flag can also be set in the environment as WORKERPOOL_<FLAG>,
+/// for example WORKERPOOL_REDIS_URL. Durations take units: 500ms, 30s, 5m.
+#[derive(Debug, Parser)]
+#[command(name = "workerpool-worker", version, verbatim_doc_comment)]
+#[command(after_help = "Examples:\n  \
+    workerpool-worker --redis-url redis://localhost:6379 --queue emails -- python3 handler.py\n  \
+    workerpool-worker --redis-url redis://localhost:6379 --queue high --queue low --handler sleep --concurrency 10")]
+pub struct Args {
+    /// Redis URL, redis://[user:password@]host[:port][/db].
+    #[arg(long, env = "WORKERPOOL_REDIS_URL", value_name = "URL")]
+    pub redis_url: Option<String>,
+
+    /// Queue to take jobs from; repeat for several, served in strict
+    /// priority order (the first named first). The environment variable
+    /// takes a comma-separated list.
+    #[arg(
+        long = "queue",
+        env = "WORKERPOOL_QUEUE",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub queues: Vec<String>,
+
+    /// Jobs run at once in this process.
+    #[arg(
+        long,
+        env = "WORKERPOOL_CONCURRENCY",
+        value_name = "N",
+        default_value_t = 1
+    )]
+    pub concurrency: usize,
+
+    /// Handler: exec (the default when a command follows `--`), noop or sleep.
+    #[arg(long, env = "WORKERPOOL_HANDLER", value_enum)]
+    pub handler: Option<HandlerKind>,
+
+    /// Attempts per job before it is dead-lettered.
+    #[arg(
+        long,
+        env = "WORKERPOOL_MAX_ATTEMPTS",
+        value_name = "N",
+        default_value_t = 5
+    )]
+    pub max_attempts: u32,
+
+    /// Backoff before the second attempt; doubles with each attempt, with
+    /// full jitter.
+    #[arg(long, env = "WORKERPOOL_BACKOFF_BASE", value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+
+    /// Upper bound of the retry backoff.
+    #[arg(long, env = "WORKERPOOL_BACKOFF_MAX", value_name = "DUR", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub backoff_max: Duration,
+
+    /// Time one attempt may take; past it the attempt fails (an exec child
+    /// is killed and replaced).
+    #[arg(long, env = "WORKERPOOL_JOB_TIMEOUT", value_name = "DUR", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub job_timeout: Duration,
+
+    /// Time in-flight jobs get to finish after SIGTERM or SIGINT; the rest
+    /// then go back to the head of their queue. Keep it below the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "WORKERPOOL_SHUTDOWN_TIMEOUT", value_name = "DUR", default_value = "25s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Time between heartbeats; also how often due retries are promoted
+    /// and lost workers are looked for.
+    #[arg(long, env = "WORKERPOOL_HEARTBEAT_INTERVAL", value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Duration,
+
+    /// Silence after which a worker counts as lost and its jobs go back to
+    /// the queue.
+    #[arg(long, env = "WORKERPOOL_DEAD_AFTER", value_name = "DUR", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub dead_after: Duration,
+
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "WORKERPOOL_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub listen: SocketAddr,
+
+    /// Stable worker id; the host name (the pod name in Kubernetes) by default.
+    #[arg(long, env = "WORKERPOOL_WORKER_ID", value_name = "ID")]
+    pub worker_id: Option<String>,
+
+    /// Handler command for exec, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+impl Args {
+    /// Validates the flags into a runtime configuration and a handler choice.
+    pub fn into_config(self) -> Result<(Config, HandlerChoice), ConfigError> {
+        let Some(redis_url) = self.redis_url else {
+            return Err(ConfigError(
+                "--redis-url is required (or WORKERPOOL_REDIS_URL), for example redis://localhost:6379".into(),
+            ));
+        };
+        let handler = match (self.handler, self.command.split_first()) {
+            (None | Some(HandlerKind::Exec), Some((program, args))) => {
+                HandlerChoice::Exec(ExecCommand {
+                    program: program.clone(),
+                    args: args.to_vec(),
+                })
+            }
+            (None, None) => {
+                return Err(ConfigError(
+                    "no handler: give a command after `--` (for example `-- python3 handler.py`) or --handler noop|sleep".into(),
+                ));
+            }
+            (Some(HandlerKind::Exec), None) => {
+                return Err(ConfigError(
+                    "--handler exec needs a command after `--`, for example `-- python3 handler.py`".into(),
+                ));
+            }
+            (Some(kind @ (HandlerKind::Noop | HandlerKind::Sleep)), Some(_)) => {
+                return Err(ConfigError(format!(
+                    "--handler {} takes no command; drop the part after `--` or use --handler exec",
+                    kind.to_possible_value()
+                        .map(|v| v.get_name().to_string())
+                        .unwrap_or_default()
+                )));
+            }
+            (Some(HandlerKind::Noop), None) => HandlerChoice::Noop,
+            (Some(HandlerKind::Sleep), None) => HandlerChoice::Sleep,
+        };
+        let config = Config {
+            redis_url,
+            queues: self.queues,
+            concurrency: self.concurrency,
+            max_attempts: self.max_attempts,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+            job_timeout: self.job_timeout,
+            shutdown_timeout: self.shutdown_timeout,
+            heartbeat_interval: self.heartbeat_interval,
+            dead_after: self.dead_after,
+            listen: Some(self.listen),
+            worker_id: self.worker_id.unwrap_or_else(default_worker_id),
+        };
+        config.validate()?;
+        Ok((config, handler))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<(Config, HandlerChoice), ConfigError> {
+        let mut argv = vec!["workerpool-worker"];
+        argv.extend_from_slice(args);
+        Args::try_parse_from(argv)
+            .expect("flags parse")
+            .into_config()
+    }
+
+    fn error(args: &[&str]) -> String {
+        parse(args).expect_err("must be refused").0
+    }
+
+    #[test]
+    fn a_command_after_the_separator_means_exec_and_durations_take_units() {
+        let (config, handler) = parse(&[
+            "--redis-url=redis://h:1/2",
+            "--queue=a",
+            "--queue=b",
+            "--backoff-base=500ms",
+            "--job-timeout=5m",
+            "--",
+            "python3",
+            "h.py",
+        ])
+        .expect("valid");
+        assert_eq!(config.queues, ["a", "b"]);
+        assert_eq!(config.backoff_base, Duration::from_millis(500));
+        assert_eq!(config.job_timeout, Duration::from_secs(300));
+        assert_eq!(
+            handler,
+            HandlerChoice::Exec(ExecCommand {
+                program: "python3".into(),
+                args: vec!["h.py".into()]
+            })
+        );
+    }
+
+    #[test]
+    fn each_bad_setting_is_refused_naming_its_flag() {
+        let url = "--redis-url=redis://localhost";
+        for (args, flag) in [
+            (vec!["--queue=q", "--handler=noop"], "--redis-url"),
+            (vec![url, "--handler=noop"], "--queue"),
+            (
+                vec!["--redis-url=http://x", "--queue=q", "--handler=noop"],
+                "--redis-url",
+            ),
+            (vec![url, "--queue=q"], "--handler"),
+            (vec![url, "--queue=q", "--handler=exec"], "--handler exec"),
+            (
+                vec![url, "--queue=q", "--handler=noop", "--", "x"],
+                "--handler noop",
+            ),
+            (
+                vec![url, "--queue=q", "--handler=noop", "--concurrency=0"],
+                "--concurrency",
+            ),
+            (
+                vec![url, "--queue=q", "--handler=noop", "--max-attempts=0"],
+                "--max-attempts",
+            ),
+            (
+                vec![url, "--queue=q", "--handler=noop", "--dead-after=5s"],
+                "--dead-after",
+            ),
+            (vec![url, "--queue= ", "--handler=noop"], "--queue"),
+        ] {
+            let message = error(&args);
+            assert!(message.contains(flag), "{args:?}: {message}");
+            assert!(!message.contains('\n'), "one line: {message}");
+        }
+    }
+}

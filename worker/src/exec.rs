@@ -1,0 +1,367 @@
+//! The `exec` handler: a supervised pool of long-lived child processes
+//! speaking JSON lines.
+//!
+//! Each job is one line of JSON on a child's stdin; the child answers one
+//! line on stdout, `{"ok":true}` or `{"ok":false,"error":"…","retry":false}`
+//! (`retry` defaults to true). The child's stderr is its log and goes to the
+//! worker's stderr. A child that exits or breaks the protocol mid-job fails
+//! that attempt and is replaced at once; a child whose attempt is abandoned
+//! (timeout, shutdown) is killed and replaced, so the pool keeps its size.
+
+use std::process::Stdio;
+use std::sync::Mutex;
+
+use futures::future::BoxFuture;
+use prometheus::IntCounter;
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::handler::{Handler, Outcome};
+use crate::job::Job;
+
+/// The command the pool runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCommand {
+    /// Program to run (looked up on `PATH`).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+/// Error starting the pool.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start handler command `{program}`: {source}")]
+pub struct SpawnError {
+    program: String,
+    #[source]
+    source: std::io::Error,
+}
+
+struct Proc {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// A pool of `size` children; a job checks one out for its attempt.
+pub struct ExecPool {
+    command: ExecCommand,
+    idle: Mutex<Vec<Proc>>,
+    restarts: IntCounter,
+}
+
+impl std::fmt::Debug for ExecPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecPool")
+            .field("command", &self.command)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default = "yes")]
+    retry: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl ExecPool {
+    /// Starts `size` children. Fails when the command cannot be started, so
+    /// a misconfigured worker stops at start rather than failing every job.
+    /// `restarts` counts children replaced after dying or being killed.
+    pub fn start(
+        command: ExecCommand,
+        size: usize,
+        restarts: IntCounter,
+    ) -> Result<Self, SpawnError> {
+        let mut idle = Vec::with_capacity(size);
+        for _ in 0..size {
+            idle.push(spawn(&command)?);
+        }
+        Ok(Self {
+            command,
+            idle: Mutex::new(idle),
+            restarts,
+        })
+    }
+
+    /// Process ids of the children waiting for a job.
+    pub fn idle_pids(&self) -> Vec<u32> {
+        self.lock().iter().filter_map(|p| p.child.id()).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Proc>> {
+        // A panic while holding this lock cannot leave the Vec inconsistent.
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn checkout(&self) -> Result<Proc, SpawnError> {
+        loop {
+            let Some(mut proc) = self.lock().pop() else {
+                // Only when a replacement failed to start earlier.
+                return spawn(&self.command);
+            };
+            match proc.child.try_wait() {
+                Ok(None) => return Ok(proc),
+                // It died while idle: replace it and look again.
+                _ => self.replace(proc),
+            }
+        }
+    }
+
+    /// Kills a child that can no longer be trusted and starts another.
+    fn replace(&self, mut proc: Proc) {
+        let _ = proc.child.start_kill();
+        self.restarts.inc();
+        match spawn(&self.command) {
+            Ok(fresh) => self.lock().push(fresh),
+            Err(e) => {
+                tracing::error!(error = %e, "handler child could not be replaced; retrying on next job")
+            }
+        }
+    }
+
+    async fn attempt(&self, job: &Job) -> Outcome {
+        let proc = match self.checkout() {
+            Ok(proc) => proc,
+            Err(e) => return Outcome::retry(e.to_string()),
+        };
+        let mut lease = Lease {
+            pool: self,
+            proc: Some(proc),
+        };
+        let outcome = lease.exchange(job).await;
+        match &outcome {
+            Ok(_) => lease.release(),
+            Err(_) => lease.discard(),
+        }
+        outcome.unwrap_or_else(Outcome::retry)
+    }
+}
+
+impl Handler for ExecPool {
+    fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome> {
+        Box::pin(self.attempt(job))
+    }
+}
+
+/// A child checked out for one attempt. Dropped without `release` (the
+/// attempt was abandoned mid-exchange), the child is killed and replaced.
+struct Lease<'a> {
+    pool: &'a ExecPool,
+    proc: Option<Proc>,
+}
+
+impl Lease<'_> {
+    /// One request/response exchange. `Err` means the child is unusable.
+    async fn exchange(&mut self, job: &Job) -> Result<Outcome, String> {
+        let proc = self
+            .proc
+            .as_mut()
+            .expect("a lease holds its child until released");
+        let mut line = job.to_json();
+        line.push('\n');
+        let mut reply = String::new();
+        let read = async {
+            proc.stdin.write_all(line.as_bytes()).await?;
+            proc.stdin.flush().await?;
+            proc.stdout.read_line(&mut reply).await
+        }
+        .await;
+        match read {
+            Ok(0) | Err(_) => {
+                let status = match proc.child.wait().await {
+                    Ok(status) => status.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                Err(format!("handler process exited during the job ({status})"))
+            }
+            Ok(_) => match serde_json::from_str::<Reply>(reply.trim_end()) {
+                Ok(Reply { ok: true, .. }) => Ok(Outcome::Done),
+                Ok(Reply {
+                    ok: false,
+                    error,
+                    retry,
+                }) => Ok(Outcome::Failed {
+                    error: error.unwrap_or_else(|| "handler reported failure".into()),
+                    retry,
+                }),
+                Err(e) => Err(format!(
+                    "handler broke the protocol: expected a line like {{\"ok\":true}}, got {:?} ({e})",
+                    truncate(reply.trim_end(), 200)
+                )),
+            },
+        }
+    }
+
+    fn release(mut self) {
+        if let Some(proc) = self.proc.take() {
+            self.pool.lock().push(proc);
+        }
+    }
+
+    fn discard(mut self) {
+        if let Some(proc) = self.proc.take() {
+            self.pool.replace(proc);
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(proc) = self.proc.take() {
+            self.pool.replace(proc);
+        }
+    }
+}
+
+fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
+    let err = |source| SpawnError {
+        program: command.program.clone(),
+        source,
+    };
+    let mut child = Command::new(&command.program)
+        .args(&command.args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(err)?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(err(std::io::Error::other("child has no stdin/stdout pipe")));
+    };
+    Ok(Proc {
+        child,
+        stdin,
+        stdout: BufReader::new(stdout),
+    })
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Intake, intake};
+
+    fn sh(script: &str) -> ExecCommand {
+        ExecCommand {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+        }
+    }
+
+    fn job(raw: &str) -> Job {
+        match intake(raw, 0, 5, "w") {
+            Intake::Run { job, .. } => job,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn pool(script: &str, size: usize) -> ExecPool {
+        ExecPool::start(
+            sh(script),
+            size,
+            IntCounter::new("r", "r").expect("counter"),
+        )
+        .expect("start")
+    }
+
+    const ECHO_HANDLER: &str = r#"while read -r line; do
+      case "$line" in
+        *'"fail"'*) echo '{"ok":false,"error":"asked to fail","retry":false}' ;;
+        *'"soft"'*) echo '{"ok":false,"error":"try again"}' ;;
+        *'"die"'*) exit 3 ;;
+        *'"garbage"'*) echo 'not json' ;;
+        *'"hang"'*) sleep 30 ;;
+        *) echo '{"ok":true}' ;;
+      esac
+    done"#;
+
+    #[tokio::test]
+    async fn replies_map_to_outcomes_and_retry_defaults_to_true() {
+        let p = pool(ECHO_HANDLER, 1);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+        assert_eq!(
+            p.handle(&job(r#"{"task":"fail"}"#)).await,
+            Outcome::permanent("asked to fail")
+        );
+        assert_eq!(
+            p.handle(&job(r#"{"task":"soft"}"#)).await,
+            Outcome::retry("try again")
+        );
+        assert_eq!(
+            p.restarts.get(),
+            0,
+            "failures reported by the child keep the child"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_that_exits_mid_job_fails_the_attempt_and_is_replaced() {
+        let p = pool(ECHO_HANDLER, 2);
+        let before = p.idle_pids();
+        let outcome = p.handle(&job(r#"{"task":"die"}"#)).await;
+        match outcome {
+            Outcome::Failed { error, retry: true } => assert!(error.contains("exited"), "{error}"),
+            other => panic!("{other:?}"),
+        }
+        let after = p.idle_pids();
+        assert_eq!(after.len(), 2, "the pool keeps its size");
+        assert_ne!(before, after);
+        assert_eq!(p.restarts.get(), 1);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn a_protocol_violation_fails_the_attempt_and_replaces_the_child() {
+        let p = pool(ECHO_HANDLER, 1);
+        match p.handle(&job(r#"{"task":"garbage"}"#)).await {
+            Outcome::Failed { error, retry: true } => {
+                assert!(error.contains("protocol"), "{error}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.restarts.get(), 1);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_attempt_kills_the_child_and_replaces_it() {
+        let p = pool(ECHO_HANDLER, 1);
+        let hung = p.idle_pids();
+        let timed_out = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            p.handle(&job(r#"{"task":"hang"}"#)),
+        )
+        .await;
+        assert!(timed_out.is_err());
+        assert_eq!(p.restarts.get(), 1);
+        assert_ne!(p.idle_pids(), hung);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn a_command_that_cannot_start_is_refused_at_start() {
+        let missing = ExecCommand {
+            program: "/nonexistent/handler".into(),
+            args: vec![],
+        };
+        let err = ExecPool::start(missing, 1, IntCounter::new("r", "r").expect("counter"))
+            .expect_err("must fail");
+        assert!(err.to_string().contains("/nonexistent/handler"), "{err}");
+    }
+}

@@ -1,0 +1,368 @@
+//! The job envelope: what producers push, what handlers get, what the dead
+//! list keeps. Pure code, no I/O.
+//!
+//! A job is one JSON object. The worker reads and writes only the fields
+//! below and keeps every other field as it came (key order included).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Field names of the envelope.
+pub mod field {
+    /// Task name chosen by the producer (string, optional).
+    pub const TASK: &str = "task";
+    /// Payload for the handler (any JSON, optional).
+    pub const DATA: &str = "data";
+    /// Idempotency key; assigned on first fetch when absent, kept across retries.
+    pub const ID: &str = "id";
+    /// Number of the current (or last) attempt, 1-based, set by the worker.
+    pub const ATTEMPT: &str = "attempt";
+    /// Unix milliseconds when the job was enqueued; stamped on first fetch when absent.
+    pub const ENQUEUED_AT: &str = "enqueued_at";
+    /// Unix milliseconds before which the job must not run (delayed job).
+    pub const RUN_AT: &str = "run_at";
+    /// The last error, set when an attempt fails.
+    pub const ERROR: &str = "error";
+}
+
+/// A job as handed to a handler: the producer's object with `id`,
+/// `attempt` and `enqueued_at` filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    fields: Map<String, Value>,
+}
+
+impl Job {
+    /// The job's idempotency key.
+    pub fn id(&self) -> &str {
+        self.fields
+            .get(field::ID)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    /// The task name, when the producer gave one.
+    pub fn task(&self) -> Option<&str> {
+        self.fields.get(field::TASK).and_then(Value::as_str)
+    }
+
+    /// The handler's payload (`Value::Null` when absent).
+    pub fn data(&self) -> &Value {
+        self.fields.get(field::DATA).unwrap_or(&Value::Null)
+    }
+
+    /// The number of this attempt, starting at 1.
+    pub fn attempt(&self) -> u32 {
+        read_u64(&self.fields, field::ATTEMPT).map_or(0, |a| a as u32)
+    }
+
+    /// When the job was enqueued, unix milliseconds.
+    pub fn enqueued_at(&self) -> Option<u64> {
+        read_u64(&self.fields, field::ENQUEUED_AT)
+    }
+
+    /// Any field of the object.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.fields.get(key)
+    }
+
+    /// The whole object.
+    pub fn fields(&self) -> &Map<String, Value> {
+        &self.fields
+    }
+
+    /// The job as one line of JSON.
+    pub fn to_json(&self) -> String {
+        Value::Object(self.fields.clone()).to_string()
+    }
+
+    /// The payload that waits for the next attempt after this one failed.
+    pub fn failed(&self, error: &str) -> String {
+        let mut fields = self.fields.clone();
+        fields.insert(field::ERROR.into(), Value::from(error));
+        Value::Object(fields).to_string()
+    }
+
+    /// The payload to put back on the queue when this attempt is given up
+    /// without having failed (shutdown): the attempt is not counted, the id
+    /// and enqueue time are kept so a rerun is recognisable.
+    pub fn unstarted(&self) -> String {
+        let mut fields = self.fields.clone();
+        match self.attempt() {
+            0 | 1 => fields.shift_remove(field::ATTEMPT),
+            n => fields.insert(field::ATTEMPT.into(), Value::from(n - 1)),
+        };
+        Value::Object(fields).to_string()
+    }
+
+    /// A job built from fields (for handlers' tests and the library API).
+    pub fn from_fields(fields: Map<String, Value>) -> Self {
+        Self { fields }
+    }
+}
+
+/// Why a job ended in the dead list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadReason {
+    /// The payload is not a JSON object, or a known field has the wrong type.
+    Malformed,
+    /// Every allowed attempt failed.
+    Exhausted,
+    /// The handler said the failure is permanent (`retry: false`).
+    Permanent,
+    /// Every allowed attempt was used up without finishing: the worker
+    /// running it was lost each time (killed, evicted, crashed).
+    Lost,
+}
+
+impl DeadReason {
+    /// Stable label for metrics and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::Malformed => "malformed",
+            DeadReason::Exhausted => "exhausted",
+            DeadReason::Permanent => "permanent",
+            DeadReason::Lost => "lost",
+        }
+    }
+}
+
+/// An entry of `<queue>:dead`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Why the job is dead.
+    pub reason: DeadReason,
+    /// The last error.
+    pub error: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When it was dead-lettered, unix milliseconds (Redis server clock).
+    pub died_at: u64,
+    /// The worker instance that dead-lettered it.
+    pub worker: String,
+    /// The job: its JSON object, or for a malformed payload the raw text.
+    pub job: Value,
+}
+
+impl DeadLetter {
+    /// The entry as stored.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a DeadLetter always serializes")
+    }
+}
+
+/// What the worker does with a payload it has just taken from the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Intake {
+    /// Run it: `stamped` replaces the raw payload in the processing list
+    /// before the handler starts, so a crash mid-job still counts the attempt.
+    Run { job: Job, stamped: String },
+    /// Not due yet: park it in the scheduled set until `run_at`.
+    Schedule { run_at: u64 },
+    /// Dead-letter it without running it.
+    Dead(DeadLetter),
+}
+
+/// Decides what to do with a raw payload taken from the queue at `now_ms`
+/// (Redis server clock), given the pool's attempt limit.
+pub fn intake(raw: &str, now_ms: u64, max_attempts: u32, worker: &str) -> Intake {
+    let dead = |reason, error: String, attempts, job| {
+        Intake::Dead(DeadLetter {
+            reason,
+            error,
+            attempts,
+            died_at: now_ms,
+            worker: worker.to_string(),
+            job,
+        })
+    };
+    let mut fields = match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(fields)) => fields,
+        Ok(other) => {
+            let error = format!("expected a JSON object, got {}", json_kind(&other));
+            return dead(DeadReason::Malformed, error, 0, Value::from(raw));
+        }
+        Err(e) => {
+            let error = format!("not valid JSON: {e}");
+            return dead(DeadReason::Malformed, error, 0, Value::from(raw));
+        }
+    };
+    if let Err(error) = check_types(&fields) {
+        return dead(DeadReason::Malformed, error, 0, Value::Object(fields));
+    }
+    if let Some(run_at) = read_u64(&fields, field::RUN_AT)
+        && run_at > now_ms
+    {
+        return Intake::Schedule { run_at };
+    }
+    let previous = read_u64(&fields, field::ATTEMPT).unwrap_or(0) as u32;
+    if previous >= max_attempts {
+        let error = fields
+            .get(field::ERROR)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                format!("attempt {previous} did not finish: the worker running it was lost")
+            });
+        return dead(DeadReason::Lost, error, previous, Value::Object(fields));
+    }
+    if !fields.contains_key(field::ID) {
+        fields.insert(field::ID.into(), Value::from(new_id()));
+    }
+    if !fields.contains_key(field::ENQUEUED_AT) {
+        fields.insert(field::ENQUEUED_AT.into(), Value::from(now_ms));
+    }
+    fields.insert(field::ATTEMPT.into(), Value::from(previous + 1));
+    let job = Job { fields };
+    let stamped = job.to_json();
+    Intake::Run { job, stamped }
+}
+
+/// A fresh job id: 128 random bits in hex.
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn check_types(fields: &Map<String, Value>) -> Result<(), String> {
+    let expect = |name: &str, ok: fn(&Value) -> bool, what: &str| match fields.get(name) {
+        Some(v) if !ok(v) => Err(format!(
+            "field `{name}` must be {what}, got {}",
+            json_kind(v)
+        )),
+        _ => Ok(()),
+    };
+    expect(field::TASK, Value::is_string, "a string")?;
+    expect(field::ID, Value::is_string, "a string")?;
+    expect(field::ATTEMPT, Value::is_u64, "a non-negative integer")?;
+    expect(field::ENQUEUED_AT, Value::is_u64, "unix milliseconds")?;
+    expect(field::RUN_AT, Value::is_u64, "unix milliseconds")?;
+    Ok(())
+}
+
+fn read_u64(fields: &Map<String, Value>, name: &str) -> Option<u64> {
+    fields.get(name).and_then(Value::as_u64)
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn run(raw: &str) -> Job {
+        match intake(raw, NOW, 5, "w~1") {
+            Intake::Run { job, stamped } => {
+                assert_eq!(stamped, job.to_json());
+                job
+            }
+            other => panic!("expected Run, got {other:?}"),
+        }
+    }
+
+    fn dead(raw: &str, max_attempts: u32) -> DeadLetter {
+        match intake(raw, NOW, max_attempts, "w~1") {
+            Intake::Dead(d) => d,
+            other => panic!("expected Dead, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn first_fetch_stamps_id_attempt_and_enqueue_time_and_keeps_unknown_fields_in_order() {
+        let job = run(r#"{"task":"send_email","data":{"to":"a@b.c"},"zeta":1,"alpha":[]}"#);
+        assert_eq!(job.task(), Some("send_email"));
+        assert_eq!(job.data(), &json!({"to": "a@b.c"}));
+        assert_eq!(job.attempt(), 1);
+        assert_eq!(job.enqueued_at(), Some(NOW));
+        assert_eq!(job.id().len(), 32);
+        let keys: Vec<_> = job.fields().keys().map(String::as_str).collect();
+        assert_eq!(&keys[..4], ["task", "data", "zeta", "alpha"]);
+        assert_eq!(job.get("alpha"), Some(&json!([])));
+    }
+
+    #[test]
+    fn producer_ids_and_enqueue_times_are_kept_and_attempts_count_up() {
+        let job = run(r#"{"id":"order-42","enqueued_at":5,"attempt":2}"#);
+        assert_eq!(job.id(), "order-42");
+        assert_eq!(job.enqueued_at(), Some(5));
+        assert_eq!(job.attempt(), 3);
+    }
+
+    #[test]
+    fn non_objects_and_bad_json_are_dead_lettered_as_malformed_with_the_raw_text() {
+        for (raw, needle) in [
+            ("not json", "not valid JSON"),
+            ("[1,2]", "an array"),
+            ("\"s\"", "a string"),
+            ("{\"attempt\":\"two\"}", "`attempt`"),
+            ("{\"id\":7}", "`id`"),
+        ] {
+            let d = dead(raw, 5);
+            assert_eq!(d.reason, DeadReason::Malformed, "{raw}");
+            assert!(d.error.contains(needle), "{raw}: {}", d.error);
+            assert_eq!(d.died_at, NOW);
+        }
+        assert_eq!(dead("not json", 5).job, json!("not json"));
+    }
+
+    #[test]
+    fn a_future_run_at_schedules_the_job_and_a_past_one_runs_it() {
+        let later = NOW + 60_000;
+        assert_eq!(
+            intake(&format!(r#"{{"run_at":{later}}}"#), NOW, 5, "w"),
+            Intake::Schedule { run_at: later }
+        );
+        run(&format!(r#"{{"run_at":{}}}"#, NOW - 1));
+    }
+
+    #[test]
+    fn a_job_whose_last_allowed_attempt_never_finished_is_dead_as_lost() {
+        let d = dead(r#"{"id":"x","attempt":2}"#, 2);
+        assert_eq!(d.reason, DeadReason::Lost);
+        assert_eq!(d.attempts, 2);
+        assert!(d.error.contains("attempt 2 did not finish"), "{}", d.error);
+        let d = dead(r#"{"id":"x","attempt":2,"error":"boom"}"#, 2);
+        assert_eq!(d.error, "boom");
+    }
+
+    #[test]
+    fn a_failed_job_keeps_its_id_and_attempt_and_records_the_error() {
+        let job = run(r#"{"task":"t"}"#);
+        let next: Value = serde_json::from_str(&job.failed("boom")).expect("json");
+        assert_eq!(next["id"], json!(job.id()));
+        assert_eq!(next["attempt"], json!(1));
+        assert_eq!(next["error"], json!("boom"));
+    }
+
+    #[test]
+    fn a_job_given_back_at_shutdown_does_not_count_the_attempt() {
+        let first = run(r#"{"task":"t"}"#);
+        let back: Value = serde_json::from_str(&first.unstarted()).expect("json");
+        assert!(back.get("attempt").is_none());
+        assert_eq!(back["id"], json!(first.id()));
+        let third = run(r#"{"attempt":2}"#);
+        let back: Value = serde_json::from_str(&third.unstarted()).expect("json");
+        assert_eq!(back["attempt"], json!(2));
+    }
+
+    #[test]
+    fn dead_letters_serialize_with_snake_case_reasons() {
+        let d = dead("oops", 5);
+        let v: Value = serde_json::from_str(&d.to_json()).expect("json");
+        assert_eq!(v["reason"], json!("malformed"));
+        assert_eq!(v["job"], json!("oops"));
+        assert_eq!(v["worker"], json!("w~1"));
+    }
+}

@@ -1,0 +1,166 @@
+//! The Redis key layout of a queue (queue contract v1).
+//!
+//! Every reader and writer of a queue — the worker, the operator, the CLI —
+//! derives key names here and nowhere else. All keys start with the queue's
+//! name, so a queue named with a Redis Cluster hash tag (`{emails}`) keeps
+//! every key in one slot and every script stays atomic on a cluster.
+//! The layout is documented in `docs/queue-contract.md`.
+
+/// Version of the key layout and job envelope. Bumped on any change that an
+/// older reader would misread.
+pub const CONTRACT_VERSION: u32 = 1;
+
+/// The names of every key that belongs to one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueKeys {
+    name: String,
+}
+
+impl QueueKeys {
+    /// Keys for the queue stored at the Redis list `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+
+    /// The queue's name, which is also the key of its list of waiting jobs.
+    /// Producers `LPUSH` here; workers take from the right, so it is FIFO.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The list of waiting jobs (same as [`QueueKeys::name`]).
+    pub fn waiting(&self) -> &str {
+        &self.name
+    }
+
+    /// The list of jobs one worker instance has taken and not yet settled.
+    pub fn processing(&self, instance: &str) -> String {
+        format!("{}:processing:{instance}", self.name)
+    }
+
+    /// Sorted set of failed jobs waiting for their next attempt, scored by
+    /// the due time in unix milliseconds of the Redis server's clock.
+    pub fn retry(&self) -> String {
+        format!("{}:retry", self.name)
+    }
+
+    /// Sorted set of delayed jobs (`run_at` in the future), scored by `run_at`.
+    pub fn scheduled(&self) -> String {
+        format!("{}:scheduled", self.name)
+    }
+
+    /// List of dead-lettered jobs, newest first, each a JSON envelope with
+    /// the job, the reason, the last error, the attempts and the time.
+    pub fn dead(&self) -> String {
+        format!("{}:dead", self.name)
+    }
+
+    /// Sorted set of live worker instances, scored by their last heartbeat
+    /// (unix milliseconds, Redis server clock).
+    pub fn workers(&self) -> String {
+        format!("{}:workers", self.name)
+    }
+
+    /// Hash describing one worker instance (id, pid, concurrency, in-flight…).
+    pub fn worker(&self, instance: &str) -> String {
+        format!("{}:worker:{instance}", self.name)
+    }
+
+    /// Monotonic counter of jobs completed successfully.
+    pub fn stats_processed(&self) -> String {
+        format!("{}:stats:processed", self.name)
+    }
+
+    /// Monotonic counter of failed attempts (retried or dead-lettered).
+    pub fn stats_failed(&self) -> String {
+        format!("{}:stats:failed", self.name)
+    }
+
+    /// Monotonic counter of jobs dead-lettered.
+    pub fn stats_dead(&self) -> String {
+        format!("{}:stats:dead", self.name)
+    }
+
+    /// Monotonic counter of jobs returned to the queue from a lost worker.
+    pub fn stats_recovered(&self) -> String {
+        format!("{}:stats:recovered", self.name)
+    }
+}
+
+/// The identity of one worker process: the stable worker id (the pod name in
+/// Kubernetes) plus a nonce drawn at each process start. A restarted
+/// container keeps its pod name but gets a new nonce, which lets the new
+/// process find and return the jobs of its earlier incarnations at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    id: String,
+    nonce: String,
+}
+
+impl Instance {
+    /// Separates the worker id from the nonce in an instance name.
+    pub const SEPARATOR: char = '~';
+
+    /// A new instance of worker `id` with a fresh random nonce.
+    pub fn new(id: impl Into<String>) -> Self {
+        let nonce = format!("{:08x}", rand::random::<u32>());
+        Self::with_nonce(id, nonce)
+    }
+
+    /// An instance with a given nonce (for tests and tools).
+    pub fn with_nonce(id: impl Into<String>, nonce: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            nonce: nonce.into(),
+        }
+    }
+
+    /// The stable worker id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// `<id>~<nonce>`, the name used in keys and in the workers set.
+    pub fn name(&self) -> String {
+        format!("{}{}{}", self.id, Self::SEPARATOR, self.nonce)
+    }
+
+    /// The worker id of an instance name, if it has the instance form.
+    pub fn id_of(name: &str) -> Option<&str> {
+        name.rsplit_once(Self::SEPARATOR).map(|(id, _)| id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_starts_with_the_queue_name_so_hash_tags_keep_one_slot() {
+        let k = QueueKeys::new("{mail}");
+        for key in [
+            k.waiting().to_string(),
+            k.processing("w~1"),
+            k.retry(),
+            k.scheduled(),
+            k.dead(),
+            k.workers(),
+            k.worker("w~1"),
+            k.stats_processed(),
+            k.stats_failed(),
+            k.stats_dead(),
+            k.stats_recovered(),
+        ] {
+            assert!(key.starts_with("{mail}"), "{key}");
+        }
+    }
+
+    #[test]
+    fn instance_names_round_trip_to_their_worker_id() {
+        let a = Instance::with_nonce("pod-7c9d", "0000beef");
+        assert_eq!(a.name(), "pod-7c9d~0000beef");
+        assert_eq!(Instance::id_of(&a.name()), Some("pod-7c9d"));
+        assert_eq!(Instance::id_of("no-separator"), None);
+        assert_ne!(Instance::new("x").name(), Instance::new("x").name());
+    }
+}

@@ -1,0 +1,285 @@
+//! Queue operations on Redis: thin async wrappers over the scripts in
+//! [`crate::scripts`], shared by the worker runtime and the tools.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+use crate::keys::QueueKeys;
+use crate::scripts;
+
+pub use redis::RedisResult;
+
+/// What to do with one freshly fetched payload (see [`settle_intake`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntakeAction {
+    /// Replace the raw payload with its stamped form before running it.
+    Run { raw: String, stamped: String },
+    /// Park the payload in the scheduled set until `run_at`.
+    Schedule { raw: String, run_at: u64 },
+    /// Dead-letter the payload with this envelope.
+    Dead { raw: String, envelope: String },
+}
+
+/// Takes up to `n` jobs from `queues` in priority order into the instance's
+/// processing lists, in one round trip. Returns (queue index, payload).
+pub async fn fetch(
+    conn: &mut MultiplexedConnection,
+    queues: &[QueueKeys],
+    instance: &str,
+    n: usize,
+) -> RedisResult<Vec<(usize, String)>> {
+    let mut invocation = scripts::FETCH.prepare_invoke();
+    for q in queues {
+        invocation.key(q.waiting()).key(q.processing(instance));
+    }
+    invocation.arg(n);
+    let flat: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let mut out = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks_exact(2) {
+        let index: usize = redis::from_redis_value_ref(&pair[0])?;
+        let payload: String = redis::from_redis_value_ref(&pair[1])?;
+        out.push((index - 1, payload));
+    }
+    Ok(out)
+}
+
+/// Waits up to `timeout` for a job on one queue and moves it into the
+/// instance's processing list (`BLMOVE`). Use a connection of its own: a
+/// blocked connection serves nothing else.
+pub async fn wait_for_job(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    timeout: Duration,
+) -> RedisResult<Option<String>> {
+    redis::cmd("BLMOVE")
+        .arg(queue.waiting())
+        .arg(queue.processing(instance))
+        .arg("RIGHT")
+        .arg("LEFT")
+        .arg(timeout.as_secs_f64())
+        .query_async(conn)
+        .await
+}
+
+/// Settles fresh payloads (stamp, schedule or dead-letter). Returns, per
+/// action, whether the payload was still in the processing list.
+pub async fn settle_intake(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    actions: &[IntakeAction],
+) -> RedisResult<Vec<bool>> {
+    let mut invocation = scripts::SETTLE_INTAKE.prepare_invoke();
+    invocation
+        .key(queue.processing(instance))
+        .key(queue.scheduled())
+        .key(queue.dead())
+        .key(queue.stats_dead());
+    for action in actions {
+        match action {
+            IntakeAction::Run { raw, stamped } => invocation.arg("R").arg(raw).arg(stamped),
+            IntakeAction::Schedule { raw, run_at } => invocation.arg("S").arg(raw).arg(*run_at),
+            IntakeAction::Dead { raw, envelope } => invocation.arg("D").arg(raw).arg(envelope),
+        };
+    }
+    let done: Vec<i64> = invocation.invoke_async(conn).await?;
+    Ok(done.into_iter().map(|d| d == 1).collect())
+}
+
+/// Completes a job. `false`: the job was no longer ours (a reaper returned
+/// it to the queue), so it was not counted again.
+pub async fn ack(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    payload: &str,
+) -> RedisResult<bool> {
+    scripts::ACK
+        .key(queue.processing(instance))
+        .key(queue.stats_processed())
+        .arg(payload)
+        .invoke_async(conn)
+        .await
+}
+
+/// Schedules the next attempt of a failed job `delay` from now (server clock).
+pub async fn retry_later(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    payload: &str,
+    next: &str,
+    delay: Duration,
+) -> RedisResult<bool> {
+    scripts::RETRY
+        .key(queue.processing(instance))
+        .key(queue.retry())
+        .key(queue.stats_failed())
+        .arg(payload)
+        .arg(next)
+        .arg(delay.as_millis() as u64)
+        .invoke_async(conn)
+        .await
+}
+
+/// Dead-letters a job after a failed attempt.
+pub async fn bury(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    payload: &str,
+    envelope: &str,
+) -> RedisResult<bool> {
+    scripts::BURY
+        .key(queue.processing(instance))
+        .key(queue.dead())
+        .key(queue.stats_failed())
+        .key(queue.stats_dead())
+        .arg(payload)
+        .arg(envelope)
+        .invoke_async(conn)
+        .await
+}
+
+/// Puts jobs back at the head of the queue: pairs of (payload as held in
+/// the processing list, payload to push). The last pair ends at the very
+/// head. Returns how many were still ours.
+pub async fn give_back(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    pairs: &[(&str, &str)],
+) -> RedisResult<usize> {
+    if pairs.is_empty() {
+        return Ok(0);
+    }
+    let mut invocation = scripts::GIVE_BACK.prepare_invoke();
+    invocation
+        .key(queue.processing(instance))
+        .key(queue.waiting());
+    for (held, push) in pairs {
+        invocation.arg(*held).arg(*push);
+    }
+    invocation.invoke_async(conn).await
+}
+
+/// Moves due retries and due delayed jobs to the queue. Returns how many.
+pub async fn promote_due(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    limit: usize,
+) -> RedisResult<u64> {
+    scripts::PROMOTE
+        .key(queue.retry())
+        .key(queue.scheduled())
+        .key(queue.waiting())
+        .arg(limit)
+        .invoke_async(conn)
+        .await
+}
+
+/// Result of a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// The instance was not in the registry before this beat: it is new,
+    /// or a reaper took it for lost and returned its jobs.
+    pub registered_anew: bool,
+    /// The Redis server's clock, unix milliseconds.
+    pub server_time_ms: u64,
+}
+
+/// Records a heartbeat with the worker's details.
+pub async fn heartbeat(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    ttl: Duration,
+    details: &[(&str, String)],
+) -> RedisResult<Beat> {
+    let mut invocation = scripts::HEARTBEAT.prepare_invoke();
+    invocation
+        .key(queue.workers())
+        .key(queue.worker(instance))
+        .arg(instance)
+        .arg(ttl.as_millis() as u64);
+    for (field, value) in details {
+        invocation.arg(*field).arg(value);
+    }
+    let (added, now): (i64, u64) = invocation.invoke_async(conn).await?;
+    Ok(Beat {
+        registered_anew: added == 1,
+        server_time_ms: now,
+    })
+}
+
+/// Registered worker instances with their last heartbeat (unix ms).
+pub async fn workers(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+) -> RedisResult<Vec<(String, u64)>> {
+    let entries: Vec<(String, f64)> = conn.zrange_withscores(queue.workers(), 0, -1).await?;
+    Ok(entries
+        .into_iter()
+        .map(|(name, beat)| (name, beat as u64))
+        .collect())
+}
+
+/// Instances whose last heartbeat is older than `cutoff_ms`.
+pub async fn silent_workers(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    cutoff_ms: u64,
+) -> RedisResult<Vec<String>> {
+    conn.zrangebyscore(queue.workers(), "-inf", format!("({cutoff_ms}"))
+        .await
+}
+
+/// Returns a lost instance's jobs to the head of the queue if it has been
+/// silent for `dead_after` (or regardless, with `None`). Returns the number
+/// of jobs moved, or `None` when the instance turned out to be alive.
+pub async fn reap(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+    dead_after: Option<Duration>,
+) -> RedisResult<Option<u64>> {
+    let limit = dead_after.map_or(-1, |d| d.as_millis() as i64);
+    let moved: i64 = scripts::REAP
+        .key(queue.workers())
+        .key(queue.processing(instance))
+        .key(queue.waiting())
+        .key(queue.worker(instance))
+        .key(queue.stats_recovered())
+        .arg(instance)
+        .arg(limit)
+        .invoke_async(conn)
+        .await?;
+    Ok(u64::try_from(moved).ok())
+}
+
+/// Removes the instance from the registry if its processing list is empty.
+pub async fn deregister(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+) -> RedisResult<bool> {
+    scripts::DEREGISTER
+        .key(queue.workers())
+        .key(queue.processing(instance))
+        .key(queue.worker(instance))
+        .arg(instance)
+        .invoke_async(conn)
+        .await
+}
+
+/// Everything in the instance's processing list.
+pub async fn processing(
+    conn: &mut MultiplexedConnection,
+    queue: &QueueKeys,
+    instance: &str,
+) -> RedisResult<Vec<String>> {
+    conn.lrange(queue.processing(instance), 0, -1).await
+}
