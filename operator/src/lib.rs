@@ -1,1 +1,3 @@
 //! The workerpool operator: the scaling engine and the tools built on it.
+
+pub mod scaling;

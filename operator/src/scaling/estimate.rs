@@ -1,0 +1,161 @@
+//! Rates measured from counters: arrivals, completions, and what one replica can process.
+
+/// How quickly the smoothed rates follow a change, in seconds (the time constant of an
+/// exponentially weighted moving average whose weight depends on the time between samples,
+/// so a missed sample weighs as much as the time it covers).
+const ARRIVAL_TAU: f64 = 30.0;
+const COMPLETION_TAU: f64 = 30.0;
+const THROUGHPUT_TAU: f64 = 60.0;
+
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    at: f64,
+    processed: u64,
+    pending: u64,
+    backlog: u64,
+    ready: i32,
+}
+
+/// Smoothed rates estimated from the monotonic `processed_total` counter and queue depths.
+///
+/// - arrivals per second are derived by conservation of work: what was completed plus what
+///   the queue and the workers gained, `(Δprocessed + Δ(backlog + inFlight)) / Δt`;
+/// - per-replica throughput is measured only over intervals when the workers were
+///   saturated (jobs waiting at both ends), since an idle worker's rate says nothing about
+///   its capacity;
+/// - a counter that goes backwards (a reset) starts a new baseline without a rate update.
+#[derive(Clone, Debug, Default)]
+pub struct RateEstimator {
+    last: Option<Sample>,
+    arrival: Option<f64>,
+    completion: Option<f64>,
+    per_replica: Option<f64>,
+}
+
+impl RateEstimator {
+    /// Smoothed arrivals per second, once two samples were seen.
+    pub fn arrival_rate(&self) -> Option<f64> {
+        self.arrival
+    }
+
+    /// Smoothed completions per second across all replicas.
+    pub fn completion_rate(&self) -> Option<f64> {
+        self.completion
+    }
+
+    /// Smoothed jobs per second that one saturated replica completes.
+    pub fn per_replica_throughput(&self) -> Option<f64> {
+        self.per_replica
+    }
+
+    /// Adds a sample taken at `at` seconds.
+    pub fn observe(&mut self, at: f64, processed: u64, backlog: u64, in_flight: u64, ready: i32) {
+        let sample = Sample {
+            at,
+            processed,
+            pending: backlog.saturating_add(in_flight),
+            backlog,
+            ready,
+        };
+        let Some(last) = self.last else {
+            self.last = Some(sample);
+            return;
+        };
+        let dt = at - last.at;
+        if dt.is_nan() || dt <= 0.0 {
+            // Same instant or time went backwards: nothing to learn, keep the older baseline.
+            return;
+        }
+        self.last = Some(sample);
+        if processed < last.processed {
+            return;
+        }
+        let done = (processed - last.processed) as f64;
+        let gained = sample.pending as f64 - last.pending as f64;
+        let arrival = ((done + gained) / dt).max(0.0);
+        let completion = done / dt;
+        self.arrival = Some(smooth(self.arrival, arrival, dt, ARRIVAL_TAU));
+        self.completion = Some(smooth(self.completion, completion, dt, COMPLETION_TAU));
+        if last.backlog > 0 && sample.backlog > 0 && last.ready > 0 && ready > 0 && done > 0.0 {
+            let replicas = f64::from(last.ready + ready) / 2.0;
+            self.per_replica = Some(smooth(
+                self.per_replica,
+                completion / replicas,
+                dt,
+                THROUGHPUT_TAU,
+            ));
+        }
+    }
+}
+
+fn smooth(previous: Option<f64>, value: f64, dt: f64, tau: f64) -> f64 {
+    match previous {
+        None => value,
+        Some(previous) => {
+            let weight = 1.0 - (-dt / tau).exp();
+            previous + weight * (value - previous)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derives_arrivals_from_completions_and_queue_growth() {
+        let mut e = RateEstimator::default();
+        e.observe(0.0, 100, 10, 2, 2);
+        // 20 done and the queue grew by 10 in 10 s: 3 jobs/s arrived.
+        e.observe(10.0, 120, 20, 2, 2);
+        assert_eq!(e.arrival_rate(), Some(3.0));
+        assert_eq!(e.completion_rate(), Some(2.0));
+        assert_eq!(e.per_replica_throughput(), Some(1.0));
+    }
+
+    #[test]
+    fn ignores_throughput_while_workers_are_not_saturated() {
+        let mut e = RateEstimator::default();
+        e.observe(0.0, 0, 0, 1, 4);
+        e.observe(10.0, 10, 0, 1, 4);
+        assert_eq!(e.per_replica_throughput(), None);
+        assert_eq!(e.arrival_rate(), Some(1.0));
+    }
+
+    #[test]
+    fn a_counter_reset_starts_a_new_baseline() {
+        let mut e = RateEstimator::default();
+        e.observe(0.0, 1000, 5, 0, 1);
+        e.observe(5.0, 3, 5, 0, 1);
+        assert_eq!(e.arrival_rate(), None);
+        e.observe(10.0, 8, 5, 0, 1);
+        assert_eq!(e.arrival_rate(), Some(1.0));
+    }
+
+    #[test]
+    fn a_missed_sample_weighs_as_much_as_the_time_it_covers() {
+        let mut short = RateEstimator::default();
+        short.observe(0.0, 0, 0, 0, 1);
+        short.observe(5.0, 0, 0, 0, 1);
+        short.observe(10.0, 100, 0, 0, 1);
+        let mut long = RateEstimator::default();
+        long.observe(0.0, 0, 0, 0, 1);
+        long.observe(5.0, 0, 0, 0, 1);
+        long.observe(300.0, 3000, 0, 0, 1);
+        let (Some(short), Some(long)) = (short.arrival_rate(), long.arrival_rate()) else {
+            panic!("both have rates");
+        };
+        // 5 s of 20 jobs/s moves the estimate a little; 295 s of 10.17 jobs/s nearly all the way.
+        assert!(short < 4.0, "{short}");
+        assert!(long > 10.0, "{long}");
+    }
+
+    #[test]
+    fn time_going_backwards_is_ignored() {
+        let mut e = RateEstimator::default();
+        e.observe(10.0, 0, 0, 0, 1);
+        e.observe(5.0, 50, 0, 0, 1);
+        e.observe(20.0, 10, 0, 0, 1);
+        assert_eq!(e.arrival_rate(), Some(1.0));
+    }
+}

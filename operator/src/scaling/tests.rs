@@ -1,0 +1,701 @@
+//! Each rule with exact numbers, and the worked examples of the Kubernetes HPA
+//! documentation: <https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/>.
+
+use std::time::Duration;
+
+use k8s_openapi::api::autoscaling::v2::{
+    HPAScalingPolicy, HPAScalingRules, HorizontalPodAutoscalerBehavior,
+};
+
+use super::*;
+
+fn at(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
+}
+
+fn obs(backlog: u64, in_flight: u64, current: i32) -> Observation {
+    Observation {
+        backlog,
+        in_flight,
+        current_replicas: current,
+        ready_replicas: current,
+        ..Observation::default()
+    }
+}
+
+/// Only the backlog target, no windows or policies: the raw rules show through.
+fn plain() -> ScalingSpec {
+    ScalingSpec {
+        target_drain_seconds: None,
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(0, None, vec![])),
+            scale_down: Some(rules(0, None, vec![])),
+        }),
+        ..ScalingSpec::default()
+    }
+}
+
+fn rules(window: i32, select: Option<&str>, policies: Vec<HPAScalingPolicy>) -> HPAScalingRules {
+    HPAScalingRules {
+        stabilization_window_seconds: Some(window),
+        select_policy: select.map(str::to_string),
+        policies: Some(policies),
+        tolerance: None,
+    }
+}
+
+fn pods(value: i32, period_seconds: i32) -> HPAScalingPolicy {
+    HPAScalingPolicy {
+        type_: "Pods".into(),
+        value,
+        period_seconds,
+    }
+}
+
+fn percent(value: i32, period_seconds: i32) -> HPAScalingPolicy {
+    HPAScalingPolicy {
+        type_: "Percent".into(),
+        value,
+        period_seconds,
+    }
+}
+
+#[test]
+fn backlog_target_counts_waiting_and_running_jobs() {
+    let decision = Engine::new().tick(&plain(), &obs(42, 8, 4), at(0));
+    // ceil((42 + 8) / 5)
+    assert_eq!(decision.desired, 10);
+    assert_eq!(decision.reason.rule, Rule::BacklogTarget);
+    assert_eq!(decision.reason.limit, None);
+}
+
+#[test]
+fn scales_to_max_when_backlog_exceeds_capacity() {
+    let decision = Engine::new().tick(&plain(), &obs(10_000, 0, 4), at(0));
+    assert_eq!(decision.desired, 100);
+    assert_eq!(decision.recommendation, 2000);
+    assert_eq!(decision.reason.limit, Some(Limit::MaxReplicas));
+    assert_eq!(decision.reason.code(), "MaxReplicas");
+}
+
+#[test]
+fn holds_the_count_within_the_tolerance() {
+    // 52 / (5 × 10) = 1.04, within 0.1 of 1: the HPA leaves the count alone.
+    let decision = Engine::new().tick(&plain(), &obs(52, 0, 10), at(0));
+    assert_eq!(decision.desired, 10);
+    assert_eq!(decision.reason.rule, Rule::WithinTolerance);
+    // 56 / 50 = 1.12 is outside it.
+    assert_eq!(
+        Engine::new().tick(&plain(), &obs(56, 0, 10), at(0)).desired,
+        12
+    );
+}
+
+#[test]
+fn a_written_tolerance_replaces_the_default_per_direction() {
+    let mut spec = plain();
+    if let Some(behavior) = spec.behavior.as_mut()
+        && let Some(up) = behavior.scale_up.as_mut()
+    {
+        up.tolerance = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "20m".into(),
+        ));
+    }
+    // 52 / 50 = 1.04 is outside a 2 % scale-up tolerance.
+    assert_eq!(
+        Engine::new().tick(&spec, &obs(52, 0, 10), at(0)).desired,
+        11
+    );
+    // 46 / 50 = 0.92 is still inside the default 10 % scale-down tolerance.
+    assert_eq!(
+        Engine::new().tick(&spec, &obs(46, 0, 10), at(0)).desired,
+        10
+    );
+}
+
+/// Feeds two saturated samples: 4 ready replicas completing 1 job/s each, backlog steady
+/// at 100, so arrivals are 4 jobs/s.
+fn engine_with_measured_throughput(spec: &ScalingSpec) -> Engine {
+    let mut engine = Engine::new();
+    let mut o = obs(100, 4, 4);
+    engine.tick(spec, &o, at(0));
+    o.processed_total = 40;
+    let mut held = spec.clone();
+    held.target_drain_seconds = None;
+    engine.tick(&held, &o, at(10));
+    engine
+}
+
+#[test]
+fn drain_target_sizes_for_arrivals_plus_clearing_the_backlog() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_drain_seconds: Some(60),
+        ..plain()
+    };
+    let mut engine = engine_with_measured_throughput(&spec);
+    assert_eq!(engine.rates().arrival_rate(), Some(4.0));
+    assert_eq!(engine.rates().per_replica_throughput(), Some(1.0));
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            processed_total: 80,
+            ..obs(100, 4, 4)
+        },
+        at(20),
+    );
+    // ceil((4 + 100 / 60) / 1) = ceil(5.67)
+    assert_eq!(decision.proposals.drain, Some(6));
+    assert_eq!(decision.desired, 6);
+    assert_eq!(decision.reason.rule, Rule::DrainTarget);
+}
+
+#[test]
+fn drain_target_waits_until_throughput_is_known() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_drain_seconds: Some(60),
+        ..plain()
+    };
+    let decision = Engine::new().tick(&spec, &obs(100, 4, 4), at(0));
+    assert_eq!(decision.proposals.drain, None);
+    assert_eq!(decision.reason.rule, Rule::BacklogTarget);
+}
+
+#[test]
+fn wait_target_uses_the_hpa_value_form_on_ready_replicas() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_wait_seconds: Some(30),
+        ..plain()
+    };
+    let o = Observation {
+        oldest_job_age_seconds: Some(90.0),
+        ready_replicas: 3,
+        ..obs(10, 4, 4)
+    };
+    let decision = Engine::new().tick(&spec, &o, at(0));
+    // ceil(3 ready × 90 s / 30 s)
+    assert_eq!(decision.proposals.wait, Some(9));
+    assert_eq!(decision.desired, 9);
+    assert_eq!(decision.reason.rule, Rule::WaitTarget);
+}
+
+#[test]
+fn wait_target_estimates_the_age_from_backlog_and_throughput_without_timestamps() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_wait_seconds: Some(10),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    engine.tick(&spec, &obs(60, 2, 2), at(0));
+    // 20 completed in 10 s: 2 jobs/s, so 60 waiting jobs are about 30 s old.
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            processed_total: 20,
+            ..obs(60, 2, 2)
+        },
+        at(10),
+    );
+    assert_eq!(
+        decision.proposals.wait, None,
+        "rates are used from the next tick on"
+    );
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            processed_total: 40,
+            ..obs(60, 2, 2)
+        },
+        at(20),
+    );
+    // ceil(2 ready × 30 s / 10 s)
+    assert_eq!(decision.proposals.wait, Some(6));
+    assert_eq!(decision.desired, 6);
+}
+
+#[test]
+fn the_largest_target_wins() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 10,
+        target_wait_seconds: Some(30),
+        ..plain()
+    };
+    let o = Observation {
+        oldest_job_age_seconds: Some(60.0),
+        ..obs(95, 5, 4)
+    };
+    let decision = Engine::new().tick(&spec, &o, at(0));
+    assert_eq!(decision.proposals.backlog, 10);
+    assert_eq!(decision.proposals.wait, Some(8));
+    assert_eq!(decision.desired, 10);
+    assert_eq!(decision.reason.rule, Rule::BacklogTarget);
+}
+
+#[test]
+fn wakes_from_zero_straight_to_the_computed_size() {
+    // The HPA default would allow 4 pods in the first 15 s; KEDA would go to 1 first.
+    let spec = ScalingSpec {
+        behavior: None,
+        ..plain()
+    };
+    let decision = Engine::new().tick(&spec, &obs(200, 0, 0), at(0));
+    assert_eq!(decision.desired, 40);
+    assert_eq!(decision.reason.rule, Rule::Activation);
+}
+
+#[test]
+fn stays_at_zero_below_the_activation_backlog() {
+    let spec = ScalingSpec {
+        activation_backlog: 10,
+        ..plain()
+    };
+    let decision = Engine::new().tick(&spec, &obs(9, 0, 0), at(0));
+    assert_eq!(decision.desired, 0);
+    assert_eq!(decision.reason.rule, Rule::BelowActivation);
+    assert_eq!(Engine::new().tick(&spec, &obs(10, 0, 0), at(0)).desired, 2);
+}
+
+#[test]
+fn due_retries_count_towards_activation() {
+    let spec = plain();
+    let decision = Engine::new().tick(
+        &spec,
+        &Observation {
+            due_retries: 1,
+            ..obs(0, 0, 0)
+        },
+        at(0),
+    );
+    assert_eq!(decision.desired, 1);
+}
+
+#[test]
+fn goes_to_zero_only_after_idle_seconds_before_zero() {
+    let spec = ScalingSpec {
+        idle_seconds_before_zero: 300,
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    let first = engine.tick(&spec, &obs(0, 0, 3), at(1000));
+    assert_eq!(first.desired, 1);
+    assert_eq!(first.reason.rule, Rule::AwaitingIdle);
+    assert_eq!(engine.tick(&spec, &obs(0, 0, 1), at(1299)).desired, 1);
+    let last = engine.tick(&spec, &obs(0, 0, 1), at(1300));
+    assert_eq!(last.desired, 0);
+    assert_eq!(last.reason.rule, Rule::IdleToZero);
+}
+
+#[test]
+fn any_pending_work_restarts_the_idle_countdown() {
+    let spec = ScalingSpec {
+        idle_seconds_before_zero: 300,
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    engine.tick(&spec, &obs(0, 0, 1), at(0));
+    engine.tick(
+        &spec,
+        &Observation {
+            due_retries: 1,
+            ..obs(0, 0, 1)
+        },
+        at(200),
+    );
+    engine.tick(&spec, &obs(0, 1, 1), at(250));
+    assert_eq!(engine.tick(&spec, &obs(0, 0, 1), at(400)).desired, 1);
+    // Idle since 400, after the last in-flight job.
+    assert_eq!(engine.tick(&spec, &obs(0, 0, 1), at(699)).desired, 1);
+    assert_eq!(engine.tick(&spec, &obs(0, 0, 1), at(700)).desired, 0);
+}
+
+#[test]
+fn keeps_min_replicas_when_idle() {
+    let spec = ScalingSpec {
+        min_replicas: 2,
+        idle_seconds_before_zero: 0,
+        ..plain()
+    };
+    let decision = Engine::new().tick(&spec, &obs(0, 0, 5), at(0));
+    assert_eq!(decision.desired, 2);
+    assert_eq!(decision.reason.limit, Some(Limit::MinReplicas));
+}
+
+#[test]
+fn holds_the_count_while_the_queue_cannot_be_read_then_falls_back() {
+    let spec = ScalingSpec {
+        fallback: Some(FallbackSpec {
+            failure_threshold: 3,
+            replicas: 2,
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    let first = engine.tick_failed(&spec, 7, at(0));
+    assert_eq!(
+        (
+            first.desired,
+            first.reason.rule,
+            first.reason.consecutive_failures
+        ),
+        (7, Rule::MetricsUnavailable, 1)
+    );
+    assert_eq!(engine.tick_failed(&spec, 7, at(5)).desired, 7);
+    let third = engine.tick_failed(&spec, 7, at(10));
+    assert_eq!(
+        (third.desired, third.reason.rule, third.reason.code()),
+        (2, Rule::Fallback, "Fallback")
+    );
+    assert!(
+        third.reason.message().contains("3 times"),
+        "{}",
+        third.reason.message()
+    );
+    // One good read resets the count.
+    engine.tick(&spec, &obs(10, 0, 2), at(15));
+    assert_eq!(
+        engine
+            .tick_failed(&spec, 2, at(20))
+            .reason
+            .consecutive_failures,
+        1
+    );
+}
+
+#[test]
+fn without_fallback_the_count_is_held_indefinitely() {
+    let mut engine = Engine::new();
+    for i in 0..10 {
+        assert_eq!(engine.tick_failed(&plain(), 4, at(i * 5)).desired, 4);
+    }
+}
+
+// "if the current metric value is 200m, and the desired value is 100m, the number of
+// replicas will be doubled, since 200.0 / 100.0 == 2.0. If the current value is instead
+// 50m, you'll halve the number of replicas" (Algorithm details).
+#[test]
+fn hpa_doc_doubling_and_halving_with_a_value_metric() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_wait_seconds: Some(100),
+        ..plain()
+    };
+    let doubled = Engine::new().tick(
+        &spec,
+        &Observation {
+            oldest_job_age_seconds: Some(200.0),
+            ..obs(1, 0, 4)
+        },
+        at(0),
+    );
+    assert_eq!(doubled.desired, 8);
+    let halved = Engine::new().tick(
+        &spec,
+        &Observation {
+            oldest_job_age_seconds: Some(50.0),
+            ..obs(1, 0, 4)
+        },
+        at(0),
+    );
+    assert_eq!(halved.desired, 2);
+}
+
+// The default scale-up behavior: "scaleUp: policies: Percent 100 per 15 s, Pods 4 per 15 s,
+// selectPolicy: Max" (Default Behavior). From 1 replica the Pods policy allows 5; from 10
+// the Percent policy allows 20.
+#[test]
+fn hpa_doc_default_scale_up_is_four_pods_or_double_per_fifteen_seconds() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(0, Some("Max"), vec![percent(100, 15), pods(4, 15)])),
+            scale_down: Some(rules(0, None, vec![])),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    let steps: Vec<i32> = [(1, 0), (5, 15), (10, 30), (20, 45), (40, 60), (80, 75)]
+        .into_iter()
+        .map(|(current, t)| engine.tick(&spec, &obs(10_000, 0, current), at(t)).desired)
+        .collect();
+    assert_eq!(steps, [5, 10, 20, 40, 80, 100]);
+    let limited = engine.tick(&spec, &obs(10_000, 0, 1), at(200));
+    assert_eq!(limited.reason.limit, Some(Limit::ScaleUpLimit));
+}
+
+#[test]
+fn a_policy_counts_the_changes_already_made_within_its_period() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(0, None, vec![pods(4, 60)])),
+            scale_down: Some(rules(0, None, vec![])),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    assert_eq!(engine.tick(&spec, &obs(1000, 0, 2), at(0)).desired, 6);
+    // Within the same 60 s the 4 pods are used up.
+    assert_eq!(engine.tick(&spec, &obs(1000, 0, 6), at(30)).desired, 6);
+    // A period later the policy allows 4 more.
+    assert_eq!(engine.tick(&spec, &obs(1000, 0, 6), at(60)).desired, 10);
+}
+
+// The scale-down example of "Scaling Policies": Pods 4 per 60 s and Percent 10 per 60 s,
+// selectPolicy Max. "if there are 80 replicas and the target has to be scaled down to 10
+// replicas then during the first step 8 replicas will be reduced. In the next iteration
+// when the number of replicas is 72, 10% of the pods is 7.2 but the number is rounded up
+// to 8 ... When the number of replicas falls below 40 the first policy (Pods) is applied
+// and 4 replicas will be reduced at a time."
+#[test]
+fn hpa_doc_scale_down_policies_remove_ten_percent_or_four_pods_per_minute() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(0, None, vec![])),
+            scale_down: Some(rules(0, None, vec![pods(4, 60), percent(10, 60)])),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    let mut current = 80;
+    let mut seen = vec![];
+    for minute in 0..12 {
+        // 50 jobs with 5 per replica: the target is 10 replicas.
+        current = engine
+            .tick(&spec, &obs(50, 0, current), at(minute * 60))
+            .desired;
+        seen.push(current);
+    }
+    assert_eq!(seen, [72, 64, 57, 51, 45, 40, 36, 32, 28, 24, 20, 16]);
+    assert_eq!(
+        engine.tick(&spec, &obs(50, 0, 16), at(720)).reason.limit,
+        Some(Limit::ScaleDownLimit)
+    );
+}
+
+// "To ensure that no more than 5 Pods are removed per minute, you can add a second
+// scale-down policy with a fixed size of 5, and set selectPolicy to minimum."
+#[test]
+fn hpa_doc_select_policy_min_takes_the_smallest_change() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(0, None, vec![])),
+            scale_down: Some(rules(0, Some("Min"), vec![percent(10, 60), pods(5, 60)])),
+        }),
+        ..plain()
+    };
+    // From 80: 10 % would remove 8, 5 pods removes 5; Min keeps the smaller change.
+    assert_eq!(Engine::new().tick(&spec, &obs(0, 5, 80), at(0)).desired, 75);
+    // From 20: 10 % removes 2, fewer than 5.
+    assert_eq!(Engine::new().tick(&spec, &obs(0, 5, 20), at(0)).desired, 18);
+}
+
+// "selectPolicy: Disabled" for scaleDown: "the autoscaler never scales the target down".
+#[test]
+fn hpa_doc_disabled_scale_down_never_shrinks() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: None,
+            scale_down: Some(HPAScalingRules {
+                select_policy: Some("Disabled".into()),
+                ..HPAScalingRules::default()
+            }),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    for minute in 0..20 {
+        let decision = engine.tick(&spec, &obs(5, 0, 10), at(minute * 60));
+        assert_eq!(decision.desired, 10);
+    }
+    assert_eq!(engine.tick(&spec, &obs(500, 0, 10), at(2000)).desired, 100);
+}
+
+// The default scale-down stabilization: "the highest recommendation for the last 300sec is
+// used" (HPAScalingRules.stabilizationWindowSeconds), and "Stabilization window" section.
+#[test]
+fn hpa_doc_scale_down_stabilization_uses_the_highest_recent_recommendation() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: None,
+            scale_down: Some(HPAScalingRules {
+                stabilization_window_seconds: Some(300),
+                ..HPAScalingRules::default()
+            }),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    assert_eq!(engine.tick(&spec, &obs(50, 0, 10), at(0)).desired, 10);
+    let held = engine.tick(&spec, &obs(30, 0, 10), at(100));
+    assert_eq!((held.desired, held.recommendation), (10, 6));
+    assert_eq!(held.reason.limit, Some(Limit::ScaleDownStabilized));
+    assert_eq!(engine.tick(&spec, &obs(20, 0, 10), at(200)).desired, 10);
+    // The 10 from t=0 has left the window; 6 (t=100) is now the highest.
+    assert_eq!(engine.tick(&spec, &obs(10, 0, 10), at(300)).desired, 6);
+    assert_eq!(engine.tick(&spec, &obs(10, 0, 6), at(400)).desired, 4);
+    assert_eq!(engine.tick(&spec, &obs(10, 0, 4), at(500)).desired, 2);
+}
+
+#[test]
+fn scale_up_stabilization_uses_the_lowest_recent_recommendation() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(60, None, vec![])),
+            scale_down: Some(rules(0, None, vec![])),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    assert_eq!(engine.tick(&spec, &obs(10, 0, 2), at(0)).desired, 2);
+    let held = engine.tick(&spec, &obs(100, 0, 2), at(30));
+    assert_eq!(
+        (held.desired, held.reason.limit),
+        (2, Some(Limit::ScaleUpStabilized))
+    );
+    assert_eq!(engine.tick(&spec, &obs(100, 0, 2), at(60)).desired, 20);
+}
+
+#[test]
+fn a_fresh_engine_does_not_scale_down_inside_the_default_window() {
+    let spec = ScalingSpec {
+        target_drain_seconds: None,
+        ..ScalingSpec::default()
+    };
+    let mut engine = Engine::new();
+    let decision = engine.tick(&spec, &obs(5, 0, 10), at(0));
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (10, Some(Limit::ScaleDownStabilized))
+    );
+    assert_eq!(engine.tick(&spec, &obs(5, 0, 10), at(59)).desired, 10);
+    assert_eq!(engine.tick(&spec, &obs(5, 0, 10), at(60)).desired, 1);
+}
+
+#[test]
+fn a_count_above_max_goes_to_max_at_once() {
+    let spec = ScalingSpec {
+        max_replicas: 10,
+        ..ScalingSpec::default()
+    };
+    let decision = Engine::new().tick(&spec, &obs(500, 0, 30), at(0));
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (10, Some(Limit::MaxReplicas))
+    );
+}
+
+#[test]
+fn spec_defaults_fill_an_empty_object() {
+    let spec: ScalingSpec = serde_json::from_str("{}").expect("an empty spec is valid");
+    assert_eq!(spec, ScalingSpec::default());
+    assert_eq!(spec.target_drain_seconds, Some(60));
+    let off: ScalingSpec =
+        serde_json::from_str(r#"{"targetDrainSeconds": null}"#).expect("null is valid");
+    assert_eq!(off.target_drain_seconds, None);
+}
+
+#[test]
+fn spec_reads_an_hpa_behavior_as_users_write_it() {
+    let spec: ScalingSpec = serde_json::from_value(serde_json::json!({
+        "minReplicas": 1,
+        "maxReplicas": 20,
+        "targetBacklogPerReplica": 100,
+        "behavior": {
+            "scaleDown": {
+                "stabilizationWindowSeconds": 120,
+                "policies": [{"type": "Pods", "value": 4, "periodSeconds": 60}],
+                "selectPolicy": "Min"
+            }
+        },
+        "fallback": {"replicas": 2}
+    }))
+    .expect("valid spec");
+    let behavior = spec.resolved_behavior();
+    assert_eq!(behavior.down.window, 120.0);
+    assert_eq!(behavior.down.select, Select::Min);
+    assert_eq!(
+        behavior.down.policies,
+        vec![Policy::Pods {
+            value: 4,
+            period: 60.0
+        }]
+    );
+    // Left out: the engine's scale-up defaults.
+    assert_eq!(behavior.up, Behavior::engine_defaults().up);
+    assert_eq!(
+        spec.fallback,
+        Some(FallbackSpec {
+            failure_threshold: 3,
+            replicas: 2
+        })
+    );
+    assert!(spec.problems().is_empty(), "{:?}", spec.problems());
+}
+
+#[test]
+fn spec_problems_say_what_to_fix() {
+    let spec = ScalingSpec {
+        min_replicas: 5,
+        max_replicas: 2,
+        target_backlog_per_replica: 0,
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(
+                0,
+                Some("Fastest"),
+                vec![HPAScalingPolicy {
+                    type_: "pods".into(),
+                    value: 1,
+                    period_seconds: 15,
+                }],
+            )),
+            scale_down: None,
+        }),
+        ..ScalingSpec::default()
+    };
+    let problems = spec.problems().join("\n");
+    for expected in [
+        "minReplicas (5) must not exceed maxReplicas (2)",
+        "targetBacklogPerReplica",
+        "Fastest",
+        "\"pods\"",
+    ] {
+        assert!(
+            problems.contains(expected),
+            "{expected} missing from {problems}"
+        );
+    }
+}
+
+#[test]
+fn spec_schema_is_camel_case_with_documented_defaults() {
+    let schema =
+        serde_json::to_value(schemars::schema_for!(ScalingSpec)).expect("schema serializes");
+    let properties = &schema["properties"];
+    assert_eq!(properties["targetBacklogPerReplica"]["default"], 5);
+    assert_eq!(properties["idleSecondsBeforeZero"]["default"], 300);
+    assert!(properties["behavior"].is_object());
+    assert!(
+        properties["maxReplicas"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("KEDA"))
+    );
+}
+
+#[test]
+fn reasons_serialize_to_stable_codes() {
+    let reason = Reason {
+        rule: Rule::DrainTarget,
+        limit: Some(Limit::ScaleDownStabilized),
+        consecutive_failures: 0,
+    };
+    assert_eq!(
+        serde_json::to_value(reason).expect("serializes"),
+        serde_json::json!({"rule": "DrainTarget", "limit": "ScaleDownStabilized", "consecutiveFailures": 0})
+    );
+    assert_eq!(reason.code(), "ScaleDownStabilized");
+    assert_eq!(
+        reason.to_string(),
+        "ScaleDownStabilized: sized by the drain target, held by a higher recommendation within the scale-down stabilization window"
+    );
+}
