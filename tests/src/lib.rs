@@ -1,1 +1,181 @@
+//! Test support for workerpool: a throwaway `redis-server` per test, on a
+//! free port of the loopback interface, never the machine's own Redis.
 
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` process owned by one test, killed on drop.
+#[derive(Debug)]
+pub struct TestRedis {
+    port: u16,
+    dir: tempfile::TempDir,
+    persistent: bool,
+    child: Option<Child>,
+}
+
+impl TestRedis {
+    /// Starts a Redis that keeps nothing on disk.
+    pub fn start() -> Self {
+        Self::launch(false)
+    }
+
+    /// Starts a Redis that writes every change to its append-only file
+    /// before answering, so [`TestRedis::restart`] loses nothing.
+    pub fn start_persistent() -> Self {
+        Self::launch(true)
+    }
+
+    fn launch(persistent: bool) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for redis");
+        let mut redis = Self {
+            port: free_port(),
+            dir,
+            persistent,
+            child: None,
+        };
+        redis.spawn();
+        redis
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(redis_server());
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path());
+        if self.persistent {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not answer on port {}", self.port);
+    }
+
+    fn ping(&self) -> bool {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// `redis://127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The directory it keeps its files in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A client for it.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("valid url")
+    }
+
+    /// An async connection to it.
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+
+    /// Stops the server (the clients see their connections drop).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if self.persistent {
+                // SHUTDOWN flushes the append-only file; the connection
+                // closes without a reply, which is the expected outcome.
+                if let Ok(mut c) = self
+                    .client()
+                    .get_connection_with_timeout(Duration::from_secs(1))
+                {
+                    let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut c);
+                }
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "stop before resume");
+        self.spawn();
+    }
+
+    /// Stops and starts it again.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.resume();
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The `redis-server` to run: `$REDIS_SERVER`, else the one on `PATH`.
+pub fn redis_server() -> PathBuf {
+    std::env::var_os("REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Polls `check` every 20 ms until it returns `Some` or `timeout` passes.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -28,8 +28,6 @@ pub struct Metrics {
     pub recovered: IntCounterVec,
     /// Exec handler children replaced after dying or being killed.
     pub child_restarts: IntCounter,
-    /// 1 while the worker is ready (Redis reachable, not draining).
-    pub ready: IntGauge,
 }
 
 impl Metrics {
@@ -93,8 +91,6 @@ impl Metrics {
                 "Exec handler children replaced after dying or being killed",
             )
             .expect("valid metric"),
-            ready: IntGauge::new("workerpool_worker_ready", "1 while the worker is ready")
-                .expect("valid metric"),
             registry,
         };
         for c in [
@@ -107,7 +103,6 @@ impl Metrics {
             Box::new(m.stale_acks.clone()),
             Box::new(m.recovered.clone()),
             Box::new(m.child_restarts.clone()),
-            Box::new(m.ready.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }

@@ -32,6 +32,9 @@ const MAX_BATCH: usize = 100;
 const BLOCK: Duration = Duration::from_secs(2);
 /// Time allowed for the final give-back of unfinished jobs at shutdown.
 const GIVE_BACK_WINDOW: Duration = Duration::from_secs(3);
+/// How often due retries and delayed jobs are moved to their queue (at
+/// most; a shorter heartbeat interval makes it more often).
+const PROMOTE_EVERY: Duration = Duration::from_secs(1);
 
 /// The two stages of shutdown: `drain` stops fetching and lets in-flight
 /// jobs finish until the shutdown timeout; `now` cuts that wait short.
@@ -391,20 +394,37 @@ impl Worker {
     /// of lost workers; until `stop`.
     async fn maintain(self: Arc<Self>, stop: CancellationToken) {
         let ttl = self.config.dead_after * 2;
+        let tick = self.config.heartbeat_interval.min(PROMOTE_EVERY);
+        let mut last_beat: Option<Instant> = None;
         loop {
             self.health.tick();
-            if let Err(e) = self.maintenance_round(ttl).await {
-                self.redis.failed("maintenance", &e);
+            let beat =
+                last_beat.is_none_or(|t| t.elapsed() + tick / 2 >= self.config.heartbeat_interval);
+            match self.maintenance_round(ttl, beat).await {
+                Ok(()) if beat => last_beat = Some(Instant::now()),
+                Ok(()) => {}
+                Err(e) => self.redis.failed("maintenance", &e),
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.config.heartbeat_interval) => {}
+                _ = tokio::time::sleep(tick) => {}
                 _ = stop.cancelled() => return,
             }
         }
     }
 
-    async fn maintenance_round(&self, ttl: Duration) -> RedisResult<()> {
+    /// Promotes due jobs; with `beat`, also heartbeats and reaps.
+    async fn maintenance_round(&self, ttl: Duration, beat: bool) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
+        for q in &self.queues {
+            let promoted = queue::promote_due(&mut c, q, 1000).await?;
+            if promoted > 0 {
+                tracing::debug!(queue = q.name(), promoted, "due jobs promoted");
+            }
+        }
+        self.redis.ok();
+        if !beat {
+            return Ok(());
+        }
         let details = self.beat_details();
         for q in &self.queues {
             let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
@@ -417,12 +437,7 @@ impl Worker {
                 self.reconcile.store(true, Ordering::Relaxed);
             }
         }
-        self.redis.ok();
         for q in &self.queues {
-            let promoted = queue::promote_due(&mut c, q, 1000).await?;
-            if promoted > 0 {
-                tracing::debug!(queue = q.name(), promoted, "due jobs promoted");
-            }
             let cutoff = self
                 .now_ms()
                 .saturating_sub(self.config.dead_after.as_millis() as u64);
@@ -875,7 +890,6 @@ impl Worker {
     /// queue without counting the attempt, and leaves the registry.
     async fn drain(&self, tracker: &TaskTracker) {
         self.health.set_draining();
-        self.metrics.ready.set(0);
         let running = self.metrics.in_flight.get();
         tracing::info!(running, timeout = ?self.config.shutdown_timeout, "draining");
         tracker.close();

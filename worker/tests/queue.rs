@@ -1,0 +1,550 @@
+//! The queue contract, end to end through the library's `run`, against a
+//! real `redis-server` started by each test.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use workerpool_tests::{TestRedis, eventually};
+use workerpool_worker::keys::QueueKeys;
+use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, queue, run};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Records every attempt, then answers as `decide` says.
+struct Recorder {
+    seen: Mutex<Vec<Job>>,
+    decide: fn(&Job) -> Outcome,
+    gate: Option<Arc<Semaphore>>,
+}
+
+impl Recorder {
+    fn new(decide: fn(&Job) -> Outcome) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::new(Vec::new()),
+            decide,
+            gate: None,
+        })
+    }
+
+    /// Each attempt waits for a permit of `gate` before answering.
+    fn gated(gate: Arc<Semaphore>) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::new(Vec::new()),
+            decide: |_| Outcome::Done,
+            gate: Some(gate),
+        })
+    }
+
+    fn seen(&self) -> Vec<Job> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+impl Handler for Recorder {
+    fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome> {
+        self.seen.lock().expect("lock").push(job.clone());
+        Box::pin(async move {
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.expect("open").forget();
+            }
+            (self.decide)(job)
+        })
+    }
+}
+
+struct Running {
+    shutdown: Shutdown,
+    handle: tokio::task::JoinHandle<Result<(), workerpool_worker::Error>>,
+    metrics: Metrics,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.drain();
+        self.handle.await.expect("worker task").expect("clean exit");
+    }
+}
+
+fn config(redis: &TestRedis, queues: &[&str], worker_id: &str) -> Config {
+    let mut c = Config::new(redis.url(), queues.iter().map(|q| q.to_string()).collect());
+    c.heartbeat_interval = Duration::from_millis(100);
+    c.dead_after = Duration::from_millis(600);
+    c.backoff_base = Duration::from_millis(20);
+    c.backoff_max = Duration::from_millis(80);
+    c.shutdown_timeout = Duration::from_secs(2);
+    c.worker_id = worker_id.into();
+    c
+}
+
+fn start(config: Config, handler: Arc<dyn Handler>) -> Running {
+    let shutdown = Shutdown::new();
+    let metrics = Metrics::new();
+    let handle = tokio::spawn(run(config, handler, metrics.clone(), shutdown.clone()));
+    Running {
+        shutdown,
+        handle,
+        metrics,
+    }
+}
+
+async fn push(c: &mut redis::aio::MultiplexedConnection, queue: &str, jobs: &[String]) {
+    for j in jobs {
+        let _: i64 = c.lpush(queue, j).await.expect("lpush");
+    }
+}
+
+async fn counter(c: &mut redis::aio::MultiplexedConnection, key: String) -> u64 {
+    let v: Option<u64> = c.get(key).await.expect("get");
+    v.unwrap_or(0)
+}
+
+async fn dead_letters(c: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> Vec<Value> {
+    let raw: Vec<String> = c.lrange(q.dead(), 0, -1).await.expect("lrange");
+    raw.iter()
+        .map(|r| serde_json::from_str(r).expect("dead letters are JSON"))
+        .collect()
+}
+
+async fn len(c: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    c.llen(key).await.expect("llen")
+}
+
+async fn processing_total(c: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> usize {
+    let keys: Vec<String> = c
+        .keys(format!("{}:processing:*", q.name()))
+        .await
+        .expect("keys");
+    let mut n = 0;
+    for k in keys {
+        n += len(c, &k).await;
+    }
+    n
+}
+
+#[tokio::test]
+async fn every_job_completes_exactly_once_in_fifo_order_with_one_slot() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("emails");
+    let jobs: Vec<String> = (0..30)
+        .map(|n| json!({"task": "send", "data": {"n": n}}).to_string())
+        .collect();
+    push(&mut c, q.name(), &jobs).await;
+    let handler = Recorder::new(|_| Outcome::Done);
+    let worker = start(config(&redis, &["emails"], "fifo"), handler.clone());
+    eventually(WAIT, "30 jobs processed", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 30).then_some(()) }
+    })
+    .await;
+    worker.stop().await;
+    let order: Vec<u64> = handler
+        .seen()
+        .iter()
+        .map(|j| j.data()["n"].as_u64().expect("n"))
+        .collect();
+    assert_eq!(order, (0..30).collect::<Vec<_>>());
+    assert!(
+        handler
+            .seen()
+            .iter()
+            .all(|j| j.attempt() == 1 && j.id().len() == 32)
+    );
+    assert_eq!(len(&mut c, q.name()).await, 0);
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+    let workers: Vec<String> = c.zrange(q.workers(), 0, -1).await.expect("zrange");
+    assert!(
+        workers.is_empty(),
+        "a cleanly stopped worker leaves the registry: {workers:?}"
+    );
+}
+
+#[tokio::test]
+async fn failing_jobs_back_off_and_end_in_dead_with_their_last_error() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("flaky");
+    push(
+        &mut c,
+        q.name(),
+        &[json!({"id": "j1", "task": "boom"}).to_string()],
+    )
+    .await;
+    let handler = Recorder::new(|job| Outcome::retry(format!("failure #{}", job.attempt())));
+    let mut cfg = config(&redis, &["flaky"], "retries");
+    cfg.max_attempts = 3;
+    cfg.backoff_base = Duration::from_millis(300);
+    cfg.backoff_max = Duration::from_millis(300);
+    let worker = start(cfg, handler.clone());
+
+    // After the first failure the job waits in the retry set, due within
+    // the backoff ceiling, carrying its error and attempt.
+    let (waiting, due): (String, f64) = eventually(WAIT, "job in the retry set", || {
+        let mut c = c.clone();
+        let key = q.retry();
+        async move {
+            let v: Vec<(String, f64)> = c.zrange_withscores(key, 0, -1).await.expect("zrange");
+            v.into_iter().next()
+        }
+    })
+    .await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    assert!(
+        due <= now_ms + 300.0,
+        "due {due} beyond the backoff ceiling (now {now_ms})"
+    );
+    let waiting: Value = serde_json::from_str(&waiting).expect("json");
+    assert_eq!(
+        (waiting["id"].clone(), waiting["attempt"].clone()),
+        (json!("j1"), json!(1))
+    );
+    assert_eq!(waiting["error"], json!("failure #1"));
+
+    let dead = eventually(WAIT, "a dead letter", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { dead_letters(&mut c, &q).await.pop() }
+    })
+    .await;
+    let metrics = worker.metrics.render();
+    worker.stop().await;
+    assert!(
+        metrics.contains(r#"workerpool_jobs_total{outcome="retried",queue="flaky"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"workerpool_jobs_total{outcome="dead",queue="flaky"} 1"#),
+        "{metrics}"
+    );
+    assert_eq!(dead["reason"], json!("exhausted"));
+    assert_eq!(dead["attempts"], json!(3));
+    assert_eq!(dead["error"], json!("failure #3"));
+    assert_eq!(dead["job"]["id"], json!("j1"));
+    let attempts: Vec<u32> = handler.seen().iter().map(Job::attempt).collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    assert_eq!(counter(&mut c, q.stats_failed()).await, 3);
+    assert_eq!(counter(&mut c, q.stats_dead()).await, 1);
+}
+
+#[tokio::test]
+async fn malformed_payloads_are_dead_lettered_with_a_reason_and_the_worker_keeps_going() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("mixed");
+    let payloads = [
+        "not json".to_string(),
+        "[1,2,3]".to_string(),
+        json!({"attempt": "x"}).to_string(),
+        json!({"task": "fine"}).to_string(),
+    ];
+    push(&mut c, q.name(), &payloads).await;
+    let handler = Recorder::new(|_| Outcome::Done);
+    let worker = start(config(&redis, &["mixed"], "malformed"), handler.clone());
+    eventually(WAIT, "the valid job done", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 1).then_some(()) }
+    })
+    .await;
+    let metrics = worker.metrics.render();
+    worker.stop().await;
+    let mut dead = dead_letters(&mut c, &q).await;
+    dead.reverse(); // newest first in the list
+    let summary: Vec<(Value, Value)> = dead
+        .iter()
+        .map(|d| (d["reason"].clone(), d["job"].clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (json!("malformed"), json!("not json")),
+            (json!("malformed"), json!("[1,2,3]")),
+            (json!("malformed"), json!({"attempt": "x"})),
+        ]
+    );
+    assert!(
+        dead[2]["error"]
+            .as_str()
+            .expect("error")
+            .contains("`attempt`")
+    );
+    assert_eq!(handler.seen().len(), 1);
+    assert!(
+        metrics.contains(r#"workerpool_dead_letters_total{queue="mixed",reason="malformed"} 3"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_that_says_retry_false_sends_the_job_straight_to_dead() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("perm");
+    push(&mut c, q.name(), &[json!({"task": "charge"}).to_string()]).await;
+    let handler = Recorder::new(|_| Outcome::permanent("card declined"));
+    let worker = start(config(&redis, &["perm"], "permanent"), handler.clone());
+    let dead = eventually(WAIT, "a dead letter", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { dead_letters(&mut c, &q).await.pop() }
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(
+        (dead["reason"].clone(), dead["attempts"].clone()),
+        (json!("permanent"), json!(1))
+    );
+    assert_eq!(dead["error"], json!("card declined"));
+    assert_eq!(handler.seen().len(), 1);
+    let retries: usize = c.zcard(q.retry()).await.expect("zcard");
+    assert_eq!(retries, 0);
+}
+
+#[tokio::test]
+async fn a_delayed_job_waits_in_the_scheduled_set_until_run_at() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("later");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let run_at = secs * 1000 + micros / 1000 + 1500;
+    push(
+        &mut c,
+        q.name(),
+        &[json!({"task": "remind", "run_at": run_at}).to_string()],
+    )
+    .await;
+    let handler = Recorder::new(|_| Outcome::Done);
+    let worker = start(config(&redis, &["later"], "delayed"), handler.clone());
+    let score: f64 = eventually(WAIT, "the job parked in the scheduled set", || {
+        let mut c = c.clone();
+        let key = q.scheduled();
+        async move {
+            let v: Vec<(String, f64)> = c.zrange_withscores(key, 0, -1).await.expect("zrange");
+            v.into_iter().next().map(|(_, s)| s)
+        }
+    })
+    .await;
+    assert_eq!(score as u64, run_at);
+    assert!(handler.seen().is_empty(), "not run before run_at");
+    eventually(WAIT, "the delayed job done", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 1).then_some(()) }
+    })
+    .await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    assert!(secs * 1000 + micros / 1000 >= run_at);
+    worker.stop().await;
+    assert_eq!(
+        handler.seen()[0].attempt(),
+        1,
+        "waiting for run_at is not an attempt"
+    );
+}
+
+#[tokio::test]
+async fn queues_are_served_in_strict_priority_order_and_an_idle_worker_waits_on_all_of_them() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let jobs = |tag: &str| -> Vec<String> {
+        (0..5)
+            .map(|n| json!({"task": tag, "data": {"n": n}}).to_string())
+            .collect()
+    };
+    push(&mut c, "low", &jobs("low")).await;
+    push(&mut c, "high", &jobs("high")).await;
+    let handler = Recorder::new(|_| Outcome::Done);
+    let worker = start(
+        config(&redis, &["high", "low"], "priority"),
+        handler.clone(),
+    );
+    eventually(WAIT, "ten jobs", || {
+        let h = handler.clone();
+        async move { (h.seen().len() == 10).then_some(()) }
+    })
+    .await;
+    let tasks: Vec<String> = handler
+        .seen()
+        .iter()
+        .map(|j| j.task().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(tasks, [vec!["high"; 5], vec!["low"; 5]].concat());
+
+    // Both queues are empty now and the worker blocks on both at once: a
+    // job on the second queue is taken long before one blocking wait
+    // (2 s) would have ended.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    push(&mut c, "low", &[json!({"task": "late"}).to_string()]).await;
+    eventually(
+        Duration::from_millis(1500),
+        "the late low-priority job",
+        || {
+            let h = handler.clone();
+            async move { (h.seen().len() == 11).then_some(()) }
+        },
+    )
+    .await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_never_takes_more_jobs_than_it_has_free_slots() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("slots");
+    let jobs: Vec<String> = (0..10)
+        .map(|n| json!({"data": {"n": n}}).to_string())
+        .collect();
+    push(&mut c, q.name(), &jobs).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = Recorder::gated(gate.clone());
+    let mut cfg = config(&redis, &["slots"], "slots");
+    cfg.concurrency = 3;
+    let worker = start(cfg, handler.clone());
+    eventually(WAIT, "three jobs running", || {
+        let h = handler.clone();
+        async move { (h.seen().len() == 3).then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(handler.seen().len(), 3);
+    assert_eq!(processing_total(&mut c, &q).await, 3);
+    assert_eq!(len(&mut c, q.name()).await, 7);
+    gate.add_permits(10);
+    eventually(WAIT, "all ten done", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 10).then_some(()) }
+    })
+    .await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarted_worker_returns_its_earlier_incarnations_jobs_at_once() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("restart");
+    // An earlier process of pod "pod-a" took two jobs and died; its
+    // heartbeat is fresh, so a reaper would wait for --dead-after.
+    let earlier = "pod-a~0badc0de";
+    let held = [
+        json!({"id": "x", "attempt": 1}).to_string(),
+        json!({"id": "y", "attempt": 1}).to_string(),
+    ];
+    for j in &held {
+        let _: i64 = c.lpush(q.processing(earlier), j).await.expect("lpush");
+    }
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let _: i64 = c
+        .zadd(q.workers(), earlier, secs * 1000)
+        .await
+        .expect("zadd");
+    let handler = Recorder::new(|_| Outcome::Done);
+    let mut cfg = config(&redis, &["restart"], "pod-a");
+    cfg.dead_after = Duration::from_secs(60);
+    let worker = start(cfg, handler.clone());
+    eventually(Duration::from_secs(3), "both leftovers done", || {
+        let h = handler.clone();
+        async move { (h.seen().len() == 2).then_some(()) }
+    })
+    .await;
+    worker.stop().await;
+    let mut ids: Vec<(String, u32)> = handler
+        .seen()
+        .iter()
+        .map(|j| (j.id().to_string(), j.attempt()))
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [("x".to_string(), 2), ("y".to_string(), 2)],
+        "the lost run counted as an attempt"
+    );
+    assert_eq!(counter(&mut c, q.stats_recovered()).await, 2);
+    assert_eq!(len(&mut c, &q.processing(earlier)).await, 0);
+}
+
+#[tokio::test]
+async fn a_silent_worker_is_reaped_by_another_and_its_jobs_run_again() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("reap");
+    let lost = "pod-gone~00000001";
+    let _: i64 = c
+        .lpush(
+            q.processing(lost),
+            json!({"id": "z", "attempt": 1}).to_string(),
+        )
+        .await
+        .expect("lpush");
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let _: i64 = c.zadd(q.workers(), lost, secs * 1000).await.expect("zadd");
+    let handler = Recorder::new(|_| Outcome::Done);
+    let worker = start(config(&redis, &["reap"], "survivor"), handler.clone());
+    eventually(WAIT, "the lost job done", || {
+        let h = handler.clone();
+        async move { (h.seen().len() == 1).then_some(()) }
+    })
+    .await;
+    let recovered = worker.metrics.render();
+    worker.stop().await;
+    assert_eq!(handler.seen()[0].id(), "z");
+    assert!(
+        recovered.contains(r#"workerpool_recovered_jobs_total{queue="reap"} 1"#),
+        "{recovered}"
+    );
+    let workers: Vec<String> = c.zrange(q.workers(), 0, -1).await.expect("zrange");
+    assert!(!workers.iter().any(|w| w == lost));
+}
+
+#[tokio::test]
+async fn an_ack_for_a_job_a_reaper_already_returned_is_counted_and_not_completed_twice() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("stale");
+    push(&mut c, q.name(), &[json!({"id": "s1"}).to_string()]).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = Recorder::gated(gate.clone());
+    let worker = start(config(&redis, &["stale"], "stale"), handler.clone());
+    eventually(WAIT, "the job running", || {
+        let h = handler.clone();
+        async move { (!h.seen().is_empty()).then_some(()) }
+    })
+    .await;
+    // Another worker takes this one for lost while its job still runs.
+    let instances: Vec<String> = c.zrange(q.workers(), 0, -1).await.expect("zrange");
+    let mut conn = redis.conn().await;
+    let moved = queue::reap(&mut conn, &q, &instances[0], None)
+        .await
+        .expect("reap");
+    assert_eq!(moved, Some(1));
+    gate.add_permits(1);
+    eventually(WAIT, "the stale ack counted", || {
+        let m = worker.metrics.clone();
+        async move {
+            m.render()
+                .contains(r#"workerpool_stale_acks_total{queue="stale"} 1"#)
+                .then_some(())
+        }
+    })
+    .await;
+    // The returned job runs again (at-least-once) and is then counted once.
+    gate.add_permits(1);
+    eventually(WAIT, "the rerun done", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 1).then_some(()) }
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 1);
+    let attempts: Vec<u32> = handler.seen().iter().map(Job::attempt).collect();
+    assert_eq!(attempts, [1, 2]);
+}
