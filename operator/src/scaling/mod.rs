@@ -718,16 +718,23 @@ impl Engine {
                 } else {
                     ratio
                 };
-                let (proposal, tol) = tolerate(raw, ratio);
+                let (mut proposal, tol) = tolerate(raw, ratio);
+                // With pods still starting, ready × ratio can point the other way from the
+                // ratio itself; like the HPA with unready pods ("if the new ratio reverses
+                // the scale direction ... the controller doesn't take any scaling action"),
+                // such a proposal keeps the current count.
+                let reversed =
+                    (ratio > 1.0 && proposal < current) || (ratio < 1.0 && proposal > current);
+                if current > 0 && reversed {
+                    proposal = current;
+                }
                 if proposal > best.0 {
-                    best = (
-                        proposal,
-                        if tol {
-                            Rule::WithinTolerance
-                        } else {
-                            Rule::WaitTarget
-                        },
-                    );
+                    let rule = if tol {
+                        Rule::WithinTolerance
+                    } else {
+                        Rule::WaitTarget
+                    };
+                    best = (proposal, rule);
                 }
                 Some(proposal)
             }

@@ -699,3 +699,23 @@ fn reasons_serialize_to_stable_codes() {
         "ScaleDownStabilized: sized by the drain target, held by a higher recommendation within the scale-down stabilization window"
     );
 }
+
+// "If ... the new ratio reverses the scale direction ... the controller doesn't take any
+// scaling action" (Algorithm details): a wait above target with pods still starting must
+// not propose fewer replicas.
+#[test]
+fn wait_target_never_proposes_shrinking_while_jobs_wait_too_long() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_wait_seconds: Some(30),
+        ..plain()
+    };
+    let o = Observation {
+        oldest_job_age_seconds: Some(60.0),
+        ready_replicas: 1,
+        ..obs(10, 0, 8)
+    };
+    let decision = Engine::new().tick(&spec, &o, at(0));
+    assert_eq!(decision.proposals.wait, Some(8));
+    assert_eq!(decision.desired, 8);
+}

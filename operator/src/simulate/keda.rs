@@ -1,0 +1,156 @@
+//! How KEDA scales a Deployment on a Redis list with its defaults.
+//!
+//! Two loops take turns:
+//! - the KEDA operator polls the scaler every `pollingInterval` (30 s) and only moves
+//!   between zero and one replica: it wakes the workload when the list is longer than
+//!   `activationListLength` (0), and scales it to zero once the list has been empty for
+//!   `cooldownPeriod` (300 s);
+//! - from one replica up, a HorizontalPodAutoscaler with the default 15 s sync period reads
+//!   the list length as an external metric with an `AverageValue` target of `listLength`
+//!   and applies the HPA's default behavior (scale up by max(4 pods, 100 %) per 15 s,
+//!   scale down after a 300 s stabilization window), between 1 and `maxReplicaCount`.
+
+use crate::scaling::{Behavior, Normalizer, Observation};
+
+/// KEDA's `pollingInterval` default, in seconds.
+const POLLING_INTERVAL: f64 = 30.0;
+/// The HPA controller's `--horizontal-pod-autoscaler-sync-period` default, in seconds.
+const HPA_SYNC_PERIOD: f64 = 15.0;
+/// KEDA's `cooldownPeriod` default, in seconds.
+const COOLDOWN_PERIOD: f64 = 300.0;
+
+/// The state of KEDA's operator and of the HPA it creates.
+#[derive(Clone, Debug)]
+pub struct KedaModel {
+    list_length: f64,
+    max_replicas: i32,
+    behavior: Behavior,
+    hpa: Normalizer,
+    last_active: Option<f64>,
+}
+
+impl KedaModel {
+    /// A ScaledObject with the Redis list scaler's `listLength` and `maxReplicaCount`.
+    pub fn new(list_length: u32, max_replicas: i32) -> Self {
+        KedaModel {
+            list_length: f64::from(list_length.max(1)),
+            max_replicas: max_replicas.max(1),
+            behavior: Behavior::hpa_defaults(),
+            hpa: Normalizer::default(),
+            last_active: None,
+        }
+    }
+
+    /// Seconds between the KEDA operator's polls (tick kind 0).
+    pub fn polling_interval(&self) -> f64 {
+        POLLING_INTERVAL
+    }
+
+    /// Seconds between HPA syncs (tick kind 1).
+    pub fn hpa_sync_period(&self) -> f64 {
+        HPA_SYNC_PERIOD
+    }
+
+    /// One tick of loop `kind` at `now`; the new replica count when it changes anything.
+    pub fn tick(&mut self, kind: u8, now: f64, observation: &Observation) -> Option<i32> {
+        let current = observation.current_replicas;
+        let list_length = observation.backlog;
+        if kind == 0 {
+            let active = list_length > 0;
+            if active {
+                self.last_active = Some(now);
+            }
+            if current == 0 && active {
+                return Some(1);
+            }
+            let cooled = self.last_active.is_none_or(|t| now - t >= COOLDOWN_PERIOD);
+            if current > 0 && !active && cooled {
+                return Some(0);
+            }
+            return None;
+        }
+        // The HPA does nothing at zero replicas ("ScalingDisabled").
+        if current == 0 {
+            return None;
+        }
+        if current > self.max_replicas {
+            return Some(self.max_replicas);
+        }
+        // External metric, AverageValue target: usage ratio against the current count,
+        // tolerance 0.1, then ceil(total / target).
+        let total = list_length as f64;
+        let ratio = total / (self.list_length * f64::from(current));
+        let recommendation = if (1.0 - ratio).abs() <= crate::scaling::DEFAULT_TOLERANCE {
+            current
+        } else {
+            (total / self.list_length).ceil() as i32
+        };
+        let desired = self
+            .hpa
+            .normalize(
+                &self.behavior,
+                now,
+                current,
+                recommendation,
+                1,
+                self.max_replicas,
+            )
+            .desired;
+        if desired != current {
+            self.hpa.record_scale(now, current, desired);
+            Some(desired)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(backlog: u64, current: i32) -> Observation {
+        Observation {
+            backlog,
+            current_replicas: current,
+            ready_replicas: current,
+            ..Observation::default()
+        }
+    }
+
+    #[test]
+    fn keda_wakes_to_one_and_the_hpa_climbs_four_pods_or_double_per_sync() {
+        let mut keda = KedaModel::new(5, 100);
+        assert_eq!(
+            keda.tick(1, 0.0, &obs(2000, 0)),
+            None,
+            "the HPA is inactive at zero"
+        );
+        assert_eq!(keda.tick(0, 0.0, &obs(2000, 0)), Some(1));
+        let mut current = 1;
+        let mut steps = vec![];
+        for sync in 1..=7 {
+            if let Some(next) = keda.tick(1, f64::from(sync) * 15.0, &obs(2000, current)) {
+                current = next;
+            }
+            steps.push(current);
+        }
+        assert_eq!(steps, [5, 10, 20, 40, 80, 100, 100]);
+    }
+
+    #[test]
+    fn keda_holds_the_peak_for_the_stabilization_window_then_cools_down_to_zero() {
+        let mut keda = KedaModel::new(5, 100);
+        assert_eq!(keda.tick(0, 0.0, &obs(100, 0)), Some(1));
+        assert_eq!(keda.tick(1, 15.0, &obs(100, 1)), Some(5));
+        assert_eq!(keda.tick(1, 30.0, &obs(100, 5)), Some(10));
+        // Drained at t = 45; the list stays empty.
+        assert_eq!(keda.tick(0, 60.0, &obs(0, 10)), None);
+        for t in (45..330).step_by(15) {
+            assert_eq!(keda.tick(1, f64::from(t), &obs(0, 10)), None, "held at {t}");
+        }
+        assert_eq!(keda.tick(1, 330.0, &obs(0, 10)), Some(1));
+        // The last poll that saw jobs was at t = 0: 330 s without any is past the cooldown.
+        assert_eq!(keda.tick(0, 330.0, &obs(0, 1)), Some(0));
+    }
+}

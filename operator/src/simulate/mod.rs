@@ -1,0 +1,434 @@
+//! A discrete-event simulation of a worker pool in virtual time, to compare the scaling
+//! engine with how KEDA scales a Redis list today.
+//!
+//! Jobs arrive from a [`Trace`]; pods become ready after a start-up delay, take jobs FIFO
+//! up to `concurrency` at a time, and on scale-down stop taking jobs and finish the ones
+//! they hold before they go. Both policies see the same arrivals and the same job
+//! durations. [`run`] is pure and deterministic for a seed.
+
+mod dist;
+mod keda;
+mod trace;
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::Serialize;
+
+pub use dist::DurationDist;
+pub use keda::KedaModel;
+pub use trace::{Shape, Trace};
+
+use crate::scaling::{Engine, Observation, ScalingSpec};
+
+/// What can go wrong setting a simulation up.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A trace line could not be read.
+    #[error("trace line {line}: {reason}")]
+    Trace {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A command-line value could not be read.
+    #[error("{0}")]
+    Argument(String),
+}
+
+/// A scaling policy to simulate.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Policy {
+    /// The workerpool scaling engine with this spec.
+    Engine(Box<ScalingSpec>),
+    /// KEDA's Redis list scaler with its defaults and this `listLength` and max replicas.
+    Keda {
+        /// `listLength`: the per-replica target.
+        list_length: u32,
+        /// `maxReplicaCount`.
+        max_replicas: i32,
+    },
+}
+
+impl Policy {
+    /// The key of this policy in a [`Report`].
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Engine(_) => "engine",
+            Policy::Keda { .. } => "keda",
+        }
+    }
+}
+
+/// One simulation: the traffic, the workers, and the policies to compare.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The arrivals.
+    pub trace: Trace,
+    /// The policies, each simulated on the same arrivals and job durations.
+    pub policies: Vec<Policy>,
+    /// Time from a pod's creation to its readiness.
+    pub pod_startup: Duration,
+    /// How long jobs take.
+    pub job_duration: DurationDist,
+    /// Jobs one pod runs at once.
+    pub concurrency: u32,
+    /// Seed for arrival times within trace rows and for job durations.
+    pub seed: u64,
+}
+
+/// The outcome of one policy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyReport {
+    /// Median time from arrival to start, in seconds.
+    pub p50_wait_s: f64,
+    /// 95th percentile wait, in seconds.
+    pub p95_wait_s: f64,
+    /// 99th percentile wait, in seconds.
+    pub p99_wait_s: f64,
+    /// Most jobs waiting at once.
+    pub max_backlog: u64,
+    /// Pod-seconds paid for, from creation to termination (start-up and draining included).
+    pub replica_seconds: f64,
+    /// Times the replica count was changed.
+    pub scale_events: u64,
+    /// Jobs completed.
+    pub jobs: u64,
+}
+
+/// The outcome of every policy, keyed by policy name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Report {
+    /// `engine`, `keda`.
+    pub policies: BTreeMap<String, PolicyReport>,
+}
+
+/// Simulates every policy of `config`.
+pub fn run(config: &SimConfig) -> Report {
+    let arrivals = config.trace.arrival_times(config.seed);
+    let policies = config
+        .policies
+        .iter()
+        .map(|policy| {
+            (
+                policy.name().to_string(),
+                simulate(config, policy, &arrivals),
+            )
+        })
+        .collect();
+    Report { policies }
+}
+
+/// A controller driving the simulated Deployment.
+enum Controller {
+    Engine {
+        engine: Box<Engine>,
+        spec: ScalingSpec,
+    },
+    Keda(KedaModel),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Event {
+    PodReady(usize),
+    JobDone(usize),
+    /// A controller's periodic tick; the number tells which loop (KEDA has two).
+    Tick(u8),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Scheduled {
+    at: f64,
+    seq: u64,
+    event: Event,
+}
+
+impl Eq for Scheduled {}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Reversed: the heap pops the earliest.
+        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PodState {
+    Starting,
+    Ready,
+    Draining,
+    Gone,
+}
+
+struct Pod {
+    state: PodState,
+    busy: u32,
+}
+
+/// The simulated cluster: queue, pods, clock and tallies.
+struct World<'a> {
+    config: &'a SimConfig,
+    now: f64,
+    seq: u64,
+    events: BinaryHeap<Scheduled>,
+    queue: VecDeque<(f64, f64)>,
+    pods: Vec<Pod>,
+    /// Free job slots as pod indices; entries of pods no longer ready are skipped.
+    free_slots: Vec<usize>,
+    desired: i32,
+    alive: u64,
+    in_flight: u64,
+    processed: u64,
+    waits: Vec<f32>,
+    max_backlog: u64,
+    replica_seconds: f64,
+    scale_events: u64,
+}
+
+impl World<'_> {
+    fn schedule(&mut self, at: f64, event: Event) {
+        self.seq += 1;
+        self.events.push(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn advance(&mut self, to: f64) {
+        if to > self.now {
+            self.replica_seconds += self.alive as f64 * (to - self.now);
+            self.now = to;
+        }
+    }
+
+    fn ready(&self) -> i32 {
+        let ready = self
+            .pods
+            .iter()
+            .filter(|p| p.state == PodState::Ready)
+            .count();
+        i32::try_from(ready).unwrap_or(i32::MAX)
+    }
+
+    fn observation(&self) -> Observation {
+        Observation {
+            backlog: self.queue.len() as u64,
+            in_flight: self.in_flight,
+            due_retries: 0,
+            oldest_job_age_seconds: self.queue.front().map(|&(arrived, _)| self.now - arrived),
+            processed_total: self.processed,
+            current_replicas: self.desired,
+            ready_replicas: self.ready(),
+        }
+    }
+
+    fn dispatch(&mut self) {
+        while !self.queue.is_empty() {
+            let Some(pod) = self.free_slots.pop() else {
+                break;
+            };
+            if self.pods[pod].state != PodState::Ready {
+                continue;
+            }
+            let Some((arrived, duration)) = self.queue.pop_front() else {
+                break;
+            };
+            self.pods[pod].busy += 1;
+            self.in_flight += 1;
+            self.waits.push((self.now - arrived) as f32);
+            self.schedule(self.now + duration, Event::JobDone(pod));
+        }
+    }
+
+    fn pod_ready(&mut self, pod: usize) {
+        if self.pods[pod].state == PodState::Starting {
+            self.pods[pod].state = PodState::Ready;
+            self.free_slots
+                .extend(std::iter::repeat_n(pod, self.config.concurrency as usize));
+        }
+    }
+
+    fn job_done(&mut self, pod: usize) {
+        self.in_flight -= 1;
+        self.processed += 1;
+        let p = &mut self.pods[pod];
+        p.busy -= 1;
+        match p.state {
+            PodState::Ready => self.free_slots.push(pod),
+            PodState::Draining if p.busy == 0 => {
+                p.state = PodState::Gone;
+                self.alive -= 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// Sets the Deployment's replicas. Removal order follows the ReplicaSet's preference
+    /// for pods that are not ready, then idle pods (the operator marks them cheapest to
+    /// delete), then the least busy; a removed busy pod finishes its jobs first.
+    fn scale_to(&mut self, desired: i32) {
+        let desired = desired.max(0);
+        if desired == self.desired {
+            return;
+        }
+        self.scale_events += 1;
+        let startup = self.config.pod_startup.as_secs_f64();
+        if desired > self.desired {
+            for _ in self.desired..desired {
+                self.pods.push(Pod {
+                    state: PodState::Starting,
+                    busy: 0,
+                });
+                self.alive += 1;
+                let index = self.pods.len() - 1;
+                self.schedule(self.now + startup, Event::PodReady(index));
+            }
+        } else {
+            let mut candidates: Vec<usize> = (0..self.pods.len())
+                .filter(|&i| matches!(self.pods[i].state, PodState::Starting | PodState::Ready))
+                .collect();
+            candidates.sort_by_key(|&i| {
+                let pod = &self.pods[i];
+                (pod.state == PodState::Ready, pod.busy, std::cmp::Reverse(i))
+            });
+            let remove = usize::try_from(self.desired - desired).unwrap_or(0);
+            for &i in candidates.iter().take(remove) {
+                let pod = &mut self.pods[i];
+                if pod.busy == 0 {
+                    pod.state = PodState::Gone;
+                    self.alive -= 1;
+                } else {
+                    pod.state = PodState::Draining;
+                }
+            }
+        }
+        self.desired = desired;
+    }
+}
+
+fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyReport {
+    let mut durations = StdRng::seed_from_u64(config.seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut world = World {
+        config,
+        now: 0.0,
+        seq: 0,
+        events: BinaryHeap::new(),
+        queue: VecDeque::new(),
+        pods: Vec::new(),
+        free_slots: Vec::new(),
+        desired: 0,
+        alive: 0,
+        in_flight: 0,
+        processed: 0,
+        waits: Vec::with_capacity(arrivals.len()),
+        max_backlog: 0,
+        replica_seconds: 0.0,
+        scale_events: 0,
+    };
+    let (mut controller, periods) = match policy {
+        Policy::Engine(spec) => {
+            let period = f64::from(spec.poll_interval_seconds.max(1));
+            (
+                Controller::Engine {
+                    engine: Box::default(),
+                    spec: (**spec).clone(),
+                },
+                vec![period],
+            )
+        }
+        Policy::Keda {
+            list_length,
+            max_replicas,
+        } => {
+            let model = KedaModel::new(*list_length, *max_replicas);
+            let periods = vec![model.polling_interval(), model.hpa_sync_period()];
+            (Controller::Keda(model), periods)
+        }
+    };
+    for (kind, _) in periods.iter().enumerate() {
+        world.schedule(0.0, Event::Tick(u8::try_from(kind).unwrap_or(0)));
+    }
+    let end = config.trace.end();
+    let mut next_arrival = 0;
+    loop {
+        let arrival = arrivals.get(next_arrival).copied();
+        let event = world.events.peek().copied();
+        let done = arrival.is_none() && world.queue.is_empty() && world.in_flight == 0;
+        match (arrival, event) {
+            (Some(a), e) if e.is_none_or(|e| a < e.at) => {
+                world.advance(a);
+                next_arrival += 1;
+                world
+                    .queue
+                    .push_back((a, config.job_duration.sample(&mut durations)));
+                world.dispatch();
+                world.max_backlog = world.max_backlog.max(world.queue.len() as u64);
+            }
+            (_, Some(e)) => {
+                if done && e.at >= end {
+                    world.advance(end);
+                    break;
+                }
+                world.events.pop();
+                world.advance(e.at);
+                match e.event {
+                    Event::PodReady(pod) => world.pod_ready(pod),
+                    Event::JobDone(pod) => world.job_done(pod),
+                    Event::Tick(kind) => {
+                        let observation = world.observation();
+                        let now = Duration::from_secs_f64(world.now);
+                        let desired = match &mut controller {
+                            Controller::Engine { engine, spec } => {
+                                Some(engine.tick(spec, &observation, now).desired)
+                            }
+                            Controller::Keda(model) => model.tick(kind, world.now, &observation),
+                        };
+                        if let Some(desired) = desired {
+                            world.scale_to(desired);
+                        }
+                        let period = periods.get(usize::from(kind)).copied().unwrap_or(15.0);
+                        world.schedule(world.now + period, Event::Tick(kind));
+                    }
+                }
+                world.dispatch();
+            }
+            (_, None) => break,
+        }
+    }
+    world.advance(end);
+    let mut waits = std::mem::take(&mut world.waits);
+    waits.sort_by(f32::total_cmp);
+    PolicyReport {
+        p50_wait_s: percentile(&waits, 0.50),
+        p95_wait_s: percentile(&waits, 0.95),
+        p99_wait_s: percentile(&waits, 0.99),
+        max_backlog: world.max_backlog,
+        replica_seconds: world.replica_seconds.round(),
+        scale_events: world.scale_events,
+        jobs: world.processed,
+    }
+}
+
+/// Nearest-rank percentile of sorted values, rounded to milliseconds.
+fn percentile(sorted: &[f32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    (f64::from(sorted[rank - 1]) * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests;
