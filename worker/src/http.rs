@@ -55,9 +55,10 @@ impl Health {
         self.registered.store(true, Ordering::Relaxed);
     }
 
-    /// The last Redis operation succeeded (`true`) or failed.
-    pub fn set_redis_ok(&self, ok: bool) {
-        self.redis_ok.store(ok, Ordering::Relaxed);
+    /// The last Redis operation succeeded (`true`) or failed. Returns the
+    /// previous state.
+    pub fn set_redis_ok(&self, ok: bool) -> bool {
+        self.redis_ok.swap(ok, Ordering::Relaxed)
     }
 
     /// Shutdown has begun.

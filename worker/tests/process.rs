@@ -1,0 +1,500 @@
+//! The `workerpool-worker` binary as a process: supervision of exec
+//! children, kill -9, SIGTERM drain, Redis restarts, the HTTP endpoints.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use serde_json::{Value, json};
+use workerpool_tests::{TestRedis, eventually, free_port};
+use workerpool_worker::keys::QueueKeys;
+
+const WAIT: Duration = Duration::from_secs(20);
+const FAST: [&str; 4] = ["--heartbeat-interval", "200ms", "--dead-after", "1s"];
+
+struct Worker {
+    child: Child,
+    port: u16,
+}
+
+impl Worker {
+    fn start(redis: &TestRedis, args: &[&str], env: &[(&str, &Path)]) -> Self {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+            .arg("--redis-url")
+            .arg(redis.url())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v.as_os_str())))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn workerpool-worker");
+        Self { child, port }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill");
+        assert!(ok.success());
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.port, path)
+    }
+
+    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let child = &mut self.child;
+        eventually(timeout, "the worker to exit", || {
+            let status = child.try_wait().expect("try_wait");
+            async move { status }
+        })
+        .await
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A bare HTTP/1.0 GET: status code and body.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+async fn push_all(
+    c: &mut MultiplexedConnection,
+    queue: &str,
+    jobs: impl IntoIterator<Item = Value>,
+) {
+    for j in jobs {
+        let _: i64 = c.lpush(queue, j.to_string()).await.expect("lpush");
+    }
+}
+
+async fn counter(c: &mut MultiplexedConnection, key: String) -> u64 {
+    let v: Option<u64> = c.get(key).await.expect("get");
+    v.unwrap_or(0)
+}
+
+async fn processing_total(c: &mut MultiplexedConnection, q: &QueueKeys) -> usize {
+    let keys: Vec<String> = c
+        .keys(format!("{}:processing:*", q.name()))
+        .await
+        .expect("keys");
+    let mut n = 0;
+    for k in keys {
+        let l: usize = c.llen(k).await.expect("llen");
+        n += l;
+    }
+    n
+}
+
+async fn wait_processed(c: &MultiplexedConnection, q: &QueueKeys, n: u64) {
+    eventually(WAIT, &format!("{n} jobs processed"), || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await >= n).then_some(()) }
+    })
+    .await;
+}
+
+/// Process ids whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the parenthesised command: state, ppid, …
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        if ppid == Some(pid.to_string().as_str())
+            && !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        {
+            out.push(child);
+        }
+    }
+    out
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_child_that_dies_on_one_job_is_replaced_and_that_job_alone_ends_dead() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("supervised");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pids, done) = (dir.path().join("pids"), dir.path().join("done"));
+    let handler = r#"echo $$ >> "$PIDS"
+while read -r line; do
+  case "$line" in
+    *'"n":3'*) exit 1 ;;
+    *) echo "$line" >> "$DONE"; echo '{"ok":true}' ;;
+  esac
+done"#;
+    push_all(
+        &mut c,
+        q.name(),
+        (1..=5).map(|n| json!({"task": "t", "data": {"n": n}})),
+    )
+    .await;
+    let mut args = vec![
+        "--queue",
+        "supervised",
+        "--concurrency",
+        "2",
+        "--max-attempts",
+        "2",
+    ];
+    args.extend(["--backoff-base", "50ms", "--backoff-max", "100ms"]);
+    args.extend(FAST);
+    args.extend(["--", "sh", "-c", handler]);
+    let mut worker = Worker::start(&redis, &args, &[("PIDS", &pids), ("DONE", &done)]);
+
+    wait_processed(&c, &q, 4).await;
+    let dead: Vec<String> = eventually(WAIT, "job 3 dead", || {
+        let mut c = c.clone();
+        let key = q.dead();
+        async move {
+            let v: Vec<String> = c.lrange(key, 0, -1).await.expect("lrange");
+            (!v.is_empty()).then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(dead.len(), 1);
+    let letter: Value = serde_json::from_str(&dead[0]).expect("json");
+    assert_eq!(letter["job"]["data"]["n"], json!(3));
+    assert_eq!(
+        (letter["reason"].clone(), letter["attempts"].clone()),
+        (json!("exhausted"), json!(2))
+    );
+    assert!(
+        letter["error"].as_str().expect("error").contains("exited"),
+        "{letter}"
+    );
+
+    let done_ns: BTreeSet<u64> = lines(&done)
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("json")["data"]["n"]
+                .as_u64()
+                .expect("n")
+        })
+        .collect();
+    assert_eq!(done_ns, BTreeSet::from([1, 2, 4, 5]));
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 4);
+    assert_eq!(
+        lines(&pids).len(),
+        4,
+        "two children at start, one replacement per death"
+    );
+    let live = eventually(WAIT, "the pool back at full size", || {
+        let kids = children_of(worker.pid());
+        async move { (kids.len() == 2).then_some(kids) }
+    })
+    .await;
+    assert_eq!(live.len(), 2, "the pool keeps its size");
+
+    worker.signal("TERM");
+    assert!(worker.wait_exit(WAIT).await.success());
+}
+
+#[tokio::test]
+async fn jobs_of_a_worker_killed_with_sigkill_are_recovered_by_another_and_none_is_lost() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("kill9");
+    push_all(
+        &mut c,
+        q.name(),
+        (0..24).map(|n| json!({"data": {"ms": 300, "n": n}})),
+    )
+    .await;
+    let mut args = vec![
+        "--queue",
+        "kill9",
+        "--handler",
+        "sleep",
+        "--concurrency",
+        "4",
+    ];
+    args.extend(FAST);
+    let mut victim_args = args.clone();
+    victim_args.extend(["--worker-id", "victim"]);
+    let mut victim = Worker::start(&redis, &victim_args, &[]);
+    eventually(WAIT, "the victim holding four jobs", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (processing_total(&mut c, &q).await == 4).then_some(()) }
+    })
+    .await;
+    victim.signal("KILL");
+    victim.wait_exit(WAIT).await;
+    let held = processing_total(&mut c, &q).await;
+    assert!(held > 0, "the killed worker left jobs behind");
+
+    let mut rescuer_args = args.clone();
+    rescuer_args.extend(["--worker-id", "rescuer"]);
+    let mut rescuer = Worker::start(&redis, &rescuer_args, &[]);
+    wait_processed(&c, &q, 24).await;
+    rescuer.signal("TERM");
+    assert!(rescuer.wait_exit(WAIT).await.success());
+
+    assert_eq!(
+        counter(&mut c, q.stats_processed()).await,
+        24,
+        "every job done once"
+    );
+    assert_eq!(counter(&mut c, q.stats_recovered()).await, held as u64);
+    let waiting: usize = c.llen(q.name()).await.expect("llen");
+    let dead: usize = c.llen(q.dead()).await.expect("llen");
+    assert_eq!(
+        (waiting, dead, processing_total(&mut c, &q).await),
+        (0, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn sigterm_lets_jobs_that_fit_finish_and_returns_the_rest_to_the_head_of_the_queue() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("drain");
+    let jobs = [("a", 300), ("b", 300), ("c", 30_000), ("d", 10), ("e", 10)];
+    push_all(
+        &mut c,
+        q.name(),
+        jobs.iter()
+            .map(|(id, ms)| json!({"id": id, "data": {"ms": ms}})),
+    )
+    .await;
+    let mut args = vec![
+        "--queue",
+        "drain",
+        "--handler",
+        "sleep",
+        "--concurrency",
+        "3",
+        "--shutdown-timeout",
+        "1500ms",
+    ];
+    args.extend(FAST);
+    let mut worker = Worker::start(&redis, &args, &[]);
+    eventually(WAIT, "three jobs running", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (processing_total(&mut c, &q).await == 3).then_some(()) }
+    })
+    .await;
+    assert_eq!(worker.get("/readyz"), Some((200, "ok\n".into())));
+
+    let signalled = Instant::now();
+    worker.signal("TERM");
+    let readiness = eventually(WAIT, "readyz to report draining", || {
+        let r = worker.get("/readyz");
+        async move { r.filter(|(status, _)| *status == 503) }
+    })
+    .await;
+    assert_eq!(readiness.1, "draining\n");
+    let status = worker.wait_exit(WAIT).await;
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < Duration::from_millis(1500 + 1500),
+        "exit before the deadline plus margin, took {took:?}"
+    );
+
+    assert_eq!(
+        counter(&mut c, q.stats_processed()).await,
+        2,
+        "a and b fit in the timeout"
+    );
+    let queue: Vec<String> = c.lrange(q.name(), 0, -1).await.expect("lrange");
+    let ids: Vec<Value> = queue
+        .iter()
+        .map(|j| serde_json::from_str::<Value>(j).expect("json")["id"].clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [json!("e"), json!("d"), json!("c")],
+        "c is back at the head, before d and e"
+    );
+    let c_job: Value = serde_json::from_str(&queue[2]).expect("json");
+    assert!(
+        c_job.get("attempt").is_none(),
+        "an interrupted attempt is not counted: {c_job}"
+    );
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+}
+
+#[tokio::test]
+async fn a_second_signal_skips_the_wait() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("impatient");
+    push_all(
+        &mut c,
+        q.name(),
+        [json!({"id": "long", "data": {"ms": 60_000}})],
+    )
+    .await;
+    let mut args = vec![
+        "--queue",
+        "impatient",
+        "--handler",
+        "sleep",
+        "--shutdown-timeout",
+        "60s",
+    ];
+    args.extend(FAST);
+    let mut worker = Worker::start(&redis, &args, &[]);
+    eventually(WAIT, "the job running", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (processing_total(&mut c, &q).await == 1).then_some(()) }
+    })
+    .await;
+    worker.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker.signal("INT");
+    let status = worker.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success());
+    let queue: Vec<String> = c.lrange(q.name(), 0, -1).await.expect("lrange");
+    assert_eq!(queue.len(), 1);
+}
+
+#[tokio::test]
+async fn a_redis_restart_mid_run_is_survived_and_every_job_is_accounted_for() {
+    let mut redis = TestRedis::start_persistent();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("restart");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let done = dir.path().join("done");
+    let handler =
+        r#"while read -r line; do sleep 0.01; echo "$line" >> "$DONE"; echo '{"ok":true}'; done"#;
+    const N: u64 = 300;
+    push_all(&mut c, q.name(), (0..N).map(|n| json!({"data": {"n": n}}))).await;
+    let mut args = vec!["--queue", "restart", "--concurrency", "4"];
+    args.extend(FAST);
+    args.extend(["--", "sh", "-c", handler]);
+    let mut worker = Worker::start(&redis, &args, &[("DONE", &done)]);
+    wait_processed(&c, &q, 40).await;
+
+    redis.stop();
+    let unready = eventually(WAIT, "readyz to report redis unreachable", || {
+        let r = worker.get("/readyz");
+        async move { r.filter(|(status, _)| *status == 503) }
+    })
+    .await;
+    assert_eq!(unready.1, "redis unreachable\n");
+    assert_eq!(
+        worker.get("/healthz").map(|r| r.0),
+        Some(200),
+        "liveness does not depend on redis"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.resume();
+
+    let mut c = redis.conn().await;
+    eventually(WAIT, "every job done", || {
+        let done = lines(&done);
+        async move {
+            let ns: BTreeSet<u64> = done
+                .iter()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).expect("json")["data"]["n"]
+                        .as_u64()
+                        .expect("n")
+                })
+                .collect();
+            (ns.len() as u64 == N).then_some(())
+        }
+    })
+    .await;
+    eventually(WAIT, "ready again", || {
+        let r = worker.get("/readyz");
+        async move { r.filter(|(status, _)| *status == 200) }
+    })
+    .await;
+    let metrics = worker.get("/metrics").expect("metrics").1;
+    assert!(
+        metrics.contains("workerpool_redis_errors_total"),
+        "{metrics}"
+    );
+    worker.signal("TERM");
+    assert!(worker.wait_exit(WAIT).await.success());
+    let waiting: usize = c.llen(q.name()).await.expect("llen");
+    let retrying: usize = c.zcard(q.retry()).await.expect("zcard");
+    let dead: usize = c.llen(q.dead()).await.expect("llen");
+    assert_eq!(
+        (waiting, retrying, dead, processing_total(&mut c, &q).await),
+        (0, 0, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn bad_settings_stop_the_worker_at_start_with_one_line_naming_the_flag() {
+    for (args, needle) in [
+        (vec!["--handler", "noop"], "--queue"),
+        (vec!["--queue", "q"], "--handler"),
+        (
+            vec!["--queue", "q", "--", "/nonexistent/handler"],
+            "/nonexistent/handler",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+            .args([
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(&args)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: ") && last.contains(needle),
+            "{args:?}: {stderr}"
+        );
+    }
+}
