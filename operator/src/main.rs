@@ -49,6 +49,10 @@ struct SimulateArgs {
     /// Most replicas for both policies.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..))]
     max_replicas: i32,
+    /// A JSON ScalingSpec for the engine (its targetBacklogPerReplica and maxReplicas are
+    /// replaced by --target-backlog and --max-replicas, which both policies share).
+    #[arg(long)]
+    engine_spec: Option<std::path::PathBuf>,
     /// Seed for arrival times, job durations and generated traces.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -84,11 +88,20 @@ fn simulate_command(args: SimulateArgs) -> Result<()> {
         return Ok(());
     }
     let target = i32::try_from(args.target_backlog).context("--target-backlog is too large")?;
-    let engine = Policy::Engine(Box::new(ScalingSpec {
-        target_backlog_per_replica: target,
-        max_replicas: args.max_replicas,
-        ..ScalingSpec::default()
-    }));
+    let mut spec = match &args.engine_spec {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => ScalingSpec::default(),
+    };
+    spec.target_backlog_per_replica = target;
+    spec.max_replicas = args.max_replicas;
+    if let Some(problem) = spec.problems().first() {
+        anyhow::bail!("engine spec: {problem}");
+    }
+    let engine = Policy::Engine(Box::new(spec));
     let keda = Policy::Keda {
         list_length: args.target_backlog,
         max_replicas: args.max_replicas,

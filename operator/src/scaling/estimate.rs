@@ -13,6 +13,7 @@ struct Sample {
     processed: u64,
     pending: u64,
     backlog: u64,
+    in_flight: u64,
     ready: i32,
 }
 
@@ -22,7 +23,11 @@ struct Sample {
 ///   the queue and the workers gained, `(Δprocessed + Δ(backlog + inFlight)) / Δt`;
 /// - per-replica throughput is measured only over intervals when the workers were
 ///   saturated (jobs waiting at both ends), since an idle worker's rate says nothing about
-///   its capacity;
+///   its capacity, and only once the ready count has been steady for two job durations
+///   (estimated by Little's law as inFlight / completions per second): a pod that just
+///   became ready has not completed anything yet, and a removed pod still completes the
+///   jobs it drains, so rates right after a change misjudge capacity, and an
+///   underestimate would feed on itself (fewer jobs per pod, more pods, more new pods);
 /// - a counter that goes backwards (a reset) starts a new baseline without a rate update.
 #[derive(Clone, Debug, Default)]
 pub struct RateEstimator {
@@ -30,6 +35,8 @@ pub struct RateEstimator {
     arrival: Option<f64>,
     completion: Option<f64>,
     per_replica: Option<f64>,
+    job_seconds: Option<f64>,
+    ready_changed_at: Option<f64>,
 }
 
 impl RateEstimator {
@@ -55,6 +62,7 @@ impl RateEstimator {
             processed,
             pending: backlog.saturating_add(in_flight),
             backlog,
+            in_flight,
             ready,
         };
         let Some(last) = self.last else {
@@ -76,14 +84,26 @@ impl RateEstimator {
         let completion = done / dt;
         self.arrival = Some(smooth(self.arrival, arrival, dt, ARRIVAL_TAU));
         self.completion = Some(smooth(self.completion, completion, dt, COMPLETION_TAU));
-        if last.backlog > 0 && sample.backlog > 0 && last.ready > 0 && ready > 0 && done > 0.0 {
-            let replicas = f64::from(last.ready + ready) / 2.0;
-            self.per_replica = Some(smooth(
-                self.per_replica,
-                completion / replicas,
+        let busy = (last.in_flight + in_flight) as f64 / 2.0;
+        if done > 0.0 && busy > 0.0 {
+            self.job_seconds = Some(smooth(
+                self.job_seconds,
+                busy / completion,
                 dt,
                 THROUGHPUT_TAU,
             ));
+        }
+        if ready != last.ready {
+            self.ready_changed_at = Some(at);
+            return;
+        }
+        let settle = 2.0 * self.job_seconds.unwrap_or(0.0);
+        let settled = self
+            .ready_changed_at
+            .is_none_or(|changed| last.at - changed >= settle);
+        if settled && last.backlog > 0 && sample.backlog > 0 && ready > 0 && done > 0.0 {
+            let measured = completion / f64::from(ready);
+            self.per_replica = Some(smooth(self.per_replica, measured, dt, THROUGHPUT_TAU));
         }
     }
 }
@@ -148,6 +168,27 @@ mod tests {
         // 5 s of 20 jobs/s moves the estimate a little; 295 s of 10.17 jobs/s nearly all the way.
         assert!(short < 4.0, "{short}");
         assert!(long > 10.0, "{long}");
+    }
+
+    #[test]
+    fn throughput_waits_for_new_pods_to_settle() {
+        let mut e = RateEstimator::default();
+        // 2 pods, 10 s jobs, 2 slots each: 0.2 jobs/s per pod; inFlight 4.
+        e.observe(0.0, 0, 50, 4, 2);
+        e.observe(10.0, 4, 50, 4, 2);
+        assert_eq!(e.per_replica_throughput(), Some(0.2));
+        // Two more pods become ready; their first jobs finish only 10 s later.
+        e.observe(15.0, 6, 50, 8, 4);
+        e.observe(20.0, 8, 50, 8, 4);
+        e.observe(25.0, 10, 50, 8, 4);
+        assert_eq!(e.per_replica_throughput(), Some(0.2), "not settled yet");
+        // Sampling resumes once an interval starts two job durations after the change.
+        e.observe(45.0, 26, 50, 8, 4);
+        e.observe(50.0, 30, 50, 8, 4);
+        let Some(rate) = e.per_replica_throughput() else {
+            panic!("known")
+        };
+        assert!((rate - 0.2).abs() < 1e-9, "{rate}");
     }
 
     #[test]
