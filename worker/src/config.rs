@@ -135,6 +135,12 @@ pub enum HandlerKind {
     Noop,
     /// Sleeps `data.ms` milliseconds per job.
     Sleep,
+    /// POSTs each job to `--http-url`: 2xx done, 4xx (but 408, 429)
+    /// permanent, anything else retried.
+    Http,
+    /// Starts the command after `--` once per job, the job on stdin: exit 0
+    /// done, anything else a failure with the end of stderr as the error.
+    ExecPerJob,
 }
 
 /// The handler chosen on the command line.
@@ -146,6 +152,10 @@ pub enum HandlerChoice {
     Noop,
     /// See [`HandlerKind::Sleep`].
     Sleep,
+    /// See [`HandlerKind::Http`]: the URL to post to.
+    Http(hyper::Uri),
+    /// See [`HandlerKind::ExecPerJob`].
+    ExecPerJob(ExecCommand),
 }
 
 /// Runs background jobs from Redis queues: reliable fetch, retries with
@@ -184,9 +194,15 @@ pub struct Args {
     )]
     pub concurrency: usize,
 
-    /// Handler: exec (the default when a command follows `--`), noop or sleep.
+    /// Handler: exec (the default when a command follows `--`),
+    /// exec-per-job, http, noop or sleep.
     #[arg(long, env = "WORKERPOOL_HANDLER", value_enum)]
     pub handler: Option<HandlerKind>,
+
+    /// URL the http handler POSTs each job to (http:// only), for example
+    /// a sidecar: http://127.0.0.1:9000/jobs.
+    #[arg(long, env = "WORKERPOOL_HTTP_URL", value_name = "URL")]
+    pub http_url: Option<String>,
 
     /// Attempts per job before it is dead-lettered.
     #[arg(
@@ -253,33 +269,60 @@ impl Args {
                 "--redis-url is required (or WORKERPOOL_REDIS_URL), for example redis://localhost:6379".into(),
             ));
         };
-        let handler = match (self.handler, self.command.split_first()) {
-            (None | Some(HandlerKind::Exec), Some((program, args))) => {
-                HandlerChoice::Exec(ExecCommand {
-                    program: program.clone(),
-                    args: args.to_vec(),
-                })
-            }
+        let kind_name = |kind: HandlerKind| {
+            kind.to_possible_value()
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default()
+        };
+        if let Some(url) = &self.http_url
+            && self.handler != Some(HandlerKind::Http)
+        {
+            return Err(ConfigError(format!(
+                "--http-url {url:?} is only for --handler http; drop it or add --handler http"
+            )));
+        }
+        let command = self
+            .command
+            .split_first()
+            .map(|(program, args)| ExecCommand {
+                program: program.clone(),
+                args: args.to_vec(),
+            });
+        let handler = match (self.handler, command) {
+            (None | Some(HandlerKind::Exec), Some(command)) => HandlerChoice::Exec(command),
+            (Some(HandlerKind::ExecPerJob), Some(command)) => HandlerChoice::ExecPerJob(command),
             (None, None) => {
                 return Err(ConfigError(
-                    "no handler: give a command after `--` (for example `-- python3 handler.py`) or --handler noop|sleep".into(),
+                    "no handler: give a command after `--` (for example `-- python3 handler.py`) or --handler http|noop|sleep".into(),
                 ));
             }
-            (Some(HandlerKind::Exec), None) => {
-                return Err(ConfigError(
-                    "--handler exec needs a command after `--`, for example `-- python3 handler.py`".into(),
-                ));
+            (Some(kind @ (HandlerKind::Exec | HandlerKind::ExecPerJob)), None) => {
+                return Err(ConfigError(format!(
+                    "--handler {} needs a command after `--`, for example `-- python3 handler.py`",
+                    kind_name(kind)
+                )));
             }
-            (Some(kind @ (HandlerKind::Noop | HandlerKind::Sleep)), Some(_)) => {
+            (
+                Some(kind @ (HandlerKind::Noop | HandlerKind::Sleep | HandlerKind::Http)),
+                Some(_),
+            ) => {
                 return Err(ConfigError(format!(
                     "--handler {} takes no command; drop the part after `--` or use --handler exec",
-                    kind.to_possible_value()
-                        .map(|v| v.get_name().to_string())
-                        .unwrap_or_default()
+                    kind_name(kind)
                 )));
             }
             (Some(HandlerKind::Noop), None) => HandlerChoice::Noop,
             (Some(HandlerKind::Sleep), None) => HandlerChoice::Sleep,
+            (Some(HandlerKind::Http), None) => match &self.http_url {
+                Some(url) => {
+                    HandlerChoice::Http(crate::http_handler::parse_url(url).map_err(ConfigError)?)
+                }
+                None => {
+                    return Err(ConfigError(
+                        "--handler http needs --http-url (or WORKERPOOL_HTTP_URL), for example http://127.0.0.1:9000/jobs".into(),
+                    ));
+                }
+            },
         };
         let config = Config {
             redis_url,
@@ -342,6 +385,38 @@ mod tests {
     }
 
     #[test]
+    fn http_takes_a_url_and_exec_per_job_takes_a_command() {
+        let url = "--redis-url=redis://localhost";
+        let (_, handler) = parse(&[
+            url,
+            "--queue=q",
+            "--handler=http",
+            "--http-url=http://127.0.0.1:9000/jobs",
+        ])
+        .expect("valid");
+        assert_eq!(
+            handler,
+            HandlerChoice::Http("http://127.0.0.1:9000/jobs".parse().expect("uri"))
+        );
+        let (_, handler) = parse(&[
+            url,
+            "--queue=q",
+            "--handler=exec-per-job",
+            "--",
+            "./job.sh",
+            "-v",
+        ])
+        .expect("valid");
+        assert_eq!(
+            handler,
+            HandlerChoice::ExecPerJob(ExecCommand {
+                program: "./job.sh".into(),
+                args: vec!["-v".into()]
+            })
+        );
+    }
+
+    #[test]
     fn each_bad_setting_is_refused_naming_its_flag() {
         let url = "--redis-url=redis://localhost";
         for (args, flag) in [
@@ -370,6 +445,34 @@ mod tests {
                 "--dead-after",
             ),
             (vec![url, "--queue= ", "--handler=noop"], "--queue"),
+            (vec![url, "--queue=q", "--handler=http"], "--http-url"),
+            (
+                vec![url, "--queue=q", "--handler=http", "--http-url=https://x/"],
+                "--http-url",
+            ),
+            (
+                vec![url, "--queue=q", "--handler=noop", "--http-url=http://x/"],
+                "--http-url",
+            ),
+            (
+                vec![url, "--queue=q", "--http-url=http://x/", "--", "x"],
+                "--http-url",
+            ),
+            (
+                vec![url, "--queue=q", "--handler=exec-per-job"],
+                "--handler exec-per-job",
+            ),
+            (
+                vec![
+                    url,
+                    "--queue=q",
+                    "--handler=http",
+                    "--http-url=http://x/",
+                    "--",
+                    "x",
+                ],
+                "--handler http",
+            ),
         ] {
             let message = error(&args);
             assert!(message.contains(flag), "{args:?}: {message}");

@@ -38,6 +38,16 @@ pub struct SpawnError {
     source: std::io::Error,
 }
 
+impl SpawnError {
+    /// The error for `program` failing to start with `source`.
+    pub fn new(program: &str, source: std::io::Error) -> Self {
+        Self {
+            program: program.to_string(),
+            source,
+        }
+    }
+}
+
 struct Proc {
     child: Child,
     stdin: ChildStdin,

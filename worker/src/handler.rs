@@ -1,5 +1,6 @@
 //! The handler trait and the built-in handlers.
 
+use std::future::Future;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -34,6 +35,17 @@ impl Outcome {
     }
 }
 
+/// `Ok` is done; `Err` is a failure worth retrying, with the error's
+/// message. Lets a handler end with `result.into()` or `?`-style code.
+impl<E: std::fmt::Display> From<Result<(), E>> for Outcome {
+    fn from(result: Result<(), E>) -> Self {
+        match result {
+            Ok(()) => Outcome::Done,
+            Err(e) => Outcome::retry(e.to_string()),
+        }
+    }
+}
+
 /// Runs jobs. The runtime calls `handle` once per attempt, up to the
 /// configured concurrency at once, and drops the future when the attempt
 /// times out or the worker must give the job back at shutdown: handlers
@@ -41,6 +53,51 @@ impl Outcome {
 pub trait Handler: Send + Sync + 'static {
     /// Runs one attempt at `job`.
     fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome>;
+}
+
+/// A [`Handler`] made from an async function of the job; see [`handler_fn`].
+#[derive(Clone, Copy)]
+pub struct HandlerFn<F>(F);
+
+impl<F> std::fmt::Debug for HandlerFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandlerFn")
+    }
+}
+
+/// Turns an async function of the job into a [`Handler`]:
+///
+/// ```
+/// use workerpool_worker::{Job, Outcome, handler_fn};
+///
+/// let handler = handler_fn(|job: Job| async move {
+///     match job.data().get("to").and_then(|to| to.as_str()) {
+///         Some(_to) => Outcome::Done,
+///         None => Outcome::permanent("data.to is missing"),
+///     }
+/// });
+/// # let _ = handler;
+/// ```
+///
+/// The function gets its own copy of the job, so the future it returns
+/// can hold it across awaits. As with any handler, the future is dropped
+/// when the attempt times out or is abandoned at shutdown.
+pub fn handler_fn<F, Fut>(f: F) -> HandlerFn<F>
+where
+    F: Fn(Job) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    HandlerFn(f)
+}
+
+impl<F, Fut> Handler for HandlerFn<F>
+where
+    F: Fn(Job) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome> {
+        Box::pin((self.0)(job.clone()))
+    }
 }
 
 /// Completes every job at once (for demos and benchmarks).
@@ -92,6 +149,22 @@ mod tests {
         let outcome = Sleep.handle(&job(json!({"data": {"ms": 250}}))).await;
         assert_eq!(outcome, Outcome::Done);
         assert_eq!(started.elapsed(), Duration::from_millis(250));
+    }
+
+    #[tokio::test]
+    async fn an_async_fn_is_a_handler_and_results_convert_to_outcomes() {
+        let h = handler_fn(|job: Job| async move {
+            let to = job.data().get("to").and_then(serde_json::Value::as_str);
+            to.map(|_| ()).ok_or("data.to is missing").into()
+        });
+        assert_eq!(
+            h.handle(&job(json!({"data": {"to": "a"}}))).await,
+            Outcome::Done
+        );
+        assert_eq!(
+            h.handle(&job(json!({"data": {}}))).await,
+            Outcome::retry("data.to is missing")
+        );
     }
 
     #[tokio::test]

@@ -10,8 +10,10 @@
 pub mod backoff;
 pub mod config;
 pub mod exec;
+pub mod exec_per_job;
 pub mod handler;
 pub mod http;
+pub mod http_handler;
 pub mod job;
 pub mod keys;
 pub mod metrics;
@@ -20,15 +22,16 @@ mod runtime;
 pub mod scripts;
 
 pub use config::{Config, HandlerChoice};
-pub use handler::{Handler, Noop, Outcome, Sleep};
+pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};
 pub use job::Job;
 pub use metrics::Metrics;
-pub use runtime::{Error, Shutdown, run};
+pub use runtime::{Error, Shutdown, run, run_until};
 
 use std::sync::Arc;
 
 /// Builds the handler chosen on the command line. Starts the exec pool's
-/// children, so a command that cannot start is reported here.
+/// children (and checks an exec-per-job command exists), so a command that
+/// cannot start is reported here.
 pub fn build_handler(
     choice: HandlerChoice,
     config: &Config,
@@ -42,5 +45,7 @@ pub fn build_handler(
         )?),
         HandlerChoice::Noop => Arc::new(Noop),
         HandlerChoice::Sleep => Arc::new(Sleep),
+        HandlerChoice::Http(url) => Arc::new(http_handler::HttpHandler::new(url)),
+        HandlerChoice::ExecPerJob(command) => Arc::new(exec_per_job::ExecPerJob::new(command)?),
     })
 }

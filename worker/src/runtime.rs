@@ -66,6 +66,25 @@ impl Shutdown {
         self.drain.is_cancelled()
     }
 
+    /// A shutdown that drains when `signal` completes, for example
+    /// `async { tokio::signal::ctrl_c().await.ok(); }`. Must be called
+    /// inside a Tokio runtime.
+    pub fn when<F>(signal: F) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let shutdown = Self::new();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            // Stop watching once the worker has stopped for another reason.
+            tokio::select! {
+                _ = signal => s.drain(),
+                _ = s.drain.cancelled() => {}
+            }
+        });
+        shutdown
+    }
+
     /// A shutdown driven by SIGTERM and SIGINT: the first drains, the second
     /// skips the wait. Must be called inside a Tokio runtime.
     pub fn on_signals() -> std::io::Result<Self> {
@@ -330,6 +349,37 @@ pub async fn run(
     }
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Runs `handler` as a worker until `shutdown` completes, then drains
+/// (in-flight jobs get `config.shutdown_timeout`, the rest go back to the
+/// head of their queue). The entry point for handlers written in Rust: the
+/// same runtime, and so the same guarantees, as the `workerpool-worker`
+/// binary. Serves `/healthz`, `/readyz` and `/metrics` when
+/// `config.listen` is set.
+///
+/// ```no_run
+/// use workerpool_worker::{Config, Job, Outcome, handler_fn, run_until};
+///
+/// # async fn example() -> Result<(), workerpool_worker::Error> {
+/// let config = Config::new("redis://localhost:6379", vec!["emails".into()]);
+/// let handler = handler_fn(|job: Job| async move { Outcome::Done });
+/// run_until(config, handler, async {
+///     tokio::signal::ctrl_c().await.ok();
+/// })
+/// .await
+/// # }
+/// ```
+pub async fn run_until<H, F>(config: Config, handler: H, shutdown: F) -> Result<(), Error>
+where
+    H: Handler,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let shutdown = Shutdown::when(shutdown);
+    let result = run(config, Arc::new(handler), Metrics::new(), shutdown.clone()).await;
+    // Ends the task watching `shutdown` when `run` stopped on its own.
+    shutdown.drain();
+    result
 }
 
 impl Worker {
