@@ -1,4 +1,6 @@
 //! The workerpool operator: the scaling engine and the tools built on it.
 
+pub mod crd;
+pub mod deployment;
 pub mod scaling;
 pub mod simulate;

@@ -1,0 +1,438 @@
+//! The `WorkerPool` custom resource (`workerpool.dev/v1alpha1`, short name `wp`).
+//!
+//! The `///` comments on spec and status fields are the descriptions that
+//! `kubectl explain workerpool.spec…` shows: they are written for users.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::core::crd::CustomResourceExt;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::scaling::ScalingSpec;
+
+/// A pool of background-job workers taking jobs from a Redis queue, run as a
+/// Deployment whose size the operator sets from the queue's depth and flow
+/// (`spec.scaling`), or fixed (`spec.replicas`, which `kubectl scale` and an
+/// HPA can drive).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "workerpool.dev",
+    version = "v1alpha1",
+    kind = "WorkerPool",
+    plural = "workerpools",
+    shortname = "wp",
+    namespaced,
+    status = "WorkerPoolStatus",
+    derive = "PartialEq",
+    cel,
+    doc = "A pool of background-job workers scaled on its Redis queue",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Backlog",
+        type_ = "integer",
+        json_path = ".status.backlog",
+        description = "Jobs waiting, including due retries"
+    ),
+    printcolumn(
+        name = "In-Flight",
+        type_ = "integer",
+        json_path = ".status.inFlight",
+        description = "Jobs running"
+    ),
+    printcolumn(
+        name = "Desired",
+        type_ = "integer",
+        json_path = ".status.desiredReplicas",
+        description = "Workers wanted"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Workers ready"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.reason",
+        description = "Why the pool has this size",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("has(self.replicas) != has(self.scaling)").message("set exactly one of spec.replicas (a fixed number of workers) or spec.scaling (workers scaled on the queue)"))]
+#[x_kube(validation = Rule::new("!has(self.scaling) || (has(self.scaling.minReplicas) ? self.scaling.minReplicas : 0) <= (has(self.scaling.maxReplicas) ? self.scaling.maxReplicas : 100)").message("spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPoolSpec {
+    /// Where the jobs come from.
+    pub queue: QueueSpec,
+
+    /// The worker pods, as in a Deployment: image, resources, volumes,
+    /// sidecars. The container named `worker` (or the only container) runs
+    /// `workerpool-worker`; the operator adds the queue settings as
+    /// `WORKERPOOL_*` environment variables, the worker id, the health
+    /// probes and the termination grace period.
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+
+    /// Settings of each worker process.
+    #[serde(default)]
+    pub worker: WorkerSettings,
+
+    /// A fixed number of workers. Set this or `scaling`, not both.
+    /// `kubectl scale workerpool` and a HorizontalPodAutoscaler write here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub replicas: Option<i32>,
+
+    /// Scale the workers on the queue. Set this or `replicas`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<ScalingSpec>,
+
+    /// How workers stop.
+    #[serde(default)]
+    pub shutdown: ShutdownSpec,
+}
+
+/// Where the jobs come from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueSpec {
+    /// A Redis list (queue contract v1).
+    pub redis: RedisQueue,
+}
+
+/// A queue on Redis.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef"))]
+#[x_kube(validation = Rule::new("has(self.key) != has(self.keys)").message("set exactly one of spec.queue.redis.key (one queue) or spec.queue.redis.keys (several, in priority order)"))]
+#[serde(rename_all = "camelCase")]
+pub struct RedisQueue {
+    /// Redis URL, `redis://[user:password@]host[:port][/db]`. Use
+    /// `urlSecretRef` when the URL holds a password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub url: Option<String>,
+
+    /// A key of a Secret in the pool's namespace that holds the Redis URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+
+    /// The queue: the Redis list producers `LPUSH` jobs onto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub key: Option<String>,
+
+    /// Several queues served in strict priority order, the first first. Their
+    /// backlogs add up for scaling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub keys: Option<Vec<String>>,
+}
+
+impl RedisQueue {
+    /// The queue names in priority order.
+    pub fn queue_names(&self) -> Vec<String> {
+        match (&self.key, &self.keys) {
+            (Some(k), _) => vec![k.clone()],
+            (None, Some(keys)) => keys.clone(),
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+/// A key of a Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key within the Secret.
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+/// Settings of each worker process.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerSettings {
+    /// Jobs each worker runs at once. Defaults to 1.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub concurrency: i32,
+
+    /// Attempts per job before it is dead-lettered. Defaults to 5.
+    #[serde(default = "five")]
+    #[schemars(range(min = 1))]
+    pub max_attempts: i32,
+
+    /// Seconds one attempt may take before it fails. Defaults to 600.
+    #[serde(default = "six_hundred")]
+    #[schemars(range(min = 1))]
+    pub job_timeout_seconds: i32,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: one(),
+            max_attempts: five(),
+            job_timeout_seconds: six_hundred(),
+        }
+    }
+}
+
+/// How workers stop.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownSpec {
+    /// The pods' terminationGracePeriodSeconds. On SIGTERM a worker stops
+    /// taking jobs, lets running ones finish until a deadline a little
+    /// before this, then returns the rest to the head of the queue and
+    /// exits. Defaults to 30.
+    #[serde(default = "thirty")]
+    #[schemars(range(min = 1))]
+    pub grace_period_seconds: i32,
+}
+
+impl Default for ShutdownSpec {
+    fn default() -> Self {
+        Self {
+            grace_period_seconds: thirty(),
+        }
+    }
+}
+
+fn one() -> i32 {
+    1
+}
+fn five() -> i32 {
+    5
+}
+fn six_hundred() -> i32 {
+    600
+}
+fn thirty() -> i32 {
+    30
+}
+
+/// What the operator last saw and did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPoolStatus {
+    /// Workers (pods of the Deployment).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Workers ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Workers the operator wants.
+    #[serde(default)]
+    pub desired_replicas: i32,
+    /// Why the pool has this size: the rule that decided and any limit that held it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Jobs waiting, including retries and delayed jobs that are due.
+    #[serde(default)]
+    pub backlog: i64,
+    /// Jobs running.
+    #[serde(default)]
+    pub in_flight: i64,
+    /// Age in seconds of the oldest waiting job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_job_age_seconds: Option<f64>,
+    /// Jobs arriving per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival_rate: Option<f64>,
+    /// Jobs completed per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<f64>,
+    /// When the operator last changed the number of workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// Label selector of the pool's pods (for the scale subresource).
+    #[serde(default)]
+    pub selector: String,
+    /// The spec generation this status is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `QueueReachable`, `ScalingActive`, `ScalingLimited`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The PodTemplateSpec schema without descriptions, which would make the
+/// CRD too large for client-side `kubectl apply` (the 256 KiB annotation).
+fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut value: serde_json::Value = generator.subschema_for::<PodTemplateSpec>().into();
+    strip_descriptions(&mut value);
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            "description".into(),
+            "The worker pods, as in a Deployment's spec.template (see `kubectl explain deployment.spec.template`).".into(),
+        );
+    }
+    schemars::Schema::try_from(value).expect("a pod template schema is an object")
+}
+
+fn strip_descriptions(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.remove("description");
+            map.values_mut().for_each(strip_descriptions);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_descriptions),
+        _ => {}
+    }
+}
+
+/// The CRD as YAML, as `workerpool-operator crd` prints it and
+/// `manifests/crd.yaml` holds it.
+pub fn crd_yaml() -> String {
+    let crd = WorkerPool::crd();
+    serde_yaml_ng::to_string(&crd).expect("a CRD always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pool(spec: serde_json::Value) -> WorkerPool {
+        serde_json::from_value(json!({
+            "apiVersion": "workerpool.dev/v1alpha1",
+            "kind": "WorkerPool",
+            "metadata": {"name": "mail", "namespace": "default"},
+            "spec": spec,
+        }))
+        .expect("a well-typed pool")
+    }
+
+    fn template() -> serde_json::Value {
+        json!({"spec": {"containers": [{"name": "worker", "image": "example/worker:1"}]}})
+    }
+
+    fn cel_errors(spec: serde_json::Value) -> String {
+        match pool(spec).validate_cel() {
+            Ok(()) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_checked_in_crd_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../manifests/crd.yaml");
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        if std::env::var_os("UPDATE_MANIFESTS").is_some() {
+            std::fs::write(path, crd_yaml()).expect("write manifests/crd.yaml");
+            return;
+        }
+        assert!(
+            on_disk == crd_yaml(),
+            "manifests/crd.yaml is stale: run `cargo run -p workerpool-operator -- crd > manifests/crd.yaml`"
+        );
+    }
+
+    #[test]
+    fn the_crd_has_status_scale_short_name_and_printer_columns() {
+        let crd = serde_json::to_value(WorkerPool::crd()).expect("json");
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(crd["spec"]["names"]["shortNames"], json!(["wp"]));
+        assert_eq!(version["subresources"]["status"], json!({}));
+        assert_eq!(
+            version["subresources"]["scale"],
+            json!({"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas", "labelSelectorPath": ".status.selector"})
+        );
+        let columns: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .expect("columns")
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            ["Backlog", "In-Flight", "Desired", "Ready", "Reason", "Age"]
+        );
+        let yaml = crd_yaml();
+        assert!(
+            yaml.len() < 200_000,
+            "small enough for client-side kubectl apply: {} bytes",
+            yaml.len()
+        );
+    }
+
+    #[test]
+    fn defaults_are_in_the_schema_so_the_api_server_fills_them_in() {
+        let crd = serde_json::to_value(WorkerPool::crd()).expect("json");
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        assert_eq!(
+            spec["worker"]["properties"]["concurrency"]["default"],
+            json!(1)
+        );
+        assert_eq!(
+            spec["shutdown"]["properties"]["gracePeriodSeconds"]["default"],
+            json!(30)
+        );
+        assert_eq!(
+            spec["scaling"]["properties"]["maxReplicas"]["default"],
+            json!(100)
+        );
+    }
+
+    #[test]
+    fn a_valid_pool_passes_the_cel_rules_and_gets_defaults() {
+        let spec = json!({
+            "queue": {"redis": {"url": "redis://redis:6379", "key": "mail"}},
+            "template": template(),
+            "scaling": {"maxReplicas": 10},
+        });
+        assert_eq!(cel_errors(spec.clone()), "");
+        let p = pool(spec);
+        assert_eq!(p.spec.worker, WorkerSettings::default());
+        assert_eq!(p.spec.shutdown.grace_period_seconds, 30);
+        assert_eq!(p.spec.scaling.map(|s| s.min_replicas), Some(0));
+    }
+
+    #[test]
+    fn each_cel_rule_refuses_a_bad_spec_with_a_message_that_says_what_to_fix() {
+        let redis = json!({"url": "redis://r", "key": "q"});
+        for (spec, message) in [
+            (
+                json!({"queue": {"redis": redis}, "template": template()}),
+                "set exactly one of spec.replicas",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 2, "scaling": {}}),
+                "set exactly one of spec.replicas",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "scaling": {"minReplicas": 5, "maxReplicas": 2}}),
+                "minReplicas must not exceed",
+            ),
+            (
+                json!({"queue": {"redis": {"key": "q"}}, "template": template(), "replicas": 1}),
+                "set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef",
+            ),
+            (
+                json!({"queue": {"redis": {"url": "redis://r", "urlSecretRef": {"name": "s", "key": "url"}, "key": "q"}}, "template": template(), "replicas": 1}),
+                "set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef",
+            ),
+            (
+                json!({"queue": {"redis": {"url": "redis://r", "key": "q", "keys": ["a"]}}, "template": template(), "replicas": 1}),
+                "spec.queue.redis.key (one queue) or spec.queue.redis.keys",
+            ),
+        ] {
+            let errors = cel_errors(spec.clone());
+            assert!(errors.contains(message), "{spec}: got {errors:?}");
+        }
+    }
+}
