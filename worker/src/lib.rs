@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod queue;
 mod runtime;
 pub mod scripts;
+pub mod snapshot;
 
 pub use config::{Config, HandlerChoice};
 pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};

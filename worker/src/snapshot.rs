@@ -1,0 +1,224 @@
+//! A read of everything a queue's readers need — backlog, retries, in-flight
+//! jobs per worker, counters, the oldest waiting job — in one round trip.
+//! The operator polls this for scaling; the CLI shows it.
+
+use std::sync::LazyLock;
+
+use redis::aio::MultiplexedConnection;
+use redis::{RedisResult, Script, Value};
+
+use crate::job::field;
+use crate::keys::QueueKeys;
+
+static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local out = {now}
+for i = 1, #KEYS, 7 do
+  local workers = redis.call('ZRANGE', KEYS[i + 4], 0, -1, 'WITHSCORES')
+  local w = {}
+  for j = 1, #workers, 2 do
+    w[#w + 1] = workers[j]
+    w[#w + 1] = workers[j + 1]
+    w[#w + 1] = redis.call('LLEN', ARGV[(i + 6) / 7] .. workers[j])
+  end
+  out[#out + 1] = {
+    redis.call('LLEN', KEYS[i]),
+    redis.call('ZCOUNT', KEYS[i + 1], '-inf', now),
+    redis.call('ZCARD', KEYS[i + 1]),
+    redis.call('ZCOUNT', KEYS[i + 2], '-inf', now),
+    redis.call('ZCARD', KEYS[i + 2]),
+    redis.call('LLEN', KEYS[i + 3]),
+    tonumber(redis.call('GET', KEYS[i + 5]) or '0'),
+    tonumber(redis.call('GET', KEYS[i + 6]) or '0'),
+    redis.call('LINDEX', KEYS[i], -1) or '',
+    w,
+  }
+end
+return out
+"#,
+    )
+});
+
+/// One registered worker instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerFigures {
+    /// `<worker-id>~<nonce>`.
+    pub instance: String,
+    /// Last heartbeat, unix ms (Redis clock).
+    pub last_beat_ms: u64,
+    /// Jobs in its processing list.
+    pub in_flight: u64,
+}
+
+/// Figures of one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueFigures {
+    /// The queue's name.
+    pub name: String,
+    /// Jobs waiting in the list.
+    pub waiting: u64,
+    /// Failed jobs whose next attempt is due.
+    pub due_retries: u64,
+    /// Failed jobs waiting for their next attempt, due or not.
+    pub retries: u64,
+    /// Delayed jobs whose `run_at` has come.
+    pub due_scheduled: u64,
+    /// Delayed jobs, due or not.
+    pub scheduled: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Jobs completed (monotonic counter).
+    pub processed: u64,
+    /// Failed attempts (monotonic counter).
+    pub failed: u64,
+    /// `enqueued_at` of the job at the head of the queue, when it has one.
+    pub oldest_enqueued_at_ms: Option<u64>,
+    /// Registered workers.
+    pub workers: Vec<WorkerFigures>,
+}
+
+impl QueueFigures {
+    /// Jobs ready to run: waiting plus due retries and due delayed jobs.
+    pub fn backlog(&self) -> u64 {
+        self.waiting + self.due_retries + self.due_scheduled
+    }
+
+    /// Jobs held by workers (including workers not yet found lost).
+    pub fn in_flight(&self) -> u64 {
+        self.workers.iter().map(|w| w.in_flight).sum()
+    }
+}
+
+/// Figures of a set of queues at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The Redis server's clock, unix ms.
+    pub server_time_ms: u64,
+    /// One entry per queue, in the order asked.
+    pub queues: Vec<QueueFigures>,
+}
+
+impl Snapshot {
+    /// Backlog over all queues.
+    pub fn backlog(&self) -> u64 {
+        self.queues.iter().map(QueueFigures::backlog).sum()
+    }
+
+    /// Jobs running over all queues.
+    pub fn in_flight(&self) -> u64 {
+        self.queues.iter().map(QueueFigures::in_flight).sum()
+    }
+
+    /// Due retries and delayed jobs over all queues.
+    pub fn due_retries(&self) -> u64 {
+        self.queues
+            .iter()
+            .map(|q| q.due_retries + q.due_scheduled)
+            .sum()
+    }
+
+    /// Completed jobs over all queues (monotonic).
+    pub fn processed(&self) -> u64 {
+        self.queues.iter().map(|q| q.processed).sum()
+    }
+
+    /// Age in seconds of the oldest waiting job that carries `enqueued_at`.
+    pub fn oldest_job_age_seconds(&self) -> Option<f64> {
+        self.queues
+            .iter()
+            .filter_map(|q| q.oldest_enqueued_at_ms)
+            .min()
+            .map(|t| self.server_time_ms.saturating_sub(t) as f64 / 1000.0)
+    }
+
+    /// Jobs in flight per worker id (the pod name), over all queues and
+    /// incarnations.
+    pub fn in_flight_by_worker_id(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for w in self.queues.iter().flat_map(|q| &q.workers) {
+            let id = crate::keys::Instance::id_of(&w.instance).unwrap_or(&w.instance);
+            *out.entry(id.to_string()).or_default() += w.in_flight;
+        }
+        out
+    }
+}
+
+/// Reads `queues` in one round trip.
+pub async fn read(conn: &mut MultiplexedConnection, queues: &[QueueKeys]) -> RedisResult<Snapshot> {
+    let mut invocation = SNAPSHOT.prepare_invoke();
+    for q in queues {
+        invocation
+            .key(q.waiting())
+            .key(q.retry())
+            .key(q.scheduled())
+            .key(q.dead())
+            .key(q.workers())
+            .key(q.stats_processed())
+            .key(q.stats_failed());
+    }
+    for q in queues {
+        invocation.arg(q.processing(""));
+    }
+    let reply: Vec<Value> = invocation.invoke_async(conn).await?;
+    parse(&reply, queues).ok_or_else(|| {
+        redis::RedisError::from((redis::ErrorKind::Parse, "unexpected snapshot reply shape"))
+    })
+}
+
+fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
+    let (now, entries) = reply.split_first()?;
+    let server_time_ms = int(now)?;
+    let mut out = Vec::with_capacity(queues.len());
+    for (q, entry) in queues.iter().zip(entries) {
+        let Value::Array(f) = entry else { return None };
+        if f.len() != 10 {
+            return None;
+        }
+        let head = string(&f[8])?;
+        let oldest = serde_json::from_str::<serde_json::Value>(&head)
+            .ok()
+            .and_then(|j| {
+                j.get(field::ENQUEUED_AT)
+                    .and_then(serde_json::Value::as_u64)
+            });
+        let Value::Array(w) = &f[9] else { return None };
+        let workers = w
+            .chunks_exact(3)
+            .map(|c| {
+                Some(WorkerFigures {
+                    instance: string(&c[0])?,
+                    last_beat_ms: string(&c[1])?.parse::<f64>().ok()? as u64,
+                    in_flight: int(&c[2])?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        out.push(QueueFigures {
+            name: q.name().to_string(),
+            waiting: int(&f[0])?,
+            due_retries: int(&f[1])?,
+            retries: int(&f[2])?,
+            due_scheduled: int(&f[3])?,
+            scheduled: int(&f[4])?,
+            dead: int(&f[5])?,
+            processed: int(&f[6])?,
+            failed: int(&f[7])?,
+            oldest_enqueued_at_ms: oldest,
+            workers,
+        });
+    }
+    Some(Snapshot {
+        server_time_ms,
+        queues: out,
+    })
+}
+
+fn int(v: &Value) -> Option<u64> {
+    redis::from_redis_value_ref::<u64>(v).ok()
+}
+
+fn string(v: &Value) -> Option<String> {
+    redis::from_redis_value_ref::<String>(v).ok()
+}

@@ -1,0 +1,101 @@
+//! One-round-trip queue readings against a real redis-server.
+
+use redis::AsyncCommands;
+use serde_json::json;
+use workerpool_tests::TestRedis;
+use workerpool_worker::keys::QueueKeys;
+use workerpool_worker::snapshot;
+
+#[tokio::test]
+async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (high, low) = (QueueKeys::new("{m}:high"), QueueKeys::new("{m}:low"));
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let now = secs * 1000;
+    // high: 3 waiting (the head enqueued 90 s ago), 1 due retry, 1 retry later,
+    // one delayed job due and one not, a dead letter; two workers holding 2 + 1.
+    let _: () = c
+        .lpush(
+            high.name(),
+            json!({"enqueued_at": now - 90_000}).to_string(),
+        )
+        .await
+        .expect("lpush");
+    let _: () = c
+        .lpush(
+            high.name(),
+            json!({"enqueued_at": now - 10_000}).to_string(),
+        )
+        .await
+        .expect("lpush");
+    let _: () = c.lpush(high.name(), "{}").await.expect("lpush");
+    let _: () = c.zadd(high.retry(), "r1", now - 1).await.expect("zadd");
+    let _: () = c
+        .zadd(high.retry(), "r2", now + 600_000)
+        .await
+        .expect("zadd");
+    let _: () = c.zadd(high.scheduled(), "s1", now - 1).await.expect("zadd");
+    let _: () = c
+        .zadd(high.scheduled(), "s2", now + 600_000)
+        .await
+        .expect("zadd");
+    let _: () = c.lpush(high.dead(), "{}").await.expect("lpush");
+    let _: () = c.set(high.stats_processed(), 40).await.expect("set");
+    let _: () = c.set(high.stats_failed(), 3).await.expect("set");
+    for (instance, held) in [("pod-a~1", 2), ("pod-b~1", 1)] {
+        let _: () = c.zadd(high.workers(), instance, now).await.expect("zadd");
+        for n in 0..held {
+            let _: () = c.lpush(high.processing(instance), n).await.expect("lpush");
+        }
+    }
+    // low: 2 waiting without enqueued_at, 2 processed, pod-a holds one more.
+    let _: () = c.lpush(low.name(), "{}").await.expect("lpush");
+    let _: () = c.lpush(low.name(), "{}").await.expect("lpush");
+    let _: () = c.set(low.stats_processed(), 2).await.expect("set");
+    let _: () = c.zadd(low.workers(), "pod-a~1", now).await.expect("zadd");
+    let _: () = c
+        .lpush(low.processing("pod-a~1"), "x")
+        .await
+        .expect("lpush");
+
+    let s = snapshot::read(&mut c, &[high.clone(), low.clone()])
+        .await
+        .expect("snapshot");
+    let h = &s.queues[0];
+    assert_eq!(
+        (
+            h.waiting,
+            h.due_retries,
+            h.retries,
+            h.due_scheduled,
+            h.scheduled,
+            h.dead,
+            h.processed,
+            h.failed
+        ),
+        (3, 1, 2, 1, 2, 1, 40, 3)
+    );
+    assert_eq!((h.backlog(), h.in_flight()), (5, 3));
+    assert_eq!(s.queues[1].backlog(), 2);
+    assert_eq!(
+        (s.backlog(), s.in_flight(), s.processed(), s.due_retries()),
+        (7, 4, 42, 2)
+    );
+    let age = s.oldest_job_age_seconds().expect("age");
+    assert!((89.0..100.0).contains(&age), "{age}");
+    let by_pod: Vec<(String, u64)> = s.in_flight_by_worker_id().into_iter().collect();
+    assert_eq!(by_pod, [("pod-a".to_string(), 3), ("pod-b".to_string(), 1)]);
+}
+
+#[tokio::test]
+async fn an_unknown_queue_reads_as_empty() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let s = snapshot::read(&mut c, &[QueueKeys::new("nothing-here")])
+        .await
+        .expect("snapshot");
+    assert_eq!((s.backlog(), s.in_flight(), s.processed()), (0, 0, 0));
+    assert!(s.oldest_job_age_seconds().is_none());
+    assert!(s.server_time_ms > 0);
+}
