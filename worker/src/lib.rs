@@ -7,7 +7,9 @@
 //! The queue contract (key layout, job envelope) is in [`keys`] and [`job`]
 //! and documented in `docs/queue-contract.md`.
 
+pub mod admin;
 pub mod backoff;
+pub mod cli;
 pub mod config;
 pub mod exec;
 pub mod exec_per_job;

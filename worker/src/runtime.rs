@@ -409,6 +409,11 @@ impl Worker {
             ("concurrency", self.config.concurrency.to_string()),
             ("in_flight", self.metrics.in_flight.get().to_string()),
             ("queues", self.labels.join(",")),
+            // Lets readers (the CLI) tell live workers from lost ones.
+            (
+                "dead_after_ms",
+                self.config.dead_after.as_millis().to_string(),
+            ),
             ("version", env!("CARGO_PKG_VERSION").to_string()),
         ]
     }

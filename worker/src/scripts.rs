@@ -217,3 +217,36 @@ return 0
 "#,
     )
 });
+
+/// Moves dead letters back onto the queue for a fresh start. KEYS: dead,
+/// queue. ARGV: pairs of the dead-letter entry as stored and the payload to
+/// push. An entry is moved only if it is still in the dead list, so two
+/// operators retrying at once move each job once. Returns how many moved.
+pub static RESURRECT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
+    redis.call('LPUSH', KEYS[2], ARGV[i + 1])
+    n = n + 1
+  end
+end
+return n
+"#,
+    )
+});
+
+/// Removes the given entries from a list. KEYS: the list. ARGV: entries
+/// as stored. Returns how many were removed.
+pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local n = 0
+for i = 1, #ARGV do
+  n = n + redis.call('LREM', KEYS[1], 1, ARGV[i])
+end
+return n
+"#,
+    )
+});

@@ -1,0 +1,384 @@
+//! Inspecting and operating a queue from outside a worker: what the
+//! `workerpool` command line does. Key names come from [`QueueKeys`] only.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, RedisResult};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::job::{DeadLetter, field, new_id};
+use crate::keys::QueueKeys;
+use crate::scripts;
+
+/// Silence after which a worker counts as lost when its hash does not say
+/// (the worker's `--dead-after` default).
+pub const DEFAULT_DEAD_AFTER_MS: u64 = 30_000;
+/// Entries handled per script call when moving or removing dead letters.
+const BATCH: usize = 500;
+
+/// The Redis server's clock, unix milliseconds.
+pub async fn server_time_ms(conn: &mut MultiplexedConnection) -> RedisResult<u64> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Whether any key of the queue exists: a queue nobody has pushed to,
+/// served or counted has none.
+pub async fn exists(conn: &mut MultiplexedConnection, q: &QueueKeys) -> RedisResult<bool> {
+    let n: u64 = redis::cmd("EXISTS")
+        .arg(q.waiting())
+        .arg(q.retry())
+        .arg(q.scheduled())
+        .arg(q.dead())
+        .arg(q.workers())
+        .arg(q.stats_processed())
+        .arg(q.stats_failed())
+        .arg(q.stats_dead())
+        .arg(q.stats_recovered())
+        .query_async(conn)
+        .await?;
+    Ok(n > 0)
+}
+
+/// A point-in-time view of a queue's counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Snapshot {
+    /// Jobs waiting in the list.
+    pub backlog: u64,
+    /// Jobs held by live workers (their processing lists).
+    pub in_flight: u64,
+    /// Jobs held by workers taken for lost, waiting to be reaped.
+    pub held_by_lost_workers: u64,
+    /// Failed jobs whose next attempt is due (moved to the queue within a second).
+    pub retries_due: u64,
+    /// Failed jobs waiting for their backoff to pass.
+    pub retries_scheduled: u64,
+    /// Delayed jobs (`run_at` in the future).
+    pub scheduled: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Workers that heartbeat within their dead-after window.
+    pub workers_live: u64,
+    /// Registered workers silent past their dead-after window.
+    pub workers_lost: u64,
+    /// Jobs completed, ever.
+    pub processed_total: u64,
+    /// Failed attempts, ever.
+    pub failed_total: u64,
+    /// Jobs dead-lettered, ever.
+    pub dead_total: u64,
+    /// Jobs returned from lost workers, ever.
+    pub recovered_total: u64,
+    /// The Redis server's clock when it was taken, unix milliseconds.
+    pub taken_at_ms: u64,
+}
+
+/// Takes a [`Snapshot`] of `q`.
+pub async fn snapshot(conn: &mut MultiplexedConnection, q: &QueueKeys) -> RedisResult<Snapshot> {
+    let now = server_time_ms(conn).await?;
+    #[allow(clippy::type_complexity)]
+    let (backlog, retries_due, retries, scheduled, dead, counters): (
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        Vec<Option<u64>>,
+    ) = redis::pipe()
+        .atomic()
+        .llen(q.waiting())
+        .zcount(q.retry(), "-inf", now)
+        .zcard(q.retry())
+        .zcard(q.scheduled())
+        .llen(q.dead())
+        .mget(&[
+            q.stats_processed(),
+            q.stats_failed(),
+            q.stats_dead(),
+            q.stats_recovered(),
+        ])
+        .query_async(conn)
+        .await?;
+    let counter = |i: usize| counters.get(i).copied().flatten().unwrap_or(0);
+    let mut snap = Snapshot {
+        backlog,
+        retries_due,
+        retries_scheduled: retries.saturating_sub(retries_due),
+        scheduled,
+        dead,
+        processed_total: counter(0),
+        failed_total: counter(1),
+        dead_total: counter(2),
+        recovered_total: counter(3),
+        taken_at_ms: now,
+        ..Snapshot::default()
+    };
+    for w in workers(conn, q, now).await? {
+        if w.alive {
+            snap.workers_live += 1;
+            snap.in_flight += w.jobs.len() as u64;
+        } else {
+            snap.workers_lost += 1;
+            snap.held_by_lost_workers += w.jobs.len() as u64;
+        }
+    }
+    Ok(snap)
+}
+
+/// One registered worker instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkerInfo {
+    /// `<worker-id>~<nonce>`.
+    pub instance: String,
+    /// Whether it beat within its dead-after window.
+    pub alive: bool,
+    /// Milliseconds since its last heartbeat (Redis clock).
+    pub last_beat_age_ms: u64,
+    /// Its dead-after window, as it reported it.
+    pub dead_after_ms: u64,
+    /// Process id, as reported.
+    pub pid: Option<u64>,
+    /// Jobs it may run at once.
+    pub concurrency: Option<u64>,
+    /// Worker version.
+    pub version: Option<String>,
+    /// Ids of the jobs in its processing list (`?` for a payload not yet
+    /// stamped with an id).
+    pub jobs: Vec<String>,
+}
+
+/// Every registered worker of `q`, as of `now_ms` (Redis clock).
+pub async fn workers(
+    conn: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    now_ms: u64,
+) -> RedisResult<Vec<WorkerInfo>> {
+    let registered = crate::queue::workers(conn, q).await?;
+    if registered.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for (instance, _) in &registered {
+        pipe.hgetall(q.worker(instance))
+            .lrange(q.processing(instance), 0, -1);
+    }
+    let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let mut out = Vec::with_capacity(registered.len());
+    for ((instance, beat), pair) in registered.into_iter().zip(replies.chunks_exact(2)) {
+        let hash: HashMap<String, String> = redis::from_redis_value_ref(&pair[0])?;
+        let held: Vec<String> = redis::from_redis_value_ref(&pair[1])?;
+        let number = |k: &str| hash.get(k).and_then(|v| v.parse::<u64>().ok());
+        let dead_after_ms = number("dead_after_ms").unwrap_or(DEFAULT_DEAD_AFTER_MS);
+        let age = now_ms.saturating_sub(beat);
+        out.push(WorkerInfo {
+            // The hash expires after twice the window: gone means lost.
+            alive: !hash.is_empty() && age <= dead_after_ms,
+            last_beat_age_ms: age,
+            dead_after_ms,
+            pid: number("pid"),
+            concurrency: number("concurrency"),
+            version: hash.get("version").cloned(),
+            jobs: held.iter().map(|raw| job_id(raw)).collect(),
+            instance,
+        });
+    }
+    Ok(out)
+}
+
+fn job_id(raw: &str) -> String {
+    serde_json::from_str::<Value>(raw)
+        .ok()
+        .and_then(|v| v.get(field::ID).and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
+
+/// An entry of the dead list: as stored, and decoded when it decodes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadEntry {
+    /// The entry exactly as stored (needed to remove it).
+    pub raw: String,
+    /// The decoded envelope.
+    pub letter: Option<DeadLetter>,
+}
+
+impl DeadEntry {
+    /// The dead job's id, when it has one.
+    pub fn job_id(&self) -> Option<&str> {
+        self.letter
+            .as_ref()
+            .and_then(|l| l.job.get(field::ID))
+            .and_then(Value::as_str)
+    }
+}
+
+/// The dead letters of `q`, newest first; with `id`, only that job's.
+pub async fn dead_letters(
+    conn: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    id: Option<&str>,
+) -> RedisResult<Vec<DeadEntry>> {
+    let raw: Vec<String> = conn.lrange(q.dead(), 0, -1).await?;
+    Ok(raw
+        .into_iter()
+        .map(|raw| DeadEntry {
+            letter: serde_json::from_str(&raw).ok(),
+            raw,
+        })
+        .filter(|e| id.is_none() || e.job_id() == id)
+        .collect())
+}
+
+/// The payload a dead job restarts with: its object without `attempt`,
+/// `error` and `run_at`, enqueued now. `None` for a malformed payload
+/// (it would only die again).
+pub fn fresh_start(letter: &DeadLetter, now_ms: u64) -> Option<String> {
+    let Value::Object(fields) = &letter.job else {
+        return None;
+    };
+    let mut fields = fields.clone();
+    for f in [field::ATTEMPT, field::ERROR, field::RUN_AT] {
+        fields.shift_remove(f);
+    }
+    fields.insert(field::ENQUEUED_AT.into(), Value::from(now_ms));
+    Some(Value::Object(fields).to_string())
+}
+
+/// What `retry_dead` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Resurrected {
+    /// Jobs moved back onto the queue.
+    pub retried: u64,
+    /// Entries left in the dead list because their payload is not a job.
+    pub skipped_malformed: u64,
+}
+
+/// Moves dead jobs (all, or those with `id`) back onto the queue for a
+/// fresh start (see [`fresh_start`]). Each entry moves atomically and at
+/// most once, even with several of these running at once.
+pub async fn retry_dead(
+    conn: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    id: Option<&str>,
+) -> RedisResult<Resurrected> {
+    let now = server_time_ms(conn).await?;
+    let mut report = Resurrected::default();
+    let mut pairs = Vec::new();
+    for entry in dead_letters(conn, q, id).await? {
+        match entry.letter.as_ref().and_then(|l| fresh_start(l, now)) {
+            Some(payload) => pairs.push((entry.raw, payload)),
+            None => report.skipped_malformed += 1,
+        }
+    }
+    // Oldest first, so the retried jobs keep their order in the queue.
+    pairs.reverse();
+    for chunk in pairs.chunks(BATCH) {
+        let mut invocation = scripts::RESURRECT.prepare_invoke();
+        invocation.key(q.dead()).key(q.waiting());
+        for (raw, payload) in chunk {
+            invocation.arg(raw).arg(payload);
+        }
+        let moved: u64 = invocation.invoke_async(conn).await?;
+        report.retried += moved;
+    }
+    Ok(report)
+}
+
+/// Removes dead letters (all, or those of job `id`) that are there now;
+/// entries added meanwhile stay. Returns how many were removed.
+pub async fn purge_dead(
+    conn: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    id: Option<&str>,
+) -> RedisResult<u64> {
+    let entries = dead_letters(conn, q, id).await?;
+    let mut removed = 0;
+    for chunk in entries.chunks(BATCH) {
+        let mut invocation = scripts::REMOVE.prepare_invoke();
+        invocation.key(q.dead());
+        for e in chunk {
+            invocation.arg(&e.raw);
+        }
+        let n: u64 = invocation.invoke_async(conn).await?;
+        removed += n;
+    }
+    Ok(removed)
+}
+
+/// Pushes jobs onto `q` in order (the first runs first), each given an
+/// `id` and `enqueued_at` when it has none; with `delay`, parks them in
+/// the scheduled set with `run_at` that far ahead (Redis clock). Returns
+/// the ids.
+pub async fn enqueue(
+    conn: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    jobs: Vec<Map<String, Value>>,
+    delay: Option<Duration>,
+) -> RedisResult<Vec<String>> {
+    let now = server_time_ms(conn).await?;
+    let run_at = delay.map(|d| now + d.as_millis() as u64);
+    let mut ids = Vec::with_capacity(jobs.len());
+    let mut payloads = Vec::with_capacity(jobs.len());
+    for mut fields in jobs {
+        let id = match fields.get(field::ID).and_then(Value::as_str) {
+            Some(id) => id.to_string(),
+            None => {
+                let id = new_id();
+                fields.insert(field::ID.into(), Value::from(id.clone()));
+                id
+            }
+        };
+        if !fields.contains_key(field::ENQUEUED_AT) {
+            fields.insert(field::ENQUEUED_AT.into(), Value::from(now));
+        }
+        if let Some(run_at) = run_at {
+            fields.insert(field::RUN_AT.into(), Value::from(run_at));
+        }
+        ids.push(id);
+        payloads.push(Value::Object(fields).to_string());
+    }
+    for chunk in payloads.chunks(BATCH) {
+        match run_at {
+            Some(at) => {
+                let members: Vec<(u64, &String)> = chunk.iter().map(|p| (at, p)).collect();
+                let _: u64 = conn.zadd_multiple(q.scheduled(), &members).await?;
+            }
+            None => {
+                let _: u64 = conn.lpush(q.waiting(), chunk).await?;
+            }
+        }
+    }
+    Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::DeadReason;
+    use serde_json::json;
+
+    #[test]
+    fn a_fresh_start_drops_attempt_error_and_run_at_and_keeps_the_rest_in_order() {
+        let letter = DeadLetter {
+            reason: DeadReason::Exhausted,
+            error: "boom".into(),
+            attempts: 5,
+            died_at: 1,
+            worker: "w~1".into(),
+            job: json!({"task": "t", "id": "j", "attempt": 5, "error": "boom",
+                        "run_at": 3, "enqueued_at": 2, "extra": [1]}),
+        };
+        assert_eq!(
+            fresh_start(&letter, 99).as_deref(),
+            Some(r#"{"task":"t","id":"j","enqueued_at":99,"extra":[1]}"#)
+        );
+        let malformed = DeadLetter {
+            reason: DeadReason::Malformed,
+            job: Value::from("not json"),
+            ..letter
+        };
+        assert_eq!(fresh_start(&malformed, 99), None);
+    }
+}

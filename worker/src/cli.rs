@@ -1,0 +1,604 @@
+//! The `workerpool` command line: enqueue jobs and inspect or operate a
+//! queue. Human tables by default, `--json` for scripts.
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use redis::AsyncConnectionConfig;
+use redis::aio::MultiplexedConnection;
+use serde_json::{Map, Value, json};
+
+use crate::admin::{self, Snapshot, WorkerInfo};
+use crate::keys::QueueKeys;
+
+/// Enqueue jobs and inspect workerpool queues.
+///
+/// Every command reads the Redis URL from --redis-url or WORKERPOOL_REDIS_URL
+/// and the queue from --queue or WORKERPOOL_QUEUE.
+#[derive(Debug, Parser)]
+#[command(name = "workerpool", version, verbatim_doc_comment)]
+#[command(after_help = "Examples:\n  \
+    workerpool enqueue --queue emails '{\"task\":\"send_email\",\"data\":{\"to\":\"a@example.com\"}}'\n  \
+    seq 100 | jq -c '{data:{n:.}}' | workerpool enqueue --queue numbers\n  \
+    workerpool stats --queue emails\n  \
+    workerpool dead list --queue emails --json\n  \
+    workerpool dead retry --queue emails --id 3f2a…")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Push jobs: each JSON argument is one job; without any, one job per
+    /// line of stdin. Prints the job ids, one per line.
+    Enqueue {
+        #[command(flatten)]
+        target: Target,
+        /// Run the jobs this long from now instead of at once (30s, 5m, 1h).
+        #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+        delay: Option<Duration>,
+        /// Jobs as JSON objects, for example '{"task":"t","data":{}}'.
+        #[arg(value_name = "JSON")]
+        jobs: Vec<String>,
+    },
+    /// Backlog, in-flight, retries, dead letters, workers, totals and rates.
+    Stats {
+        #[command(flatten)]
+        target: Target,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// The counters are read twice this far apart to compute rates.
+        #[arg(long, value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Skip the rates (and the wait for the second reading).
+        #[arg(long)]
+        no_rate: bool,
+    },
+    /// List, retry or purge dead letters.
+    Dead {
+        /// What to do with them.
+        #[command(subcommand)]
+        action: DeadAction,
+    },
+    /// Each registered worker: alive or lost, the age of its last
+    /// heartbeat and the jobs it holds.
+    Workers {
+        #[command(flatten)]
+        target: Target,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `dead` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DeadAction {
+    /// Show dead letters, newest first.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        select: Select,
+        /// Print JSON (the stored envelopes) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put dead jobs back on the queue for a fresh start (attempt and
+    /// error removed, enqueued now).
+    Retry {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        select: Select,
+        /// Print JSON instead of a sentence.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete dead letters.
+    Purge {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        select: Select,
+        /// Print JSON instead of a sentence.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Which Redis and which queue.
+#[derive(Debug, Clone, Args)]
+pub struct Target {
+    /// Redis URL, redis://[user:password@]host[:port][/db].
+    #[arg(
+        long,
+        env = "WORKERPOOL_REDIS_URL",
+        value_name = "URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// The queue.
+    #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME")]
+    pub queue: String,
+}
+
+/// Which dead letters.
+#[derive(Debug, Clone, Args)]
+pub struct Select {
+    /// Only the dead letters of the job with this id (all without it).
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+}
+
+/// Why a command failed; each says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The URL does not parse.
+    #[error(
+        "--redis-url {url:?} is not a Redis URL ({source}); expected redis://[user:password@]host[:port][/db]"
+    )]
+    BadUrl {
+        /// The URL, password hidden.
+        url: String,
+        /// Why.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis could not be reached.
+    #[error("cannot reach Redis at {url}: {source}")]
+    Connect {
+        /// The URL, password hidden.
+        url: String,
+        /// Why.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// No key of the queue exists.
+    #[error(
+        "queue {queue:?} not found at {url}: it has no waiting jobs, workers, dead letters or counters (check --queue and the database number in --redis-url)"
+    )]
+    UnknownQueue {
+        /// The queue.
+        queue: String,
+        /// The URL, password hidden.
+        url: String,
+    },
+    /// A Redis command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A job given to `enqueue` is not a JSON object.
+    #[error("{0}")]
+    BadJob(String),
+    /// Reading stdin failed.
+    #[error("reading stdin: {0}")]
+    Stdin(#[source] std::io::Error),
+}
+
+/// Runs a command; returns what to print on stdout.
+pub async fn execute(cli: Cli) -> Result<String, CliError> {
+    match cli.command {
+        Command::Enqueue {
+            target,
+            delay,
+            jobs,
+        } => {
+            let jobs = if jobs.is_empty() {
+                read_jobs(std::io::stdin().lock())?
+            } else {
+                parse_jobs(jobs.iter().map(String::as_str), "argument")?
+            };
+            let (mut c, q) = connect(&target, false).await?;
+            let ids = admin::enqueue(&mut c, &q, jobs, delay).await?;
+            Ok(lines(ids))
+        }
+        Command::Stats {
+            target,
+            json,
+            interval,
+            no_rate,
+        } => {
+            let (mut c, q) = connect(&target, true).await?;
+            let first = admin::snapshot(&mut c, &q).await?;
+            if no_rate {
+                return Ok(render_stats(&q, &first, None, json));
+            }
+            tokio::time::sleep(interval).await;
+            let second = admin::snapshot(&mut c, &q).await?;
+            let rates = Rates::between(&first, &second);
+            Ok(render_stats(&q, &second, Some(rates), json))
+        }
+        Command::Workers { target, json } => {
+            let (mut c, q) = connect(&target, true).await?;
+            let now = admin::server_time_ms(&mut c).await?;
+            let workers = admin::workers(&mut c, &q, now).await?;
+            Ok(render_workers(&workers, json))
+        }
+        Command::Dead { action } => match action {
+            DeadAction::List {
+                target,
+                select,
+                json,
+            } => {
+                let (mut c, q) = connect(&target, true).await?;
+                let now = admin::server_time_ms(&mut c).await?;
+                let entries = admin::dead_letters(&mut c, &q, select.id.as_deref()).await?;
+                Ok(render_dead(&entries, now, json))
+            }
+            DeadAction::Retry {
+                target,
+                select,
+                json,
+            } => {
+                let (mut c, q) = connect(&target, true).await?;
+                let done = admin::retry_dead(&mut c, &q, select.id.as_deref()).await?;
+                if json {
+                    return Ok(json!(done).to_string() + "\n");
+                }
+                let mut out = format!(
+                    "retried {} dead job{} onto {}\n",
+                    done.retried,
+                    plural(done.retried),
+                    q.name()
+                );
+                if done.skipped_malformed > 0 {
+                    out.push_str(&format!(
+                        "left {} malformed payload{} in the dead list (they are not jobs)\n",
+                        done.skipped_malformed,
+                        plural(done.skipped_malformed)
+                    ));
+                }
+                Ok(out)
+            }
+            DeadAction::Purge {
+                target,
+                select,
+                json,
+            } => {
+                let (mut c, q) = connect(&target, true).await?;
+                let purged = admin::purge_dead(&mut c, &q, select.id.as_deref()).await?;
+                if json {
+                    return Ok(json!({ "purged": purged }).to_string() + "\n");
+                }
+                Ok(format!("purged {purged} dead letter{}\n", plural(purged)))
+            }
+        },
+    }
+}
+
+/// Connects, and with `must_exist` refuses a queue without any key.
+async fn connect(
+    target: &Target,
+    must_exist: bool,
+) -> Result<(MultiplexedConnection, QueueKeys), CliError> {
+    let url = redact(&target.redis_url);
+    let client =
+        redis::Client::open(target.redis_url.as_str()).map_err(|source| CliError::BadUrl {
+            url: url.clone(),
+            source,
+        })?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(3)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|source| CliError::Connect {
+            url: url.clone(),
+            source,
+        })?;
+    let q = QueueKeys::new(target.queue.clone());
+    if must_exist && !admin::exists(&mut c, &q).await? {
+        return Err(CliError::UnknownQueue {
+            queue: target.queue.clone(),
+            url,
+        });
+    }
+    Ok((c, q))
+}
+
+/// The URL with its password replaced, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split_once(':').map_or("", |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+fn read_jobs(input: impl BufRead) -> Result<Vec<Map<String, Value>>, CliError> {
+    let mut lines = Vec::new();
+    for line in input.lines() {
+        lines.push(line.map_err(CliError::Stdin)?);
+    }
+    parse_jobs(
+        lines
+            .iter()
+            .map(|l| l.trim())
+            .filter(|l| !l.is_empty())
+            .map(|l| l as &str),
+        "line",
+    )
+}
+
+/// Parses every job before any is pushed, so a bad one pushes nothing.
+fn parse_jobs<'a>(
+    texts: impl Iterator<Item = &'a str>,
+    what: &str,
+) -> Result<Vec<Map<String, Value>>, CliError> {
+    let mut jobs = Vec::new();
+    for (i, text) in texts.enumerate() {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(fields)) => jobs.push(fields),
+            Ok(_) => {
+                return Err(CliError::BadJob(format!(
+                    "{what} {}: a job must be a JSON object, got {text:?}; nothing was enqueued",
+                    i + 1
+                )));
+            }
+            Err(e) => {
+                return Err(CliError::BadJob(format!(
+                    "{what} {}: not JSON ({e}); nothing was enqueued",
+                    i + 1
+                )));
+            }
+        }
+    }
+    if jobs.is_empty() {
+        return Err(CliError::BadJob(
+            "no jobs: give JSON objects as arguments or one per line on stdin".into(),
+        ));
+    }
+    Ok(jobs)
+}
+
+/// Completions and failures per second between two snapshots.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    /// Jobs completed per second.
+    pub processed: f64,
+    /// Failed attempts per second.
+    pub failed: f64,
+}
+
+impl Rates {
+    fn between(a: &Snapshot, b: &Snapshot) -> Self {
+        let secs = (b.taken_at_ms.saturating_sub(a.taken_at_ms) as f64 / 1000.0).max(0.001);
+        let per_sec = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
+        Self {
+            processed: per_sec(a.processed_total, b.processed_total),
+            failed: per_sec(a.failed_total, b.failed_total),
+        }
+    }
+}
+
+fn render_stats(q: &QueueKeys, s: &Snapshot, rates: Option<Rates>, json: bool) -> String {
+    if json {
+        let mut v = serde_json::to_value(s).expect("a snapshot always serializes");
+        if let Value::Object(fields) = &mut v {
+            fields.insert("queue".into(), Value::from(q.name()));
+            let (p, f) = rates.map_or((Value::Null, Value::Null), |r| {
+                (Value::from(r.processed), Value::from(r.failed))
+            });
+            fields.insert("processed_per_second".into(), p);
+            fields.insert("failed_per_second".into(), f);
+        }
+        return v.to_string() + "\n";
+    }
+    let rate = |r: Option<f64>| r.map_or_else(|| "n/a".to_string(), |r| format!("{r:.1}/s"));
+    let rows = vec![
+        vec!["backlog".into(), s.backlog.to_string()],
+        vec!["in flight".into(), s.in_flight.to_string()],
+        vec![
+            "held by lost workers".into(),
+            s.held_by_lost_workers.to_string(),
+        ],
+        vec!["retries due".into(), s.retries_due.to_string()],
+        vec!["retries scheduled".into(), s.retries_scheduled.to_string()],
+        vec!["delayed".into(), s.scheduled.to_string()],
+        vec!["dead".into(), s.dead.to_string()],
+        vec!["workers live".into(), s.workers_live.to_string()],
+        vec!["workers lost".into(), s.workers_lost.to_string()],
+        vec!["processed total".into(), s.processed_total.to_string()],
+        vec!["failed total".into(), s.failed_total.to_string()],
+        vec!["dead total".into(), s.dead_total.to_string()],
+        vec!["recovered total".into(), s.recovered_total.to_string()],
+        vec!["processed rate".into(), rate(rates.map(|r| r.processed))],
+        vec!["failed rate".into(), rate(rates.map(|r| r.failed))],
+    ];
+    format!("queue {}\n{}", q.name(), table(&[], rows))
+}
+
+fn render_workers(workers: &[WorkerInfo], json: bool) -> String {
+    if json {
+        return serde_json::to_string(workers).expect("workers always serialize") + "\n";
+    }
+    if workers.is_empty() {
+        return "no workers registered\n".into();
+    }
+    let rows = workers
+        .iter()
+        .map(|w| {
+            let mut jobs = w.jobs.iter().take(3).cloned().collect::<Vec<_>>().join(",");
+            if w.jobs.len() > 3 {
+                jobs.push_str(",…");
+            }
+            vec![
+                w.instance.clone(),
+                if w.alive { "alive" } else { "lost" }.into(),
+                format!("{} ago", age(w.last_beat_age_ms)),
+                w.jobs.len().to_string(),
+                w.concurrency.map_or("?".into(), |c| c.to_string()),
+                w.pid.map_or("?".into(), |p| p.to_string()),
+                jobs,
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "INSTANCE",
+            "STATUS",
+            "LAST BEAT",
+            "IN FLIGHT",
+            "CONCURRENCY",
+            "PID",
+            "JOBS",
+        ],
+        rows,
+    )
+}
+
+fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String {
+    if json {
+        let values: Vec<Value> = entries
+            .iter()
+            .map(|e| serde_json::from_str(&e.raw).unwrap_or_else(|_| Value::from(e.raw.clone())))
+            .collect();
+        return Value::Array(values).to_string() + "\n";
+    }
+    if entries.is_empty() {
+        return "no dead letters\n".into();
+    }
+    let rows = entries
+        .iter()
+        .map(|e| match &e.letter {
+            Some(l) => vec![
+                e.job_id().unwrap_or("-").to_string(),
+                l.job
+                    .get("task")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-")
+                    .to_string(),
+                l.reason.as_str().to_string(),
+                l.attempts.to_string(),
+                format!("{} ago", age(now_ms.saturating_sub(l.died_at))),
+                one_line(&l.error, 60),
+            ],
+            None => vec![
+                "-".into(),
+                "-".into(),
+                "unreadable".into(),
+                "-".into(),
+                "-".into(),
+                one_line(&e.raw, 60),
+            ],
+        })
+        .collect();
+    table(&["ID", "TASK", "REASON", "ATTEMPTS", "DIED", "ERROR"], rows)
+}
+
+/// Columns padded to their widest cell; no header row when `headers` is empty.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut all: Vec<Vec<String>> = Vec::new();
+    if !headers.is_empty() {
+        all.push(headers.iter().map(|h| h.to_string()).collect());
+    }
+    all.extend(rows);
+    let columns = all.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            all.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in all {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<width$}", width = widths[i]))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn age(ms: u64) -> String {
+    let d = if ms < 10_000 {
+        Duration::from_millis(ms / 100 * 100)
+    } else {
+        Duration::from_secs(ms / 1000)
+    };
+    if d.is_zero() {
+        return "0s".into();
+    }
+    humantime::format_duration(d).to_string().replace(' ', "")
+}
+
+fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    match flat.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &flat[..i]),
+        None => flat,
+    }
+}
+
+fn lines(items: Vec<String>) -> String {
+    let mut out = items.join("\n");
+    out.push('\n');
+    out
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("redis://user:secret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact("redis://:secret@host"), "redis://:***@host");
+        assert_eq!(redact("redis://host:6379/2"), "redis://host:6379/2");
+    }
+
+    #[test]
+    fn a_bad_job_is_reported_by_position_and_nothing_is_enqueued() {
+        let err = read_jobs("{\"a\":1}\n\n[1,2]\n".as_bytes()).expect_err("refused");
+        assert!(err.to_string().contains("line 2"), "{err}");
+        let err = parse_jobs(["{}", "nope"].into_iter(), "argument").expect_err("refused");
+        assert!(err.to_string().contains("argument 2: not JSON"), "{err}");
+        assert_eq!(
+            read_jobs("{}\n{\"b\":2}\n".as_bytes()).expect("ok").len(),
+            2
+        );
+    }
+
+    #[test]
+    fn tables_align_columns_and_ages_read_like_durations() {
+        let t = table(
+            &["A", "LONGER"],
+            vec![
+                vec!["xyz".into(), "1".into()],
+                vec!["q".into(), "22".into()],
+            ],
+        );
+        assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
+        assert_eq!(age(1234), "1s200ms");
+        assert_eq!(age(83_400), "1m23s");
+        assert_eq!(age(0), "0s");
+    }
+}

@@ -1,0 +1,445 @@
+//! The `workerpool` command line against a real `redis-server` holding a
+//! seeded queue.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use serde_json::{Value, json};
+use workerpool_tests::{TestRedis, eventually, free_port};
+use workerpool_worker::job::{DeadLetter, DeadReason};
+use workerpool_worker::keys::QueueKeys;
+use workerpool_worker::{Config, Job, Outcome, handler_fn, queue, run_until};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Runs `workerpool` with `args` (and `stdin`), returning its output.
+fn workerpool(redis_url: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_workerpool"))
+        .args(args)
+        .env("WORKERPOOL_REDIS_URL", redis_url)
+        .env_remove("WORKERPOOL_QUEUE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn workerpool");
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).expect("write stdin");
+    }
+    drop(input);
+    child.wait_with_output().expect("workerpool output")
+}
+
+/// Stdout of a successful run.
+fn ok(output: Output) -> String {
+    assert!(
+        output.status.success(),
+        "{:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("utf-8")
+}
+
+/// Stderr of a failed run.
+fn failed(output: Output) -> String {
+    assert!(!output.status.success(), "must fail");
+    assert!(output.stdout.is_empty());
+    String::from_utf8(output.stderr).expect("utf-8")
+}
+
+fn json_of(output: Output) -> Value {
+    serde_json::from_str(&ok(output)).expect("JSON output")
+}
+
+async fn now_ms(c: &mut MultiplexedConnection) -> u64 {
+    workerpool_worker::admin::server_time_ms(c)
+        .await
+        .expect("time")
+}
+
+fn letter(id: &str, reason: DeadReason, error: &str, died_at: u64) -> String {
+    DeadLetter {
+        reason,
+        error: error.into(),
+        attempts: 3,
+        died_at,
+        worker: "w~1".into(),
+        job: json!({"task": "t", "id": id, "attempt": 3, "error": error}),
+    }
+    .to_json()
+}
+
+/// A queue with 3 waiting jobs, one due and one later retry, one delayed
+/// job, two dead letters, a live worker holding two jobs, a lost one
+/// holding one, and counters.
+async fn seed(c: &mut MultiplexedConnection, q: &QueueKeys) {
+    let now = now_ms(c).await;
+    for i in 0..3 {
+        let _: () = c
+            .lpush(q.waiting(), json!({"id": format!("w{i}")}).to_string())
+            .await
+            .expect("lpush");
+    }
+    let _: () = c
+        .zadd(q.retry(), json!({"id": "r-due"}).to_string(), 0)
+        .await
+        .expect("zadd");
+    let _: () = c
+        .zadd(
+            q.retry(),
+            json!({"id": "r-later"}).to_string(),
+            now + 3_600_000,
+        )
+        .await
+        .expect("zadd");
+    let _: () = c
+        .zadd(
+            q.scheduled(),
+            json!({"id": "s"}).to_string(),
+            now + 3_600_000,
+        )
+        .await
+        .expect("zadd");
+    for (id, error) in [("d1", "boom"), ("d2", "HTTP 404 Not Found")] {
+        let _: () = c
+            .lpush(
+                q.dead(),
+                letter(id, DeadReason::Exhausted, error, now - 5000),
+            )
+            .await
+            .expect("lpush");
+    }
+    let details = [
+        ("pid", "4242".to_string()),
+        ("concurrency", "8".to_string()),
+        ("dead_after_ms", "30000".to_string()),
+    ];
+    queue::heartbeat(c, q, "live~1", Duration::from_secs(60), &details)
+        .await
+        .expect("beat");
+    let _: () = c
+        .lpush(
+            q.processing("live~1"),
+            &[
+                json!({"id": "p1"}).to_string(),
+                json!({"id": "p2"}).to_string(),
+            ],
+        )
+        .await
+        .expect("lpush");
+    let _: () = c
+        .zadd(q.workers(), "lost~2", now - 3_600_000)
+        .await
+        .expect("zadd");
+    let _: () = c
+        .lpush(q.processing("lost~2"), json!({"id": "p3"}).to_string())
+        .await
+        .expect("lpush");
+    let _: () = c.set(q.stats_processed(), 10).await.expect("set");
+    let _: () = c.set(q.stats_failed(), 4).await.expect("set");
+}
+
+#[tokio::test]
+async fn enqueue_prints_ids_and_keeps_fifo_order_from_arguments_and_stdin() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("jobs");
+    let mut c = redis.conn().await;
+
+    let from_args = ok(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "jobs",
+            r#"{"task":"a"}"#,
+            r#"{"task":"b","id":"mine"}"#,
+        ],
+        None,
+    ));
+    let from_stdin = ok(workerpool(
+        &url,
+        &["enqueue", "--queue", "jobs"],
+        Some("{\"task\":\"c\"}\n\n{\"task\":\"d\"}\n"),
+    ));
+    let ids: Vec<&str> = from_args.lines().chain(from_stdin.lines()).collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert_eq!(ids[1], "mine", "a producer's id is kept");
+
+    let queued: Vec<String> = c.lrange(q.waiting(), 0, -1).await.expect("lrange");
+    let oldest_first: Vec<Value> = queued
+        .iter()
+        .rev()
+        .map(|r| serde_json::from_str(r).expect("json"))
+        .collect();
+    let tasks: Vec<&str> = oldest_first
+        .iter()
+        .map(|j| j["task"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(tasks, ["a", "b", "c", "d"], "workers take the first first");
+    for (job, id) in oldest_first.iter().zip(&ids) {
+        assert_eq!(job["id"], *id);
+        assert!(job["enqueued_at"].is_u64(), "{job}");
+    }
+
+    let refused = failed(workerpool(
+        &url,
+        &["enqueue", "--queue", "jobs"],
+        Some("{\"task\":\"e\"}\n[1]\n"),
+    ));
+    assert!(refused.contains("line 2"), "{refused}");
+    let len: u64 = c.llen(q.waiting()).await.expect("llen");
+    assert_eq!(len, 4, "a bad line enqueues nothing");
+
+    let before = now_ms(&mut c).await;
+    let delayed = ok(workerpool(
+        &url,
+        &["enqueue", "--queue", "jobs", "--delay", "1h", "{}"],
+        None,
+    ));
+    let parked: Vec<(String, f64)> = c
+        .zrange_withscores(q.scheduled(), 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(parked.len(), 1);
+    let (payload, score) = &parked[0];
+    let job: Value = serde_json::from_str(payload).expect("json");
+    assert_eq!(job["id"], delayed.trim());
+    assert_eq!(job["run_at"].as_f64(), Some(*score));
+    assert!(*score >= (before + 3_600_000) as f64, "{score} vs {before}");
+}
+
+#[tokio::test]
+async fn stats_reports_every_count_of_a_seeded_queue() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("seeded");
+    let mut c = redis.conn().await;
+    seed(&mut c, &q).await;
+
+    let s = json_of(workerpool(
+        &redis.url(),
+        &["stats", "--queue", "seeded", "--json", "--no-rate"],
+        None,
+    ));
+    for (field, expected) in [
+        ("backlog", json!(3)),
+        ("in_flight", json!(2)),
+        ("held_by_lost_workers", json!(1)),
+        ("retries_due", json!(1)),
+        ("retries_scheduled", json!(1)),
+        ("scheduled", json!(1)),
+        ("dead", json!(2)),
+        ("workers_live", json!(1)),
+        ("workers_lost", json!(1)),
+        ("processed_total", json!(10)),
+        ("failed_total", json!(4)),
+        ("processed_per_second", Value::Null),
+        ("queue", json!("seeded")),
+    ] {
+        assert_eq!(s[field], expected, "{field}: {s}");
+    }
+
+    let table = ok(workerpool(
+        &redis.url(),
+        &["stats", "--queue", "seeded", "--interval", "100ms"],
+        None,
+    ));
+    assert!(table.contains("backlog"), "{table}");
+    assert!(table.contains("processed rate        0.0/s"), "{table}");
+}
+
+#[tokio::test]
+async fn workers_shows_each_worker_alive_or_lost_with_its_beat_age_and_jobs() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("seeded");
+    let mut c = redis.conn().await;
+    seed(&mut c, &q).await;
+
+    let w = json_of(workerpool(
+        &redis.url(),
+        &["workers", "--queue", "seeded", "--json"],
+        None,
+    ));
+    let by_name = |name: &str| {
+        w.as_array()
+            .and_then(|a| a.iter().find(|x| x["instance"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} listed: {w}"))
+    };
+    let live = by_name("live~1");
+    assert_eq!(live["alive"], true);
+    assert_eq!(live["pid"], 4242);
+    assert_eq!(live["jobs"], json!(["p2", "p1"]));
+    assert!(live["last_beat_age_ms"].as_u64() < Some(30_000), "{live}");
+    let lost = by_name("lost~2");
+    assert_eq!(lost["alive"], false);
+    assert_eq!(lost["jobs"], json!(["p3"]));
+    assert!(
+        lost["last_beat_age_ms"].as_u64() >= Some(3_600_000),
+        "{lost}"
+    );
+
+    let table = ok(workerpool(
+        &redis.url(),
+        &["workers", "--queue", "seeded"],
+        None,
+    ));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("INSTANCE"), "{table}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("lost~2") && l.contains("lost") && l.contains("1h")),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn dead_list_retry_brings_a_job_back_to_completion_and_purge_empties_the_list() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("mail");
+    let mut c = redis.conn().await;
+    // Fails every job permanently until "fixed".
+    let fixed = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Job>::new()));
+    let handler = {
+        let fixed = fixed.clone();
+        let seen = seen.clone();
+        handler_fn(move |job: Job| {
+            seen.lock().expect("lock").push(job.clone());
+            let fixed = fixed.load(Ordering::SeqCst);
+            async move {
+                if fixed {
+                    Outcome::Done
+                } else {
+                    Outcome::permanent("smtp said no")
+                }
+            }
+        })
+    };
+    let mut config = Config::new(url.clone(), vec!["mail".into()]);
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.dead_after = Duration::from_millis(600);
+    config.worker_id = "cli-test".into();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(run_until(config, handler, async {
+        stopped.await.ok();
+    }));
+
+    ok(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "mail",
+            r#"{"id":"a","task":"send"}"#,
+            r#"{"id":"b","task":"send"}"#,
+        ],
+        None,
+    ));
+    eventually(WAIT, "both jobs to die", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (c.llen::<_, u64>(q.dead()).await.ok()? == 2).then_some(()) }
+    })
+    .await;
+
+    let listed = json_of(workerpool(
+        &url,
+        &["dead", "list", "--queue", "mail", "--json"],
+        None,
+    ));
+    let ids: Vec<&str> = listed
+        .as_array()
+        .map(|a| a.iter().filter_map(|d| d["job"]["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, ["b", "a"], "newest first");
+    assert_eq!(listed[0]["reason"], "permanent");
+    let only_a = json_of(workerpool(
+        &url,
+        &["dead", "list", "--queue", "mail", "--id", "a", "--json"],
+        None,
+    ));
+    assert_eq!(only_a.as_array().map(Vec::len), Some(1));
+    let table = ok(workerpool(&url, &["dead", "list", "--queue", "mail"], None));
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("a ") && l.contains("permanent") && l.contains("smtp said no")),
+        "{table}"
+    );
+
+    fixed.store(true, Ordering::SeqCst);
+    let retried = ok(workerpool(
+        &url,
+        &["dead", "retry", "--queue", "mail", "--id", "a"],
+        None,
+    ));
+    assert_eq!(retried, "retried 1 dead job onto mail\n");
+    eventually(WAIT, "the retried job to complete", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move {
+            let done: Option<u64> = c.get(q.stats_processed()).await.ok()?;
+            (done == Some(1)).then_some(())
+        }
+    })
+    .await;
+    let rerun = seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .rfind(|j| j.id() == "a")
+        .cloned()
+        .expect("a ran again");
+    assert_eq!(rerun.attempt(), 1, "a fresh start");
+    assert!(rerun.get("error").is_none(), "{rerun:?}");
+    let left = json_of(workerpool(
+        &url,
+        &["dead", "list", "--queue", "mail", "--json"],
+        None,
+    ));
+    assert_eq!(left.as_array().map(Vec::len), Some(1), "only b stays dead");
+
+    let purged = ok(workerpool(
+        &url,
+        &["dead", "purge", "--queue", "mail"],
+        None,
+    ));
+    assert_eq!(purged, "purged 1 dead letter\n");
+    let dead: u64 = c.llen(q.dead()).await.expect("llen");
+    assert_eq!(dead, 0);
+
+    stop.send(()).expect("worker running");
+    worker.await.expect("task").expect("clean exit");
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_and_an_unknown_queue_are_clear_errors() {
+    let nowhere = format!("redis://:hunter2@127.0.0.1:{}/0", free_port());
+    let err = failed(workerpool(&nowhere, &["stats", "--queue", "q"], None));
+    assert!(
+        err.contains("cannot reach Redis at redis://:***@127.0.0.1"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let redis = TestRedis::start();
+    for args in [
+        &["stats", "--queue", "nope"][..],
+        &["workers", "--queue", "nope"][..],
+        &["dead", "list", "--queue", "nope"][..],
+    ] {
+        let err = failed(workerpool(&redis.url(), args, None));
+        assert!(err.contains("queue \"nope\" not found"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
