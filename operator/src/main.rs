@@ -49,6 +49,10 @@ struct SimulateArgs {
     /// Most replicas for both policies.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..))]
     max_replicas: i32,
+    /// KEDA's minReplicaCount (0 by default, as in KEDA; 1 or more keeps KEDA from
+    /// toggling between 0 and 1 replica).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    keda_min_replicas: i32,
     /// A JSON ScalingSpec for the engine (its targetBacklogPerReplica and maxReplicas are
     /// replaced by --target-backlog and --max-replicas, which both policies share).
     #[arg(long)]
@@ -104,6 +108,7 @@ fn simulate_command(args: SimulateArgs) -> Result<()> {
     let engine = Policy::Engine(Box::new(spec));
     let keda = Policy::Keda {
         list_length: args.target_backlog,
+        min_replicas: args.keda_min_replicas,
         max_replicas: args.max_replicas,
     };
     let policies = match args.policy {

@@ -23,6 +23,7 @@ const COOLDOWN_PERIOD: f64 = 300.0;
 #[derive(Clone, Debug)]
 pub struct KedaModel {
     list_length: f64,
+    min_replicas: i32,
     max_replicas: i32,
     behavior: Behavior,
     hpa: Normalizer,
@@ -30,11 +31,14 @@ pub struct KedaModel {
 }
 
 impl KedaModel {
-    /// A ScaledObject with the Redis list scaler's `listLength` and `maxReplicaCount`.
-    pub fn new(list_length: u32, max_replicas: i32) -> Self {
+    /// A ScaledObject with the Redis list scaler's `listLength`, `minReplicaCount` and
+    /// `maxReplicaCount`.
+    pub fn new(list_length: u32, min_replicas: i32, max_replicas: i32) -> Self {
+        let min_replicas = min_replicas.max(0);
         KedaModel {
             list_length: f64::from(list_length.max(1)),
-            max_replicas: max_replicas.max(1),
+            min_replicas,
+            max_replicas: max_replicas.max(min_replicas).max(1),
             behavior: Behavior::hpa_defaults(),
             hpa: Normalizer::default(),
             last_active: None,
@@ -56,6 +60,10 @@ impl KedaModel {
         let current = observation.current_replicas;
         let list_length = observation.backlog;
         if kind == 0 {
+            // With minReplicaCount of 1 or more, KEDA leaves everything to the HPA.
+            if self.min_replicas > 0 {
+                return (current < self.min_replicas).then_some(self.min_replicas);
+            }
             let active = list_length > 0;
             if active {
                 self.last_active = Some(now);
@@ -76,6 +84,9 @@ impl KedaModel {
         if current > self.max_replicas {
             return Some(self.max_replicas);
         }
+        if current < self.min_replicas {
+            return Some(self.min_replicas);
+        }
         // External metric, AverageValue target: usage ratio against the current count,
         // tolerance 0.1, then ceil(total / target).
         let total = list_length as f64;
@@ -92,7 +103,7 @@ impl KedaModel {
                 now,
                 current,
                 recommendation,
-                1,
+                self.min_replicas.max(1),
                 self.max_replicas,
             )
             .desired;
@@ -120,7 +131,7 @@ mod tests {
 
     #[test]
     fn keda_wakes_to_one_and_the_hpa_climbs_four_pods_or_double_per_sync() {
-        let mut keda = KedaModel::new(5, 100);
+        let mut keda = KedaModel::new(5, 0, 100);
         assert_eq!(
             keda.tick(1, 0.0, &obs(2000, 0)),
             None,
@@ -140,7 +151,7 @@ mod tests {
 
     #[test]
     fn keda_holds_the_peak_for_the_stabilization_window_then_cools_down_to_zero() {
-        let mut keda = KedaModel::new(5, 100);
+        let mut keda = KedaModel::new(5, 0, 100);
         assert_eq!(keda.tick(0, 0.0, &obs(100, 0)), Some(1));
         assert_eq!(keda.tick(1, 15.0, &obs(100, 1)), Some(5));
         assert_eq!(keda.tick(1, 30.0, &obs(100, 5)), Some(10));
@@ -152,5 +163,15 @@ mod tests {
         assert_eq!(keda.tick(1, 330.0, &obs(0, 10)), Some(1));
         // The last poll that saw jobs was at t = 0: 330 s without any is past the cooldown.
         assert_eq!(keda.tick(0, 330.0, &obs(0, 1)), Some(0));
+    }
+
+    #[test]
+    fn with_a_minimum_of_one_keda_never_goes_to_zero() {
+        let mut keda = KedaModel::new(5, 1, 100);
+        assert_eq!(keda.tick(0, 0.0, &obs(0, 0)), Some(1));
+        for t in (30..2000).step_by(30) {
+            assert_eq!(keda.tick(0, f64::from(t), &obs(0, 1)), None);
+            assert_eq!(keda.tick(1, f64::from(t), &obs(0, 1)), None);
+        }
     }
 }

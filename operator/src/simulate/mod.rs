@@ -49,6 +49,8 @@ pub enum Policy {
     Keda {
         /// `listLength`: the per-replica target.
         list_length: u32,
+        /// `minReplicaCount` (KEDA's default is 0).
+        min_replicas: i32,
         /// `maxReplicaCount`.
         max_replicas: i32,
     },
@@ -350,9 +352,10 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         }
         Policy::Keda {
             list_length,
+            min_replicas,
             max_replicas,
         } => {
-            let model = KedaModel::new(*list_length, *max_replicas);
+            let model = KedaModel::new(*list_length, *min_replicas, *max_replicas);
             let periods = vec![model.polling_interval(), model.hpa_sync_period()];
             (Controller::Keda(model), periods)
         }

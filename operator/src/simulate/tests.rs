@@ -18,6 +18,7 @@ fn both() -> Vec<Policy> {
         Policy::Engine(Box::default()),
         Policy::Keda {
             list_length: 5,
+            min_replicas: 0,
             max_replicas: 100,
         },
     ]
