@@ -32,42 +32,12 @@ use crate::scaling::ScalingSpec;
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
-    printcolumn(
-        name = "Backlog",
-        type_ = "integer",
-        json_path = ".status.backlog",
-        description = "Jobs waiting, including due retries"
-    ),
-    printcolumn(
-        name = "In-Flight",
-        type_ = "integer",
-        json_path = ".status.inFlight",
-        description = "Jobs running"
-    ),
-    printcolumn(
-        name = "Desired",
-        type_ = "integer",
-        json_path = ".status.desiredReplicas",
-        description = "Workers wanted"
-    ),
-    printcolumn(
-        name = "Ready",
-        type_ = "integer",
-        json_path = ".status.readyReplicas",
-        description = "Workers ready"
-    ),
-    printcolumn(
-        name = "Reason",
-        type_ = "string",
-        json_path = ".status.reason",
-        description = "Why the pool has this size",
-        priority = "1"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Backlog","type":"integer","jsonPath":".status.backlog","description":"Jobs waiting, including due retries"}"#,
+    printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs running"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Workers wanted"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Workers ready"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","description":"Why the pool has this size","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.replicas) != has(self.scaling)").message("set exactly one of spec.replicas (a fixed number of workers) or spec.scaling (workers scaled on the queue)"))]
 #[x_kube(validation = Rule::new("!has(self.scaling) || (has(self.scaling.minReplicas) ? self.scaling.minReplicas : 0) <= (has(self.scaling.maxReplicas) ? self.scaling.maxReplicas : 100)").message("spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas"))]

@@ -1,6 +1,9 @@
 //! The workerpool operator: the scaling engine and the tools built on it.
 
+pub mod controller;
 pub mod crd;
 pub mod deployment;
+pub mod metrics;
+pub mod rbac;
 pub mod scaling;
 pub mod simulate;

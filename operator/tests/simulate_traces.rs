@@ -3,14 +3,13 @@
 
 use std::time::Duration;
 
-use workerpool_operator::scaling::ScalingSpec;
 use workerpool_operator::simulate::{DurationDist, Policy, SimConfig, Trace, run};
 
 fn compare(csv: &str) {
     let config = SimConfig {
         trace: Trace::parse_csv(csv).expect("shipped traces parse"),
         policies: vec![
-            Policy::Engine(Box::new(ScalingSpec::default())),
+            Policy::Engine(Box::default()),
             Policy::Keda {
                 list_length: 5,
                 min_replicas: 0,

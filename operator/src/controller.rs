@@ -1,0 +1,532 @@
+//! The controller: one reconcile per WorkerPool every `pollIntervalSeconds`
+//! (Redis cannot be watched, so the periodic requeue is the trigger; edits
+//! to the pool or its Deployment trigger one too).
+//!
+//! A reconcile reads the queue in one round trip, asks the scaling engine
+//! for a size, marks idle pods cheap to delete before a scale-down, applies
+//! the Deployment server-side, and writes status and events.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use workerpool_worker::keys::QueueKeys;
+use workerpool_worker::snapshot::{self, Snapshot};
+
+use crate::crd::{WorkerPool, WorkerPoolStatus};
+use crate::deployment;
+use crate::metrics::Metrics;
+use crate::scaling::{Decision, Engine, Observation};
+
+/// The field manager of everything the operator applies.
+pub const MANAGER: &str = "workerpool-operator";
+/// The annotation the ReplicaSet controller reads to pick pods to delete.
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// How long one queue read may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Errors of a reconcile, named after the operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading the pool's Deployment failed.
+    #[error("reading the Deployment: {0}")]
+    GetDeployment(#[source] kube::Error),
+    /// Applying the pool's Deployment failed.
+    #[error("applying the Deployment: {0}")]
+    ApplyDeployment(#[source] kube::Error),
+    /// Writing the pool's status failed.
+    #[error("writing status: {0}")]
+    PatchStatus(#[source] kube::Error),
+    /// Listing the pool's pods failed.
+    #[error("listing pods: {0}")]
+    ListPods(#[source] kube::Error),
+    /// Setting a pod's deletion cost failed.
+    #[error("annotating a pod: {0}")]
+    PatchPod(#[source] kube::Error),
+    /// The spec cannot be turned into a Deployment.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(String),
+}
+
+impl Error {
+    /// Static label for metrics (never a Debug string).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::GetDeployment(_) => "get_deployment",
+            Error::ApplyDeployment(_) => "apply_deployment",
+            Error::PatchStatus(_) => "patch_status",
+            Error::ListPods(_) => "list_pods",
+            Error::PatchPod(_) => "patch_pod",
+            Error::InvalidSpec(_) => "invalid_spec",
+        }
+    }
+}
+
+/// Why the queue could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueProblem {
+    /// CamelCase reason for the condition and event.
+    pub reason: &'static str,
+    /// What happened and what to fix.
+    pub message: String,
+}
+
+/// Shared state of all reconciles.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Operator metrics.
+    pub metrics: Metrics,
+    engines: Mutex<HashMap<String, Engine>>,
+    redis: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context for `client`, reporting events as `instance`.
+    pub fn new(client: Client, metrics: Metrics, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance,
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            engines: Mutex::new(HashMap::new()),
+            redis: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Forgets a deleted pool's engine state.
+    pub fn forget(&self, key: &str) {
+        lock(&self.engines).remove(key);
+    }
+
+    async fn redis_conn(
+        &self,
+        url: &str,
+    ) -> Result<redis::aio::MultiplexedConnection, QueueProblem> {
+        if let Some(c) = lock(&self.redis).get(url).cloned() {
+            return Ok(c);
+        }
+        let client = redis::Client::open(url).map_err(|e| QueueProblem {
+            reason: "InvalidRedisURL",
+            message: format!(
+                "spec.queue.redis: {e}; expected redis://[user:password@]host[:port][/db]"
+            ),
+        })?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(READ_TIMEOUT))
+            .set_response_timeout(Some(READ_TIMEOUT));
+        let c = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| unreachable_problem(&e))?;
+        lock(&self.redis).insert(url.to_string(), c.clone());
+        Ok(c)
+    }
+
+    async fn read_queue(&self, url: &str, queues: &[QueueKeys]) -> Result<Snapshot, QueueProblem> {
+        let mut c = self.redis_conn(url).await?;
+        match snapshot::read(&mut c, queues).await {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                lock(&self.redis).remove(url);
+                Err(unreachable_problem(&e))
+            }
+        }
+    }
+}
+
+fn unreachable_problem(e: &redis::RedisError) -> QueueProblem {
+    QueueProblem {
+        reason: "RedisUnreachable",
+        message: format!("cannot read the queue: {e}"),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Resolves the pool's Redis URL: the spec's, or the Secret's.
+async fn redis_url(pool: &WorkerPool, client: &Client) -> Result<String, QueueProblem> {
+    let redis = &pool.spec.queue.redis;
+    if let Some(url) = &redis.url {
+        return Ok(url.clone());
+    }
+    let Some(secret_ref) = &redis.url_secret_ref else {
+        return Err(QueueProblem {
+            reason: "InvalidSpec",
+            message: "set spec.queue.redis.url or spec.queue.redis.urlSecretRef".into(),
+        });
+    };
+    let secrets: Api<Secret> =
+        Api::namespaced(client.clone(), &pool.namespace().unwrap_or_default());
+    let secret = secrets
+        .get_opt(&secret_ref.name)
+        .await
+        .map_err(|e| QueueProblem {
+            reason: "SecretUnreadable",
+            message: format!("cannot read Secret {:?}: {e}", secret_ref.name),
+        })?;
+    let Some(secret) = secret else {
+        return Err(QueueProblem {
+            reason: "SecretNotFound",
+            message: format!(
+                "Secret {:?} named in spec.queue.redis.urlSecretRef does not exist in namespace {:?}",
+                secret_ref.name,
+                pool.namespace().unwrap_or_default()
+            ),
+        });
+    };
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&secret_ref.key))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string());
+    value.ok_or_else(|| QueueProblem {
+        reason: "SecretKeyNotFound",
+        message: format!(
+            "Secret {:?} has no key {:?}",
+            secret_ref.name, secret_ref.key
+        ),
+    })
+}
+
+/// Reconciles one WorkerPool.
+pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_inner(&pool, &ctx).await;
+    ctx.metrics
+        .observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::label));
+    result
+}
+
+async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let key = format!("{ns}/{name}");
+    let client = &ctx.client;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+
+    let existing = deployments
+        .get_opt(&name)
+        .await
+        .map_err(Error::GetDeployment)?;
+    let current = existing
+        .as_ref()
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.replicas)
+        .unwrap_or(0);
+    let ready = existing
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let status_replicas = existing
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.replicas)
+        .unwrap_or(0);
+
+    let queues: Vec<QueueKeys> = pool
+        .spec
+        .queue
+        .redis
+        .queue_names()
+        .iter()
+        .map(QueueKeys::new)
+        .collect();
+    let reading = match redis_url(pool, client).await {
+        Ok(url) => ctx.read_queue(&url, &queues).await,
+        Err(problem) => Err(problem),
+    };
+
+    let now = ctx.now();
+    let (desired, decision) = match (&pool.spec.scaling, &reading) {
+        (Some(spec), Ok(snap)) => {
+            let observation = Observation {
+                backlog: snap.backlog(),
+                in_flight: snap.in_flight(),
+                due_retries: snap.due_retries(),
+                oldest_job_age_seconds: snap.oldest_job_age_seconds(),
+                processed_total: snap.processed(),
+                current_replicas: current,
+                ready_replicas: ready,
+            };
+            let d =
+                lock(&ctx.engines)
+                    .entry(key.clone())
+                    .or_default()
+                    .tick(spec, &observation, now);
+            (d.desired, Some(d))
+        }
+        (Some(spec), Err(_)) => {
+            let d = lock(&ctx.engines)
+                .entry(key.clone())
+                .or_default()
+                .tick_failed(spec, current, now);
+            (d.desired, Some(d))
+        }
+        (None, _) => (pool.spec.replicas.unwrap_or(0), None),
+    };
+
+    if let Ok(snap) = &reading {
+        ctx.metrics
+            .observe_pool(&ns, &name, snap.backlog(), snap.in_flight(), desired);
+        if desired < current {
+            mark_idle_pods(pool, ctx, snap).await?;
+        }
+    }
+
+    let built = deployment::build(pool, desired).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    deployments
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&built),
+        )
+        .await
+        .map_err(Error::ApplyDeployment)?;
+
+    let reference = pool.object_ref(&());
+    if desired != current && existing.is_some() {
+        let (reason, verb) = if desired > current {
+            ("ScaledUp", "up")
+        } else {
+            ("ScaledDown", "down")
+        };
+        let note = match &decision {
+            Some(d) => format!(
+                "scaled {verb} from {current} to {desired}: {}",
+                d.reason.message()
+            ),
+            None => format!("scaled {verb} from {current} to {desired}: spec.replicas"),
+        };
+        publish(ctx, &reference, EventType::Normal, reason, note).await;
+    }
+    if let Err(problem) = &reading {
+        publish(
+            ctx,
+            &reference,
+            EventType::Warning,
+            problem.reason,
+            problem.message.clone(),
+        )
+        .await;
+    }
+
+    let status = status(
+        pool,
+        desired,
+        status_replicas,
+        ready,
+        current,
+        &reading,
+        decision.as_ref(),
+    );
+    let pools: Api<WorkerPool> = Api::namespaced(client.clone(), &ns);
+    pools
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map_err(Error::PatchStatus)?;
+
+    let poll = pool
+        .spec
+        .scaling
+        .as_ref()
+        .map_or(30, |s| s.poll_interval_seconds.max(1));
+    Ok(Action::requeue(Duration::from_secs(poll as u64)))
+}
+
+async fn publish(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        tracing::warn!(error = %e, "cannot publish event");
+    }
+}
+
+/// Before a scale-down, sets each pod's deletion cost to its worker's
+/// in-flight jobs, so the ReplicaSet removes idle workers first.
+async fn mark_idle_pods(pool: &WorkerPool, ctx: &Context, snap: &Snapshot) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    let list = pods
+        .list(&ListParams::default().labels(&deployment::selector(&pool.name_any())))
+        .await
+        .map_err(Error::ListPods)?;
+    let busy = snap.in_flight_by_worker_id();
+    for pod in list.items {
+        let name = pod.name_any();
+        let cost = busy.get(&name).copied().unwrap_or(0).to_string();
+        if pod.annotations().get(DELETION_COST) == Some(&cost) {
+            continue;
+        }
+        let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::PatchPod)?;
+    }
+    Ok(())
+}
+
+fn status(
+    pool: &WorkerPool,
+    desired: i32,
+    replicas: i32,
+    ready: i32,
+    current: i32,
+    reading: &Result<Snapshot, QueueProblem>,
+    decision: Option<&Decision>,
+) -> WorkerPoolStatus {
+    let old = pool.status.clone().unwrap_or_default();
+    let generation = pool.meta().generation;
+    let condition = |type_: &str, ok: bool, reason: &str, message: String| {
+        let status = if ok { "True" } else { "False" };
+        let previous = old.conditions.iter().find(|c| c.type_ == type_);
+        let since = match previous {
+            Some(p) if p.status == status => p.last_transition_time.clone(),
+            _ => Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: since,
+            observed_generation: generation,
+        }
+    };
+    let mut conditions = Vec::new();
+    let (backlog, in_flight, oldest) = match reading {
+        Ok(s) => {
+            conditions.push(condition(
+                "QueueReachable",
+                true,
+                "QueueRead",
+                format!("read {} queue(s)", s.queues.len()),
+            ));
+            (
+                s.backlog() as i64,
+                s.in_flight() as i64,
+                s.oldest_job_age_seconds(),
+            )
+        }
+        Err(p) => {
+            conditions.push(condition(
+                "QueueReachable",
+                false,
+                p.reason,
+                p.message.clone(),
+            ));
+            (old.backlog, old.in_flight, old.oldest_job_age_seconds)
+        }
+    };
+    match decision {
+        Some(d) => {
+            conditions.push(condition(
+                "ScalingActive",
+                reading.is_ok(),
+                d.reason.rule.code(),
+                d.reason.message(),
+            ));
+            conditions.push(condition(
+                "ScalingLimited",
+                d.reason.limit.is_some(),
+                d.reason.limit.map_or("WithinLimits", |l| l.code()),
+                d.reason.message(),
+            ));
+        }
+        None => conditions.push(condition(
+            "ScalingActive",
+            false,
+            "ManualReplicas",
+            format!("spec.replicas fixes the pool at {desired}"),
+        )),
+    }
+    let ready_ok = ready >= desired;
+    conditions.push(condition(
+        "Ready",
+        ready_ok,
+        if ready_ok {
+            "WorkersReady"
+        } else {
+            "WorkersStarting"
+        },
+        format!("{ready} of {desired} workers ready"),
+    ));
+    WorkerPoolStatus {
+        replicas,
+        ready_replicas: ready,
+        desired_replicas: desired,
+        reason: decision.map(|d| d.reason.code().to_string()),
+        backlog,
+        in_flight,
+        oldest_job_age_seconds: oldest,
+        arrival_rate: decision.and_then(|d| d.arrival_rate),
+        throughput: decision.and_then(|d| {
+            d.per_replica_throughput
+                .map(|t| t * f64::from(ready.max(1)))
+        }),
+        last_scale_time: if desired != current {
+            Some(Time(k8s_openapi::jiff::Timestamp::now()))
+        } else {
+            old.last_scale_time
+        },
+        selector: deployment::selector(&pool.name_any()),
+        observed_generation: generation,
+        conditions,
+    }
+}
+
+/// What to do after a failed reconcile: log, count, retry soon.
+pub fn error_policy(pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed");
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&[error.label()])
+        .inc();
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

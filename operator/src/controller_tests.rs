@@ -1,0 +1,423 @@
+//! Reconcile against a mocked API server (tower-test), the kube-rs way:
+//! each scenario asserts every request's method, path and body in order and
+//! answers as the API server would. Queue readings come from a real
+//! redis-server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use tower_test::mock::{Handle, SendResponse};
+use workerpool_tests::TestRedis;
+
+use super::*;
+use crate::rbac;
+
+struct ApiServer {
+    handle: Handle<Request<Body>, Response<Body>>,
+}
+
+impl ApiServer {
+    /// Takes the next request, asserting its method and path; returns its
+    /// JSON body (Null when empty) and the responder.
+    async fn expect(&mut self, method: &str, path: &str) -> (Value, SendResponse<Response<Body>>) {
+        let next = tokio::time::timeout(Duration::from_secs(10), self.handle.next_request()).await;
+        let (request, send) = next
+            .unwrap_or_else(|_| panic!("timed out waiting for {method} {path}"))
+            .expect("the client is alive");
+        assert_eq!(
+            (request.method().as_str(), request.uri().path()),
+            (method, path),
+            "unexpected request {}",
+            request.uri()
+        );
+        let needed = rbac::needed(method, path, request.uri().query().unwrap_or_default())
+            .expect("a resource request");
+        assert!(
+            rbac::allows(rbac::CLUSTER_RULES, &needed),
+            "RBAC does not allow {needed:?}"
+        );
+        if method == "PATCH" && path.contains("/deployments/") {
+            let query = request.uri().query().unwrap_or_default();
+            assert!(
+                query.contains("fieldManager=workerpool-operator") && query.contains("force=true"),
+                "{query}"
+            );
+        }
+        let bytes = request.into_body().collect_bytes().await.expect("body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("json body")
+        };
+        (body, send)
+    }
+
+    async fn done(mut self) {
+        let extra =
+            tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await;
+        if let Ok(Some((request, _))) = extra {
+            panic!(
+                "unexpected extra request {} {}",
+                request.method(),
+                request.uri()
+            );
+        }
+    }
+}
+
+fn reply(send: SendResponse<Response<Body>>, status: StatusCode, body: &Value) {
+    let bytes = serde_json::to_vec(body).expect("json");
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .body(Body::from(bytes))
+            .expect("response"),
+    );
+}
+
+fn not_found(send: SendResponse<Response<Body>>) {
+    reply(
+        send,
+        StatusCode::NOT_FOUND,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    );
+}
+
+fn pool(spec: Value) -> WorkerPool {
+    serde_json::from_value(json!({
+        "apiVersion": "workerpool.dev/v1alpha1",
+        "kind": "WorkerPool",
+        "metadata": {"name": "mail", "namespace": "jobs", "uid": "u-1", "generation": 2},
+        "spec": spec,
+    }))
+    .expect("pool")
+}
+
+/// What the API server answers a status patch with: the pool.
+fn pool_object(patch: &Value) -> Value {
+    json!({
+        "apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPool",
+        "metadata": {"name": "mail", "namespace": "jobs", "uid": "u-1"},
+        "spec": {"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1},
+        "status": patch["status"],
+    })
+}
+
+fn template() -> Value {
+    json!({"spec": {"containers": [{"name": "worker", "image": "example/worker:1"}]}})
+}
+
+fn existing_deployment(replicas: i32, ready: i32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "mail", "namespace": "jobs"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"workerpool.dev/pool": "mail"}}, "template": template()},
+        "status": {"replicas": replicas, "readyReplicas": ready},
+    })
+}
+
+fn start(
+    pool: WorkerPool,
+) -> (
+    tokio::task::JoinHandle<Result<Action, Error>>,
+    ApiServer,
+    Arc<Context>,
+) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context::new(client, Metrics::new(), Some("test".into())));
+    let task = tokio::spawn(reconcile(Arc::new(pool), ctx.clone()));
+    (task, ApiServer { handle }, ctx)
+}
+
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/jobs/deployments/mail";
+const STATUS: &str = "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/mail/status";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/jobs/events";
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+async fn push(redis: &TestRedis, queue: &str, n: usize) {
+    let mut c = redis.conn().await;
+    for i in 0..n {
+        let _: () = c
+            .lpush(queue, json!({"data": {"n": i}}).to_string())
+            .await
+            .expect("lpush");
+    }
+}
+
+#[tokio::test]
+async fn a_new_pool_gets_exactly_its_built_deployment_and_a_status() {
+    let redis = TestRedis::start();
+    let p = pool(
+        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 2}),
+    );
+    let expected = serde_json::to_value(deployment::build(&p, 2).expect("build")).expect("json");
+    let (task, mut api, _) = start(p);
+
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    not_found(send);
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(applied, expected);
+    reply(send, StatusCode::OK, &applied);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(status["status"]["desiredReplicas"], json!(2));
+    assert_eq!(
+        status["status"]["selector"],
+        json!("workerpool.dev/pool=mail")
+    );
+    assert_eq!(status["status"]["observedGeneration"], json!(2));
+    assert_eq!(
+        condition(&status, "QueueReachable")["status"],
+        json!("True")
+    );
+    assert_eq!(
+        condition(&status, "ScalingActive")["reason"],
+        json!("ManualReplicas")
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+
+    let action = task.await.expect("task").expect("reconcile");
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
+    let redis = TestRedis::start();
+    push(&redis, "mail", 12).await;
+    let p = pool(json!({
+        "queue": {"redis": {"url": redis.url(), "key": "mail"}},
+        "template": template(),
+        "scaling": {"maxReplicas": 10, "targetBacklogPerReplica": 5, "pollIntervalSeconds": 7},
+    }));
+    let (task, mut api, ctx) = start(p);
+
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(applied["spec"]["replicas"], json!(3), "ceil(12 / 5)");
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Normal"), json!("ScaledUp"))
+    );
+    assert!(
+        event["note"]
+            .as_str()
+            .expect("note")
+            .starts_with("scaled up from 1 to 3"),
+        "{event}"
+    );
+    assert_eq!(event["regarding"]["name"], json!("mail"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let s = &status["status"];
+    assert_eq!(
+        (
+            s["backlog"].clone(),
+            s["desiredReplicas"].clone(),
+            s["reason"].clone()
+        ),
+        (json!(12), json!(3), json!("BacklogTarget"))
+    );
+    assert_eq!(condition(&status, "ScalingActive")["status"], json!("True"));
+    assert!(s["lastScaleTime"].is_string());
+    reply(send, StatusCode::OK, &pool_object(&status));
+
+    assert_eq!(
+        task.await.expect("task").expect("reconcile"),
+        Action::requeue(Duration::from_secs(7))
+    );
+    api.done().await;
+    assert!(
+        ctx.metrics
+            .render()
+            .contains(r#"workerpool_pool_desired_replicas{namespace="jobs",pool="mail"} 3"#)
+    );
+}
+
+#[tokio::test]
+async fn before_a_scale_down_idle_pods_are_marked_cheapest_to_delete() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let _: () = c
+        .zadd("mail:workers", "mail-a~1", secs * 1000)
+        .await
+        .expect("zadd");
+    let _: () = c
+        .lpush("mail:processing:mail-a~1", "j1")
+        .await
+        .expect("lpush");
+    let _: () = c
+        .lpush("mail:processing:mail-a~1", "j2")
+        .await
+        .expect("lpush");
+    let p = pool(json!({
+        "queue": {"redis": {"url": redis.url(), "key": "mail"}},
+        "template": template(),
+        "scaling": {"minReplicas": 1, "targetBacklogPerReplica": 5,
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}},
+    }));
+    let (task, mut api, _) = start(p);
+
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(3, 3));
+    let (_, send) = api.expect("GET", "/api/v1/namespaces/jobs/pods").await;
+    let pod = |name: &str, cost: Option<&str>| {
+        let annotations = cost.map_or(json!({}), |c| json!({DELETION_COST: c}));
+        json!({"metadata": {"name": name, "namespace": "jobs", "annotations": annotations}})
+    };
+    reply(
+        send,
+        StatusCode::OK,
+        &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod("mail-a", None), pod("mail-b", Some("0")), pod("mail-c", Some("5"))]}),
+    );
+    for (name, cost) in [("mail-a", "2"), ("mail-c", "0")] {
+        let (patch, send) = api
+            .expect("PATCH", &format!("/api/v1/namespaces/jobs/pods/{name}"))
+            .await;
+        assert_eq!(
+            patch,
+            json!({"metadata": {"annotations": {DELETION_COST: cost}}})
+        );
+        reply(send, StatusCode::OK, &pod(name, Some(cost)));
+    }
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(applied["spec"]["replicas"], json!(1));
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("ScaledDown"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(status["status"]["inFlight"], json!(2));
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_missing_secret_shows_in_conditions_and_an_event_and_the_fallback_applies() {
+    let p = pool(json!({
+        "queue": {"redis": {"urlSecretRef": {"name": "redis-url", "key": "url"}, "key": "mail"}},
+        "template": template(),
+        "scaling": {"fallback": {"failureThreshold": 1, "replicas": 2}},
+    }));
+    let (task, mut api, _) = start(p);
+
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    not_found(send);
+    let (_, send) = api
+        .expect("GET", "/api/v1/namespaces/jobs/secrets/redis-url")
+        .await;
+    not_found(send);
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(
+        applied["spec"]["replicas"],
+        json!(2),
+        "fallback.replicas after failureThreshold"
+    );
+    let env = &applied["spec"]["template"]["spec"]["containers"][0]["env"][0];
+    assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], json!("redis-url"));
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("SecretNotFound"))
+    );
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let queue = condition(&status, "QueueReachable");
+    assert_eq!(
+        (queue["status"].clone(), queue["reason"].clone()),
+        (json!("False"), json!("SecretNotFound"))
+    );
+    assert!(
+        queue["message"]
+            .as_str()
+            .expect("message")
+            .contains("\"redis-url\"")
+    );
+    assert_eq!(
+        condition(&status, "ScalingActive")["reason"],
+        json!("Fallback")
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    assert!(
+        task.await.expect("task").is_ok(),
+        "the controller keeps running"
+    );
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
+    let p = pool(json!({
+        "queue": {"redis": {"url": "http://not-redis", "key": "mail"}},
+        "template": template(),
+        "scaling": {},
+    }));
+    let (task, mut api, _) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(4, 4));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(
+        applied["spec"]["replicas"],
+        json!(4),
+        "metrics unavailable: hold"
+    );
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("InvalidRedisURL"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(
+        condition(&status, "QueueReachable")["reason"],
+        json!("InvalidRedisURL")
+    );
+    assert_eq!(
+        condition(&status, "ScalingActive")["reason"],
+        json!("MetricsUnavailable")
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_failed_apply_is_an_error_named_for_the_operation() {
+    let redis = TestRedis::start();
+    let p = pool(
+        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let (task, mut api, ctx) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    not_found(send);
+    let (_, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(
+        send,
+        StatusCode::FORBIDDEN,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
+    );
+    let err = task.await.expect("task").expect_err("apply failed");
+    assert_eq!(err.label(), "apply_deployment");
+    api.done().await;
+    assert!(
+        ctx.metrics
+            .render()
+            .contains(r#"workerpool_operator_reconciles_total{result="apply_deployment"} 1"#)
+    );
+}
