@@ -5,5 +5,6 @@ pub mod crd;
 pub mod deployment;
 pub mod metrics;
 pub mod rbac;
+pub mod run;
 pub mod scaling;
 pub mod simulate;

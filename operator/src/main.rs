@@ -16,6 +16,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the controller (in a cluster, or against the current kubeconfig).
+    Run(workerpool_operator::run::RunArgs),
+    /// Print the WorkerPool CustomResourceDefinition as YAML.
+    Crd,
+    /// Print the RBAC rules the controller needs (ClusterRole and leader-election Role) as YAML.
+    Rbac,
     /// Replay a day of arrivals through the scaling engine and a KEDA baseline.
     Simulate(SimulateArgs),
 }
@@ -74,8 +80,32 @@ enum Which {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Run(args) => {
+            init_tracing();
+            tokio::runtime::Runtime::new()?.block_on(workerpool_operator::run::run(args))
+        }
+        Command::Crd => {
+            print!("{}", workerpool_operator::crd::crd_yaml());
+            Ok(())
+        }
+        Command::Rbac => {
+            print!("{}", workerpool_operator::rbac::rbac_yaml());
+            Ok(())
+        }
         Command::Simulate(args) => simulate_command(args),
     }
+}
+
+fn init_tracing() {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn simulate_command(args: SimulateArgs) -> Result<()> {

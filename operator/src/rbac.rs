@@ -39,6 +39,35 @@ pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
         .collect()
 }
 
+/// The ClusterRole and the leader-election Role, as YAML documents, as
+/// `workerpool-operator rbac` prints them and `manifests/rbac.yaml` holds them.
+pub fn rbac_yaml() -> String {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        ..ObjectMeta::default()
+    };
+    let cluster = ClusterRole {
+        metadata: meta("workerpool-operator"),
+        rules: Some(policy_rules(CLUSTER_RULES)),
+        aggregation_rule: None,
+    };
+    let lease = Role {
+        metadata: meta("workerpool-operator-leader-election"),
+        rules: Some(policy_rules(LEASE_RULES)),
+    };
+    let mut out = String::new();
+    for doc in [
+        serde_yaml_ng::to_string(&cluster).expect("a ClusterRole serializes"),
+        serde_yaml_ng::to_string(&lease).expect("a Role serializes"),
+    ] {
+        out.push_str("---\n");
+        out.push_str(&doc);
+    }
+    out
+}
+
 /// The (group, resource, verb) an API request needs, for the tests that
 /// check the controller's calls against the rules.
 pub fn needed(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
@@ -78,6 +107,20 @@ pub fn allows(rules: &[Rule], (group, resource, verb): &(String, String, String)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checked_in_rbac_matches_the_code() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../manifests/rbac.yaml");
+        if std::env::var_os("UPDATE_MANIFESTS").is_some() {
+            std::fs::write(path, rbac_yaml()).expect("write manifests/rbac.yaml");
+            return;
+        }
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == rbac_yaml(),
+            "manifests/rbac.yaml is stale: run `cargo run -p workerpool-operator -- rbac > manifests/rbac.yaml`"
+        );
+    }
 
     #[test]
     fn requests_map_to_the_permissions_they_need() {

@@ -1,0 +1,164 @@
+//! `workerpool-operator run`: the controller in a cluster, behind leader
+//! election, with `/healthz`, `/readyz` and `/metrics`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+
+use crate::controller::{self, Context};
+use crate::crd::WorkerPool;
+use crate::metrics::Metrics;
+
+/// Settings of `workerpool-operator run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "WORKERPOOL_OPERATOR_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub listen: SocketAddr,
+    /// Watch WorkerPools in this namespace only (default: all namespaces).
+    #[arg(long, env = "WORKERPOOL_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Run without leader election (only when exactly one operator runs).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Name of the coordination.k8s.io Lease used for leader election.
+    #[arg(long, default_value = "workerpool-operator")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the pod's namespace, from POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the Lease (default: the pod name, from POD_NAME).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+#[derive(Clone)]
+struct Probe {
+    ready: Arc<AtomicBool>,
+    metrics: Metrics,
+}
+
+/// The operator's HTTP endpoints. `/readyz` is 200 once this replica is
+/// leading and its controller runs, or is a healthy standby.
+fn app(probe: Probe) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(p): State<Probe>| async move {
+                if p.ready.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ok\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|State(p): State<Probe>| async move {
+                (
+                    [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                    p.metrics.render(),
+                )
+                    .into_response()
+            }),
+        )
+        .with_state(probe)
+}
+
+/// Runs the operator until SIGTERM, or fails when leadership is lost (the
+/// pod restarts and campaigns again, the usual controller practice).
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
+    let metrics = Metrics::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on --listen {}", args.listen))?;
+    let probe = Probe {
+        ready: ready.clone(),
+        metrics: metrics.clone(),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app(probe)).await {
+            tracing::error!(error = %e, "http server failed");
+        }
+    });
+
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(workerpool_worker::config::default_worker_id);
+    let mut leadership = None;
+    if !args.no_leader_election {
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+                .with_namespace(&args.lease_namespace)
+                .with_identity(&identity)
+                .build()
+                .await
+                .context("cannot set up leader election")?;
+        let (mut rx, _task) = manager.watch().await;
+        ready.store(true, Ordering::Relaxed);
+        tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
+        while !*rx.borrow_and_update() {
+            rx.changed().await.context("leader election stopped")?;
+        }
+        tracing::info!("leading");
+        leadership = Some(rx);
+    }
+
+    let (pools, deployments): (Api<WorkerPool>, Api<Deployment>) = match &args.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let ctx = Arc::new(Context::new(client, metrics, Some(identity)));
+    ready.store(true, Ordering::Relaxed);
+    let controller = Controller::new(pools, watcher::Config::default())
+        .owns(
+            deployments,
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=workerpool-operator"),
+        )
+        .shutdown_on_signal()
+        .run(controller::reconcile, controller::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile did not complete");
+            }
+        });
+    match leadership {
+        Some(mut rx) => {
+            tokio::select! {
+                _ = controller => Ok(()),
+                lost = async { while rx.changed().await.is_ok() { if !*rx.borrow() { break; } } } => {
+                    let () = lost;
+                    anyhow::bail!("lost leadership of the Lease; exiting so that one leader runs")
+                }
+            }
+        }
+        None => {
+            controller.await;
+            Ok(())
+        }
+    }
+}
