@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Worker benchmark: one workerpool-worker process (release build, noop
+# handler) drains JOBS preloaded jobs at each concurrency, then the pick-up
+# latency of an idle worker is sampled, then redis-benchmark runs the same
+# Redis work on the same server for the ceiling. See docs/benchmarks.md.
+#
+#   scripts/bench.sh                       # 20,000 jobs at concurrency 1, 10, 50
+#   JOBS=5000 CONCURRENCY="1 8" scripts/bench.sh
+#
+# Uses CARGO_TARGET_DIR when set. Needs redis-server, redis-cli,
+# redis-benchmark and GNU time (/usr/bin/time; apt-get install -y time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+JOBS=${JOBS:-20000}
+CONCURRENCY=${CONCURRENCY:-"1 10 50"}
+SAMPLES=${SAMPLES:-2000}
+QUEUE=bench
+TARGET=${CARGO_TARGET_DIR:-target}
+
+for tool in redis-server redis-cli redis-benchmark /usr/bin/time; do
+  command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
+done
+cargo build --quiet --release -p workerpool-worker --bins --example bench
+WORKER=$TARGET/release/workerpool-worker
+CLI=$TARGET/release/workerpool
+LATENCY=$TARGET/release/examples/bench
+
+tmp=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" --daemonize no >"$tmp/redis.log" 2>&1 &
+redis_pid=$!
+time_pid=
+cleanup() {
+  [ -n "$time_pid" ] && kill "$time_pid" 2>/dev/null || true
+  kill "$redis_pid" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+url="redis://127.0.0.1:$port/0"
+cli() { redis-cli -p "$port" "$@"; }
+until cli ping >/dev/null 2>&1; do sleep 0.05; done
+
+# A realistic job: producer fields plus what the worker stamps.
+job='{"task":"noop","data":{"user":12345,"template":"welcome","locale":"en"}}'
+stamped='{"task":"noop","data":{"user":12345,"template":"welcome","locale":"en"},"id":"6b1f0c2e9a4d4f0e8c3b2a1d0e9f8a7b","enqueued_at":1767225600000,"attempt":1}'
+# The Redis work of one job in one script: the producer's LPUSH, the fetch
+# (LMOVE into the processing list), the intake (LREM + LPUSH of the stamped
+# payload) and the ack (LREM + INCR). The worker spends up to three round
+# trips on the same commands (fewer per job when it batches).
+per_job="redis.call('LPUSH', KEYS[1], ARGV[1])
+local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+redis.call('LREM', KEYS[2], 1, v)
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+return redis.call('INCR', KEYS[3])"
+
+for ((i = 0; i < JOBS; i++)); do echo "$job"; done >"$tmp/jobs"
+
+printf '%-11s %9s %8s %8s %9s %9s %10s %9s %8s\n' \
+  concurrency "jobs/s" "p50 ms" "p99 ms" "CPU s" "peak RSS" "idle RSS" "ceiling" "ratio"
+for c in $CONCURRENCY; do
+  cli FLUSHALL >/dev/null
+  "$CLI" enqueue --redis-url "$url" --queue "$QUEUE" <"$tmp/jobs" >/dev/null
+  start=$(date +%s%N)
+  /usr/bin/time -f '%U %S %M' -o "$tmp/time" \
+    "$WORKER" --redis-url "$url" --queue "$QUEUE" --handler noop --concurrency "$c" \
+      --listen 127.0.0.1:0 --worker-id bench 2>"$tmp/worker.log" &
+  time_pid=$!
+  until [ "$(cli GET "$QUEUE:stats:processed")" = "$JOBS" ]; do sleep 0.005; done
+  end=$(date +%s%N)
+  worker_pid=$(pgrep -P "$time_pid")
+  sleep 0.5
+  idle_kb=$(awk '/VmRSS/ {print $2}' "/proc/$worker_pid/status")
+  kill -TERM "$worker_pid"
+  wait "$time_pid"
+  time_pid=
+  read -r user sys peak_kb <"$tmp/time"
+  rate=$(( JOBS * 1000000000 / (end - start) ))
+
+  latency=$("$LATENCY" "$url" "$c" "$SAMPLES" 2>/dev/null)
+  p50=$(echo "$latency" | sed 's/.*"p50_us":\([0-9]*\).*/\1/')
+  p99=$(echo "$latency" | sed 's/.*"p99_us":\([0-9]*\).*/\1/')
+
+  cli FLUSHALL >/dev/null
+  ceiling=$(redis-benchmark -p "$port" -n "$JOBS" -c "$c" -P 1 -q \
+    EVAL "$per_job" 3 "$QUEUE" "$QUEUE:processing:x" "$QUEUE:stats:processed" "$job" "$stamped" \
+    | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1 | cut -d. -f1)
+  printf '%-11s %9d %8.2f %8.2f %9.2f %7dMB %8dMB %9d %7.0f%%\n' \
+    "$c" "$rate" "$(echo "$p50/1000" | bc -l)" "$(echo "$p99/1000" | bc -l)" \
+    "$(echo "$user+$sys" | bc -l)" $((peak_kb / 1024)) $((idle_kb / 1024)) \
+    "$ceiling" "$(echo "100*$rate/$ceiling" | bc -l)"
+done
