@@ -140,10 +140,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             watcher::Config::default().labels("app.kubernetes.io/managed-by=workerpool-operator"),
         )
         .shutdown_on_signal()
-        .run(controller::reconcile, controller::error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile did not complete");
+        .run(controller::reconcile, controller::error_policy, ctx.clone())
+        .for_each(|result| {
+            let ctx = ctx.clone();
+            async move {
+                match result {
+                    // A deleted pool: its Deployment goes with it (owner
+                    // reference); drop its engine state.
+                    Err(kube::runtime::controller::Error::ObjectNotFound(pool)) => {
+                        let ns = pool.namespace.unwrap_or_default();
+                        ctx.forget(&format!("{ns}/{}", pool.name));
+                    }
+                    Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
+                    Ok(_) => {}
+                }
             }
         });
     match leadership {
@@ -160,5 +170,50 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             controller.await;
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get(app: &Router, path: &str) -> (StatusCode, String) {
+        let response = app
+            .clone()
+            .oneshot(Request::get(path).body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn readyz_waits_for_the_controller_and_metrics_render_reconciles() {
+        let probe = Probe {
+            ready: Arc::new(AtomicBool::new(false)),
+            metrics: Metrics::new(),
+        };
+        let app = app(probe.clone());
+        assert_eq!(get(&app, "/healthz").await.0, StatusCode::OK);
+        assert_eq!(
+            get(&app, "/readyz").await,
+            (StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
+        );
+        probe.ready.store(true, Ordering::Relaxed);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+        probe
+            .metrics
+            .observe_reconcile(std::time::Duration::from_millis(3), None);
+        let (_, body) = get(&app, "/metrics").await;
+        assert!(
+            body.contains(r#"workerpool_operator_reconciles_total{result="ok"} 1"#),
+            "{body}"
+        );
     }
 }
