@@ -15,7 +15,7 @@ use crate::scripts;
 
 /// Silence after which a worker counts as lost when its hash does not say
 /// (the worker's `--dead-after` default).
-pub const DEFAULT_DEAD_AFTER_MS: u64 = 30_000;
+pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_DEAD_AFTER_MS;
 /// Entries handled per script call when moving or removing dead letters.
 const BATCH: usize = 500;
 
@@ -76,53 +76,31 @@ pub struct Snapshot {
     pub taken_at_ms: u64,
 }
 
-/// Takes a [`Snapshot`] of `q`.
+/// Takes a [`Snapshot`] of `q` in one round trip.
 pub async fn snapshot(conn: &mut MultiplexedConnection, q: &QueueKeys) -> RedisResult<Snapshot> {
-    let now = server_time_ms(conn).await?;
-    #[allow(clippy::type_complexity)]
-    let (backlog, retries_due, retries, scheduled, dead, counters): (
-        u64,
-        u64,
-        u64,
-        u64,
-        u64,
-        Vec<Option<u64>>,
-    ) = redis::pipe()
-        .atomic()
-        .llen(q.waiting())
-        .zcount(q.retry(), "-inf", now)
-        .zcard(q.retry())
-        .zcard(q.scheduled())
-        .llen(q.dead())
-        .mget(&[
-            q.stats_processed(),
-            q.stats_failed(),
-            q.stats_dead(),
-            q.stats_recovered(),
-        ])
-        .query_async(conn)
-        .await?;
-    let counter = |i: usize| counters.get(i).copied().flatten().unwrap_or(0);
+    let read = crate::snapshot::read(conn, std::slice::from_ref(q)).await?;
+    let now = read.server_time_ms;
+    let f = read.queues.into_iter().next().unwrap_or_default();
     let mut snap = Snapshot {
-        backlog,
-        retries_due,
-        retries_scheduled: retries.saturating_sub(retries_due),
-        scheduled,
-        dead,
-        processed_total: counter(0),
-        failed_total: counter(1),
-        dead_total: counter(2),
-        recovered_total: counter(3),
+        backlog: f.waiting,
+        retries_due: f.due_retries,
+        retries_scheduled: f.retries.saturating_sub(f.due_retries),
+        scheduled: f.scheduled,
+        dead: f.dead,
+        processed_total: f.processed,
+        failed_total: f.failed,
+        dead_total: f.dead_total,
+        recovered_total: f.recovered_total,
         taken_at_ms: now,
         ..Snapshot::default()
     };
-    for w in workers(conn, q, now).await? {
-        if w.alive {
+    for w in &f.workers {
+        if w.alive(now) {
             snap.workers_live += 1;
-            snap.in_flight += w.jobs.len() as u64;
+            snap.in_flight += w.in_flight;
         } else {
             snap.workers_lost += 1;
-            snap.held_by_lost_workers += w.jobs.len() as u64;
+            snap.held_by_lost_workers += w.in_flight;
         }
     }
     Ok(snap)

@@ -16,13 +16,21 @@ static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| {
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local out = {now}
-for i = 1, #KEYS, 7 do
+local per = 9
+for i = 1, #KEYS, per do
+  local q = (i - 1) / per
+  local processing, details = ARGV[2 * q + 1], ARGV[2 * q + 2]
   local workers = redis.call('ZRANGE', KEYS[i + 4], 0, -1, 'WITHSCORES')
   local w = {}
   for j = 1, #workers, 2 do
     w[#w + 1] = workers[j]
     w[#w + 1] = workers[j + 1]
-    w[#w + 1] = redis.call('LLEN', ARGV[(i + 6) / 7] .. workers[j])
+    w[#w + 1] = redis.call('LLEN', processing .. workers[j])
+    local window = redis.call('HGET', details .. workers[j], 'dead_after_ms')
+    if not window then
+      window = redis.call('EXISTS', details .. workers[j]) == 1 and '-' or ''
+    end
+    w[#w + 1] = window
   end
   out[#out + 1] = {
     redis.call('LLEN', KEYS[i]),
@@ -35,6 +43,8 @@ for i = 1, #KEYS, 7 do
     tonumber(redis.call('GET', KEYS[i + 6]) or '0'),
     redis.call('LINDEX', KEYS[i], -1) or '',
     w,
+    tonumber(redis.call('GET', KEYS[i + 7]) or '0'),
+    tonumber(redis.call('GET', KEYS[i + 8]) or '0'),
   }
 end
 return out
@@ -51,6 +61,22 @@ pub struct WorkerFigures {
     pub last_beat_ms: u64,
     /// Jobs in its processing list.
     pub in_flight: u64,
+    /// Its `--dead-after`, as its heartbeat reported it (the default for
+    /// workers that do not report it; absent once its details expired).
+    pub dead_after_ms: Option<u64>,
+}
+
+impl WorkerFigures {
+    /// Silence after which a worker counts as lost when it did not say
+    /// (the worker's `--dead-after` default).
+    pub const DEFAULT_DEAD_AFTER_MS: u64 = 30_000;
+
+    /// Whether it beat within its dead-after window at `now_ms`. A worker
+    /// whose details expired (twice the window) is lost.
+    pub fn alive(&self, now_ms: u64) -> bool {
+        self.dead_after_ms
+            .is_some_and(|window| now_ms.saturating_sub(self.last_beat_ms) <= window)
+    }
 }
 
 /// Figures of one queue.
@@ -74,6 +100,10 @@ pub struct QueueFigures {
     pub processed: u64,
     /// Failed attempts (monotonic counter).
     pub failed: u64,
+    /// Jobs dead-lettered (monotonic counter).
+    pub dead_total: u64,
+    /// Jobs returned from lost workers (monotonic counter).
+    pub recovered_total: u64,
     /// `enqueued_at` of the job at the head of the queue, when it has one.
     pub oldest_enqueued_at_ms: Option<u64>,
     /// Registered workers.
@@ -157,10 +187,12 @@ pub async fn read(conn: &mut MultiplexedConnection, queues: &[QueueKeys]) -> Red
             .key(q.dead())
             .key(q.workers())
             .key(q.stats_processed())
-            .key(q.stats_failed());
+            .key(q.stats_failed())
+            .key(q.stats_dead())
+            .key(q.stats_recovered());
     }
     for q in queues {
-        invocation.arg(q.processing(""));
+        invocation.arg(q.processing("")).arg(q.worker(""));
     }
     let reply: Vec<Value> = invocation.invoke_async(conn).await?;
     parse(&reply, queues).ok_or_else(|| {
@@ -174,7 +206,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
     let mut out = Vec::with_capacity(queues.len());
     for (q, entry) in queues.iter().zip(entries) {
         let Value::Array(f) = entry else { return None };
-        if f.len() != 10 {
+        if f.len() != 12 {
             return None;
         }
         let head = string(&f[8])?;
@@ -186,12 +218,17 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             });
         let Value::Array(w) = &f[9] else { return None };
         let workers = w
-            .chunks_exact(3)
+            .chunks_exact(4)
             .map(|c| {
                 Some(WorkerFigures {
                     instance: string(&c[0])?,
                     last_beat_ms: string(&c[1])?.parse::<f64>().ok()? as u64,
                     in_flight: int(&c[2])?,
+                    dead_after_ms: match string(&c[3])?.as_str() {
+                        "" => None,
+                        "-" => Some(WorkerFigures::DEFAULT_DEAD_AFTER_MS),
+                        n => Some(n.parse().ok()?),
+                    },
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -205,6 +242,8 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             dead: int(&f[5])?,
             processed: int(&f[6])?,
             failed: int(&f[7])?,
+            dead_total: int(&f[10])?,
+            recovered_total: int(&f[11])?,
             oldest_enqueued_at_ms: oldest,
             workers,
         });

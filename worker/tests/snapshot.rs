@@ -43,6 +43,13 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
     let _: () = c.lpush(high.dead(), "{}").await.expect("lpush");
     let _: () = c.set(high.stats_processed(), 40).await.expect("set");
     let _: () = c.set(high.stats_failed(), 3).await.expect("set");
+    let _: () = c.set(high.stats_dead(), 4).await.expect("set");
+    let _: () = c.set(high.stats_recovered(), 6).await.expect("set");
+    // pod-a reports its window; pod-b's details have expired (lost).
+    let _: () = c
+        .hset(high.worker("pod-a~1"), "dead_after_ms", 30_000)
+        .await
+        .expect("hset");
     for (instance, held) in [("pod-a~1", 2), ("pod-b~1", 1)] {
         let _: () = c.zadd(high.workers(), instance, now).await.expect("zadd");
         for n in 0..held {
@@ -77,6 +84,13 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
         (3, 1, 2, 1, 2, 1, 40, 3)
     );
     assert_eq!((h.backlog(), h.in_flight()), (5, 3));
+    assert_eq!((h.dead_total, h.recovered_total), (4, 6));
+    let alive: Vec<(&str, bool)> = h
+        .workers
+        .iter()
+        .map(|w| (w.instance.as_str(), w.alive(s.server_time_ms)))
+        .collect();
+    assert_eq!(alive, [("pod-a~1", true), ("pod-b~1", false)]);
     assert_eq!(s.queues[1].backlog(), 2);
     assert_eq!(
         (s.backlog(), s.in_flight(), s.processed(), s.due_retries()),
