@@ -1,0 +1,120 @@
+//! The Dockerfiles under `images/`, read for what matters when they are
+//! built: a multi-stage build of the right package from the lock file, and a
+//! final stage that runs the right binary as a numeric non-root user.
+
+use std::path::Path;
+
+fn read(relative: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {relative}: {e}"))
+}
+
+/// Instructions with continuation lines joined and comments dropped.
+fn instructions(dockerfile: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(line);
+                out.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    out
+}
+
+/// The instructions of the last stage (the image that ships).
+fn final_stage(all: &[String]) -> &[String] {
+    let last_from = all
+        .iter()
+        .rposition(|i| i.starts_with("FROM "))
+        .expect("a FROM");
+    &all[last_from..]
+}
+
+fn check(dockerfile: &str, package: &str, entrypoint: &str) {
+    let all = instructions(&read(dockerfile));
+    let froms = all.iter().filter(|i| i.starts_with("FROM ")).count();
+    assert!(froms >= 2, "{dockerfile}: multi-stage");
+    assert!(
+        all.iter().any(|i| i.starts_with("RUN ")
+            && i.contains("cargo build --release --locked")
+            && i.contains(&format!("-p {package}"))),
+        "{dockerfile}: builds {package} in release mode from Cargo.lock"
+    );
+
+    let shipped = final_stage(&all);
+    assert!(
+        shipped.iter().any(|i| i.starts_with("COPY --from=build")),
+        "{dockerfile}: the final stage copies the binary from the build stage"
+    );
+    assert!(
+        !shipped.iter().any(|i| i.contains("cargo ")),
+        "{dockerfile}: no toolchain in the final image"
+    );
+    let user = shipped
+        .iter()
+        .rev()
+        .find_map(|i| i.strip_prefix("USER "))
+        .unwrap_or_else(|| panic!("{dockerfile}: the final stage sets USER"));
+    let uid = user.split(':').next().unwrap_or_default();
+    let uid: u32 = uid
+        .parse()
+        .unwrap_or_else(|_| panic!("{dockerfile}: USER {user} must be numeric for runAsNonRoot"));
+    assert_ne!(uid, 0, "{dockerfile}: non-root");
+    let shipped_entrypoint = shipped
+        .iter()
+        .rev()
+        .find_map(|i| i.strip_prefix("ENTRYPOINT "))
+        .unwrap_or_else(|| panic!("{dockerfile}: the final stage sets ENTRYPOINT"));
+    assert_eq!(
+        shipped_entrypoint,
+        format!("[\"{entrypoint}\"]"),
+        "{dockerfile}: exec-form entrypoint"
+    );
+}
+
+#[test]
+fn the_operator_image_is_a_multi_stage_build_running_the_operator_as_non_root() {
+    check(
+        "images/operator/Dockerfile",
+        "workerpool-operator",
+        "/usr/local/bin/workerpool-operator",
+    );
+}
+
+#[test]
+fn the_worker_image_runs_workerpool_worker_as_non_root_so_images_can_build_on_it() {
+    check(
+        "images/worker/Dockerfile",
+        "workerpool-worker",
+        "/usr/local/bin/workerpool-worker",
+    );
+    let shipped = instructions(&read("images/worker/Dockerfile"));
+    assert!(
+        !final_stage(&shipped).iter().any(|i| i.starts_with("CMD ")),
+        "no CMD: a pool's args (`--` and the handler command) follow the entrypoint"
+    );
+}
+
+#[test]
+fn the_build_context_leaves_out_build_output_and_git() {
+    let ignored = read(".dockerignore");
+    for entry in ["target", "target-*", ".git"] {
+        assert!(
+            ignored.lines().any(|l| l.trim() == entry),
+            ".dockerignore lacks {entry}"
+        );
+    }
+}
