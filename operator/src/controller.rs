@@ -268,15 +268,7 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
     let now = ctx.now();
     let (desired, decision) = match (&pool.spec.scaling, &reading) {
         (Some(spec), Ok(snap)) => {
-            let observation = Observation {
-                backlog: snap.backlog(),
-                in_flight: snap.in_flight(),
-                due_retries: snap.due_retries(),
-                oldest_job_age_seconds: snap.oldest_job_age_seconds(),
-                processed_total: snap.processed(),
-                current_replicas: current,
-                ready_replicas: ready,
-            };
+            let observation = Observation::from_snapshot(snap, current, ready);
             let d =
                 lock(&ctx.engines)
                     .entry(key.clone())

@@ -22,6 +22,9 @@ enum Command {
     Crd,
     /// Print the RBAC rules the controller needs (ClusterRole and leader-election Role) as YAML.
     Rbac,
+    /// Run a WorkerPool manifest on this machine: the scaling engine starts and stops
+    /// workerpool-worker processes.
+    Local(workerpool_operator::local::LocalArgs),
     /// Replay a day of arrivals through the scaling engine and a KEDA baseline.
     Simulate(SimulateArgs),
 }
@@ -93,6 +96,15 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Simulate(args) => simulate_command(args),
+        Command::Local(args) => {
+            let outcome =
+                tokio::runtime::Runtime::new()?.block_on(workerpool_operator::local::run(args));
+            if let Err(e) = outcome {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }
 

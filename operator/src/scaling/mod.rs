@@ -255,6 +255,24 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// What a queue snapshot says, with the workload's current and ready replicas: the
+    /// one translation the controller and local mode share.
+    pub fn from_snapshot(
+        snapshot: &workerpool_worker::snapshot::Snapshot,
+        current_replicas: i32,
+        ready_replicas: i32,
+    ) -> Self {
+        Observation {
+            backlog: snapshot.backlog(),
+            in_flight: snapshot.in_flight(),
+            due_retries: snapshot.due_retries(),
+            oldest_job_age_seconds: snapshot.oldest_job_age_seconds(),
+            processed_total: snapshot.processed(),
+            current_replicas,
+            ready_replicas,
+        }
+    }
+
     fn pending(&self) -> bool {
         self.backlog > 0 || self.in_flight > 0 || self.due_retries > 0
     }

@@ -1,0 +1,459 @@
+//! `workerpool-operator local`: a WorkerPool manifest run on this machine.
+//!
+//! The same manifest as in a cluster, the same validation, the same scaling
+//! engine; the actuator is worker processes instead of a Deployment. Each
+//! refresh reads the queue in one round trip; every `pollIntervalSeconds`
+//! the engine decides and the actuator starts or stops workers. SIGINT or
+//! SIGTERM stops every worker gracefully and prints a summary.
+
+pub mod actuator;
+pub mod manifest;
+pub mod view;
+
+use std::collections::VecDeque;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use workerpool_worker::cli::redact;
+use workerpool_worker::keys::QueueKeys;
+use workerpool_worker::snapshot::{self, Snapshot};
+
+use crate::scaling::{Engine, Observation};
+use actuator::{Actuator, WorkerCommand};
+use view::{Frame, QueueFigures, Summary, View};
+
+/// How often the view and the actuator refresh (the engine decides every
+/// `pollIntervalSeconds`).
+const REFRESH: Duration = Duration::from_secs(1);
+/// How long one queue read may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
+/// The name of the worker binary.
+pub const WORKER_BIN: &str = "workerpool-worker";
+
+/// Settings of `workerpool-operator local`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LocalArgs {
+    /// The WorkerPool manifest (YAML), the one you would `kubectl apply -f`.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: PathBuf,
+    /// Redis URL to use instead of spec.queue.redis.url (needed when the
+    /// manifest uses urlSecretRef).
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// The workerpool-worker executable (default: the one next to this
+    /// program, else the one on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub worker_bin: Option<PathBuf>,
+    /// Print log lines even when stdout is a terminal.
+    #[arg(long)]
+    pub plain: bool,
+}
+
+/// Why local mode could not run, named after what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The manifest cannot be read.
+    #[error("reading {path}: {source}")]
+    ReadManifest {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is not a valid WorkerPool.
+    #[error("{path}: {message}")]
+    InvalidManifest {
+        /// The file.
+        path: String,
+        /// One line naming the field.
+        message: String,
+    },
+    /// The manifest takes the URL from a Secret and none was given.
+    #[error(
+        "spec.queue.redis.urlSecretRef names a Secret, which local mode cannot read: pass --redis-url URL"
+    )]
+    NoRedisUrl,
+    /// The Redis URL does not parse.
+    #[error(
+        "{url} is not a Redis URL ({source}); expected redis://[user:password@]host[:port][/db]"
+    )]
+    InvalidRedisUrl {
+        /// The URL, password hidden.
+        url: String,
+        /// Why.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis did not answer at start.
+    #[error("cannot reach Redis at {url}: {source}")]
+    RedisUnreachable {
+        /// The URL, password hidden.
+        url: String,
+        /// Why.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// No worker executable.
+    #[error(
+        "cannot find {WORKER_BIN}: pass --worker-bin PATH, or put it next to this program or on PATH (cargo build -p workerpool-worker)"
+    )]
+    WorkerBinaryNotFound,
+    /// Signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Runs the manifest at `args.file` until SIGINT or SIGTERM, then stops the
+/// workers and prints the summary.
+pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
+    let started = Instant::now();
+    let path = args.file.display().to_string();
+    let text = std::fs::read_to_string(&args.file).map_err(|source| Error::ReadManifest {
+        path: path.clone(),
+        source,
+    })?;
+    let pool = manifest::parse(&text).map_err(|message| Error::InvalidManifest {
+        path: path.clone(),
+        message,
+    })?;
+    let container = manifest::worker_container(&pool).ok_or_else(|| Error::InvalidManifest {
+        path: path.clone(),
+        message: crate::deployment::BuildError::NoWorkerContainer.to_string(),
+    })?;
+    let url = match (&args.redis_url, &pool.spec.queue.redis.url) {
+        (Some(url), _) | (None, Some(url)) => url.clone(),
+        (None, None) => return Err(Error::NoRedisUrl),
+    };
+    let shown_url = redact(&url);
+    let program = worker_binary(args.worker_bin.as_deref())?;
+    let queues: Vec<QueueKeys> = pool
+        .spec
+        .queue
+        .redis
+        .queue_names()
+        .iter()
+        .map(QueueKeys::new)
+        .collect();
+
+    let mut redis = Redis::open(&url, &shown_url)?;
+    let first = redis
+        .read(&queues)
+        .await
+        .map_err(|source| Error::RedisUnreachable {
+            url: shown_url.clone(),
+            source,
+        })?;
+    let baseline = Totals::of(&first);
+
+    let mut sigint = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(Error::Signals)?;
+
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    let (command, notes) = WorkerCommand::for_pool(&pool, container, program, &url);
+    let grace = Duration::from_secs(pool.spec.shutdown.grace_period_seconds.max(1) as u64);
+    let (log_tx, mut log_rx) = mpsc::unbounded_channel();
+    let mut actuator = Actuator::new(command, grace, log_tx);
+    let terminal = !args.plain && std::io::stdout().is_terminal();
+    let queue_names = pool.spec.queue.redis.queue_names().join(", ");
+    let mut view = View::new(
+        terminal,
+        format!("workerpool local: pool {name}, queue {queue_names} on {shown_url} (Ctrl-C stops)"),
+    );
+    let elapsed = || started.elapsed();
+    for note in &notes {
+        view.note(elapsed(), note);
+    }
+
+    let poll = pool.spec.scaling.as_ref().map_or(REFRESH, |s| {
+        Duration::from_secs(s.poll_interval_seconds.max(1) as u64)
+    });
+    let mut engine = Engine::new();
+    let mut rate = Rate::default();
+    let mut next_decision = Instant::now();
+    let mut decided = (
+        0i32,
+        String::from("Starting"),
+        String::from("no decision yet"),
+    );
+    let mut peak = 0usize;
+    let mut reading: Result<Snapshot, String> = Ok(first);
+    let mut was_reachable = true;
+    let mut refresh = tokio::time::interval(REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    loop {
+        tokio::select! {
+            _ = refresh.tick() => {}
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            Some(line) = log_rx.recv() => {
+                view.worker_output(&line.id, &line.line);
+                continue;
+            }
+        }
+        let now = Instant::now();
+        for event in actuator.poll(now) {
+            view.note(elapsed(), &event.to_string());
+        }
+        reading = redis.read(&queues).await.map_err(|e| e.to_string());
+        match (&reading, was_reachable) {
+            (Err(e), true) => view.note(
+                elapsed(),
+                &format!("cannot read the queue: {e}; holding the pool and retrying"),
+            ),
+            (Ok(_), false) => view.note(elapsed(), "queue readable again"),
+            _ => {}
+        }
+        was_reachable = reading.is_ok();
+
+        if now >= next_decision {
+            next_decision = now + poll;
+            let current = i32::try_from(actuator.replicas()).unwrap_or(i32::MAX);
+            let decision = match (&pool.spec.scaling, &reading) {
+                (Some(spec), Ok(snap)) => {
+                    let running = actuator.running_ids();
+                    let registered = snap.in_flight_by_worker_id();
+                    let ready = running
+                        .iter()
+                        .filter(|id| registered.contains_key(*id))
+                        .count();
+                    let ready = i32::try_from(ready).unwrap_or(i32::MAX);
+                    let observation = Observation::from_snapshot(snap, current, ready);
+                    let d = engine.tick(spec, &observation, started.elapsed());
+                    (d.desired, d.reason.code().to_string(), d.reason.message())
+                }
+                (Some(spec), Err(_)) => {
+                    let d = engine.tick_failed(spec, current, started.elapsed());
+                    (d.desired, d.reason.code().to_string(), d.reason.message())
+                }
+                (None, _) => {
+                    let n = pool.spec.replicas.unwrap_or(0);
+                    (
+                        n,
+                        "ManualReplicas".into(),
+                        format!("spec.replicas fixes the pool at {n}"),
+                    )
+                }
+            };
+            if decision.0 != current {
+                view.note(
+                    elapsed(),
+                    &format!("scaling from {current} to {}: {}", decision.0, decision.2),
+                );
+            }
+            let busy = reading
+                .as_ref()
+                .map(Snapshot::in_flight_by_worker_id)
+                .unwrap_or_default();
+            for event in actuator.scale_to(decision.0.max(0) as usize, &busy, now) {
+                view.note(elapsed(), &event.to_string());
+            }
+            decided = decision;
+        }
+        peak = peak.max(actuator.running());
+        let queue = reading.as_ref().map(|snap| {
+            let totals = Totals::of(snap);
+            QueueFigures {
+                backlog: snap.backlog(),
+                in_flight: snap.in_flight(),
+                done: totals.processed.saturating_sub(baseline.processed),
+                dead: totals.dead,
+                jobs_per_second: rate.update(started.elapsed(), totals.processed),
+            }
+        });
+        view.frame(Frame {
+            elapsed: elapsed(),
+            queue: queue.map_err(Clone::clone),
+            running: actuator.running(),
+            draining: actuator.draining(),
+            desired: decided.0,
+            reason: decided.1.clone(),
+            reason_message: decided.2.clone(),
+        });
+    }
+
+    // Stop every worker as a pod deletion would: SIGTERM, SIGKILL after the
+    // grace period. A second signal makes the workers return their
+    // unfinished jobs to the queue at once.
+    let busy = reading
+        .as_ref()
+        .map(Snapshot::in_flight_by_worker_id)
+        .unwrap_or_default();
+    view.note(
+        elapsed(),
+        &format!(
+            "stopping: SIGTERM to {} workers (grace period {}s; Ctrl-C again to return their jobs to the queue now)",
+            actuator.running(),
+            grace.as_secs()
+        ),
+    );
+    for event in actuator.stop_all(&busy, Instant::now()) {
+        view.note(elapsed(), &event.to_string());
+    }
+    let mut hurried = false;
+    while !actuator.is_empty() {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = sigint.recv(), if !hurried => { hurried = true; actuator.hurry(); }
+            _ = sigterm.recv(), if !hurried => { hurried = true; actuator.hurry(); }
+            Some(line) = log_rx.recv() => view.worker_output(&line.id, &line.line),
+        }
+        for event in actuator.poll(Instant::now()) {
+            view.note(elapsed(), &event.to_string());
+        }
+    }
+    while let Ok(line) = log_rx.try_recv() {
+        view.worker_output(&line.id, &line.line);
+    }
+    let end = redis.read(&queues).await.ok();
+    let summary = Summary {
+        done: end
+            .as_ref()
+            .map(|s| Totals::of(s).processed.saturating_sub(baseline.processed)),
+        dead: end
+            .as_ref()
+            .map(|s| Totals::of(s).dead.saturating_sub(baseline.dead)),
+        left: end.as_ref().map(|s| s.backlog() + s.in_flight()),
+        peak_workers: peak,
+        wall: started.elapsed(),
+    };
+    view.summary(&summary);
+    Ok(summary)
+}
+
+/// Finds the worker executable: `explicit`, else next to this program, else on PATH.
+pub fn worker_binary(explicit: Option<&Path>) -> Result<PathBuf, Error> {
+    if let Some(path) = explicit {
+        return if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(Error::WorkerBinaryNotFound)
+        };
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(WORKER_BIN)))
+        .filter(|p| p.is_file());
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(WORKER_BIN))
+                .find(|p| p.is_file())
+        })
+    };
+    beside.or_else(on_path).ok_or(Error::WorkerBinaryNotFound)
+}
+
+/// One Redis connection, opened again after a failed read.
+struct Redis {
+    client: redis::Client,
+    conn: Option<redis::aio::MultiplexedConnection>,
+}
+
+impl Redis {
+    fn open(url: &str, shown: &str) -> Result<Self, Error> {
+        let client = redis::Client::open(url).map_err(|source| Error::InvalidRedisUrl {
+            url: shown.to_string(),
+            source,
+        })?;
+        Ok(Self { client, conn: None })
+    }
+
+    async fn read(&mut self, queues: &[QueueKeys]) -> redis::RedisResult<Snapshot> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(READ_TIMEOUT))
+                    .set_response_timeout(Some(READ_TIMEOUT));
+                self.client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?
+            }
+        };
+        let snap = snapshot::read(&mut conn, queues).await?;
+        self.conn = Some(conn);
+        Ok(snap)
+    }
+}
+
+/// Counters summed over the pool's queues.
+#[derive(Debug, Clone, Copy)]
+struct Totals {
+    processed: u64,
+    dead: u64,
+}
+
+impl Totals {
+    fn of(snap: &Snapshot) -> Self {
+        Self {
+            processed: snap.processed(),
+            dead: snap.queues.iter().map(|q| q.dead).sum(),
+        }
+    }
+}
+
+/// Jobs completed per second over the last few seconds.
+#[derive(Debug, Default)]
+struct Rate {
+    samples: VecDeque<(Duration, u64)>,
+}
+
+impl Rate {
+    const WINDOW: Duration = Duration::from_secs(5);
+
+    fn update(&mut self, at: Duration, processed: u64) -> Option<f64> {
+        if self
+            .samples
+            .back()
+            .is_some_and(|(_, last)| processed < *last)
+        {
+            self.samples.clear();
+        }
+        self.samples.push_back((at, processed));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(t, _)| at.saturating_sub(*t) > Self::WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        let (t0, p0) = *self.samples.front()?;
+        let span = at.saturating_sub(t0).as_secs_f64();
+        (span > 0.0).then(|| (processed - p0) as f64 / span)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_is_completions_over_the_last_seconds() {
+        let mut rate = Rate::default();
+        assert_eq!(rate.update(Duration::from_secs(0), 0), None);
+        assert_eq!(rate.update(Duration::from_secs(1), 10), Some(10.0));
+        assert_eq!(rate.update(Duration::from_secs(2), 30), Some(15.0));
+        for t in 3..=10 {
+            rate.update(Duration::from_secs(t), 30);
+        }
+        assert_eq!(rate.update(Duration::from_secs(11), 30), Some(0.0));
+        assert_eq!(
+            rate.update(Duration::from_secs(12), 5),
+            None,
+            "a reset starts over"
+        );
+    }
+
+    #[test]
+    fn an_explicit_worker_binary_must_exist() {
+        assert!(matches!(
+            worker_binary(Some(Path::new("/nonexistent/workerpool-worker"))),
+            Err(Error::WorkerBinaryNotFound)
+        ));
+    }
+}
