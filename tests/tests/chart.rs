@@ -348,6 +348,14 @@ fn args(docs: &[Value]) -> Vec<&str> {
         .collect()
 }
 
+/// The operator's own ClusterRole (the chart also has roles for people).
+fn operator_cluster_role(docs: &[Value]) -> &Value {
+    let name = &one(docs, "Deployment")["metadata"]["name"];
+    docs.iter()
+        .find(|d| kind(d).1 == "ClusterRole" && &d["metadata"]["name"] == name)
+        .expect("a ClusterRole named like the operator's Deployment")
+}
+
 fn chart_yaml() -> Value {
     serde_yaml_ng::from_str(&read(&format!("{CHART}/Chart.yaml"))).expect("Chart.yaml is YAML")
 }
@@ -448,7 +456,7 @@ fn the_chart_grants_exactly_the_rules_the_operator_needs() {
         let rules = |doc: &Value| -> Vec<PolicyRule> {
             serde_json::from_value(doc["rules"].clone()).expect("rules are PolicyRules")
         };
-        let cluster_role = one(&docs, "ClusterRole");
+        let cluster_role = operator_cluster_role(&docs);
         let lease_role = one(&docs, "Role");
         assert_eq!(
             rules(cluster_role),
@@ -577,12 +585,60 @@ fn the_chart_grants_exactly_the_rules_the_operator_needs() {
 fn the_rbac_names_with_default_values_are_those_of_manifests_rbac_yaml() {
     let docs = render("workerpool-operator", INSTALL_NAMESPACE, &[]);
     let generated = documents(&rbac::rbac_yaml());
-    for wanted in ["ClusterRole", "Role"] {
-        assert_eq!(
-            one(&docs, wanted)["metadata"]["name"],
-            one(&generated, wanted)["metadata"]["name"]
-        );
+    assert_eq!(
+        operator_cluster_role(&docs)["metadata"]["name"],
+        one(&generated, "ClusterRole")["metadata"]["name"]
+    );
+    assert_eq!(
+        one(&docs, "Role")["metadata"]["name"],
+        one(&generated, "Role")["metadata"]["name"]
+    );
+    // The operator's default Lease name.
+    assert!(
+        args(&docs)
+            .windows(2)
+            .any(|w| w == ["--lease-name", "workerpool-operator"])
+    );
+}
+
+#[test]
+fn people_with_the_built_in_roles_can_use_workerpools_and_nothing_more() {
+    let docs = render("workerpool-operator", INSTALL_NAMESPACE, &[]);
+    let aggregated: Vec<&Value> = find(&docs, "ClusterRole")
+        .into_iter()
+        .filter(|r| {
+            r["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+        })
+        .collect();
+    assert_eq!(aggregated.len(), 2, "a view and an edit role");
+    for role in &aggregated {
+        for rule in role["rules"].as_array().expect("rules") {
+            assert_eq!(rule["apiGroups"], json!(["workerpool.dev"]), "{role}");
+        }
     }
+    let view = aggregated
+        .iter()
+        .find(|r| r["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true")
+        .expect("a role aggregated into view");
+    for rule in view["rules"].as_array().expect("rules") {
+        for verb in rule["verbs"].as_array().expect("verbs") {
+            assert!(
+                ["get", "list", "watch"].contains(&verb.as_str().unwrap_or_default()),
+                "view may only read: {verb}"
+            );
+        }
+    }
+
+    let without = render(
+        "workerpool-operator",
+        INSTALL_NAMESPACE,
+        &["--set", "rbac.aggregateToDefaultRoles=false"],
+    );
+    assert_eq!(
+        find(&without, "ClusterRole").len(),
+        1,
+        "only the operator's"
+    );
 }
 
 #[test]
