@@ -953,3 +953,12 @@ fn a_misspelled_or_mistyped_field_in_a_kubernetes_object_is_caught() {
         assert!(check_object(&deployment).is_err(), "{what} was not caught");
     }
 }
+
+#[test]
+fn clusters_without_crd_validation_rules_are_refused() {
+    // x-kubernetes-validations (CEL) is on by default from Kubernetes 1.25.
+    run_helm(&["template", "x", CHART, "--kube-version", "1.25.0"]);
+    let refused = try_helm(&["template", "x", CHART, "--kube-version", "1.24.17"])
+        .expect_err("Kubernetes 1.24 is refused");
+    assert!(refused.contains("kubeVersion"), "{refused}");
+}
