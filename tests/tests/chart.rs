@@ -778,8 +778,8 @@ fn notes_tell_the_next_step() {
 #[test]
 fn the_chart_crd_is_the_generated_crd() {
     let generated = workerpool_operator::crd::crd_yaml();
-    if std::env::var_os("UPDATE_MANIFESTS").is_some() {
-        std::fs::write(root().join(CHART_CRD), &generated).expect("write the chart's CRD");
+    if updating() {
+        update_file(CHART_CRD, &generated);
     }
     assert!(
         read(CHART_CRD) == generated,
@@ -794,6 +794,20 @@ fn the_chart_crd_is_the_generated_crd() {
 #[test]
 fn the_chart_app_version_is_the_operator_version() {
     assert_eq!(chart_yaml()["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+/// Whether this run regenerates the checked-in files (`UPDATE_MANIFESTS=1`).
+fn updating() -> bool {
+    std::env::var_os("UPDATE_MANIFESTS").is_some()
+}
+
+/// Writes a generated file unless it already holds `content` (two tests
+/// may regenerate the same file, and helm may be reading it meanwhile).
+fn update_file(relative: &str, content: &str) {
+    let path = root().join(relative);
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(content) {
+        std::fs::write(&path, content).unwrap_or_else(|e| panic!("cannot write {relative}: {e}"));
+    }
 }
 
 /// `manifests/install.yaml`: the Namespace, then the chart rendered with its
@@ -827,10 +841,12 @@ fn install_yaml() -> String {
 #[test]
 fn install_yaml_is_the_chart_rendered_with_defaults() {
     let path = root().join("manifests/install.yaml");
-    let fresh = install_yaml();
-    if std::env::var_os("UPDATE_MANIFESTS").is_some() {
-        std::fs::write(&path, &fresh).expect("write manifests/install.yaml");
+    if updating() {
+        // The chart's CRD first, so one run regenerates both.
+        update_file(CHART_CRD, &workerpool_operator::crd::crd_yaml());
+        update_file("manifests/install.yaml", &install_yaml());
     }
+    let fresh = install_yaml();
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         on_disk == fresh,
