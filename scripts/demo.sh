@@ -1,74 +1,76 @@
 #!/usr/bin/env bash
-# Demo: a throwaway redis-server, a burst of jobs, one worker process
-# draining them through the exec handler, then a summary.
+# Demo: local mode runs manifests/examples/demo.yaml (0 to 8 workers, about
+# 100 ms per job) against a throwaway redis-server. A burst of jobs wakes the
+# pool from zero; it scales up, drains the queue, scales back to zero, and
+# local mode prints the summary. Everything started here is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-JOBS=${JOBS:-2000}
-CONCURRENCY=${CONCURRENCY:-50}
+JOBS=${JOBS:-3000}
+MANIFEST=manifests/examples/demo.yaml
 QUEUE=demo
 
-command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install -y redis-server" >&2; exit 1; }
-cargo build --quiet -p workerpool-worker
-WORKER=target/debug/workerpool-worker
+for tool in redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install -y redis-server" >&2; exit 1; }
+done
+echo "building workerpool-worker and workerpool-operator (debug)..."
+cargo build --quiet -p workerpool-worker -p workerpool-operator
+BIN=${CARGO_TARGET_DIR:-target}/debug
+
+free_port() {
+  local port
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
+  done
+}
 
 tmp=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 16379)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" --daemonize no >"$tmp/redis.log" 2>&1 &
-redis_pid=$!
-worker_pid=
+port=$(free_port)
+redis_pid= local_pid=
 cleanup() {
-  [ -n "$worker_pid" ] && kill "$worker_pid" 2>/dev/null || true
-  kill "$redis_pid" 2>/dev/null || true
-  wait 2>/dev/null || true
+  [ -n "$local_pid" ] && kill -TERM "$local_pid" 2>/dev/null && wait "$local_pid" 2>/dev/null
+  [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
+  --daemonize no >"$tmp/redis.log" 2>&1 &
+redis_pid=$!
 cli() { redis-cli -p "$port" "$@"; }
-until cli ping >/dev/null 2>&1; do sleep 0.05; done
+for _ in $(seq 100); do cli ping >/dev/null 2>&1 && break; sleep 0.05; done
+cli ping >/dev/null
 
-echo "redis-server on 127.0.0.1:$port; pushing $JOBS jobs (about 100 ms each, 1 in 100 fails once, 1 malformed)"
-args=()
-for i in $(seq 1 "$JOBS"); do
-  if [ $((i % 100)) -eq 0 ]; then
-    args+=("{\"task\":\"resize\",\"data\":{\"n\":$i,\"flaky\":true}}")
-  else
-    args+=("{\"task\":\"resize\",\"data\":{\"n\":$i}}")
-  fi
-done
-cli LPUSH "$QUEUE" "${args[@]}" >/dev/null
-cli LPUSH "$QUEUE" "this is not JSON" >/dev/null
+echo "redis-server on 127.0.0.1:$port; local mode on $MANIFEST; $JOBS jobs arrive in two bursts"
+echo
+# Worker logs at warn: the table shows what matters.
+RUST_LOG=${RUST_LOG:-warn} "$BIN/workerpool-operator" local -f "$MANIFEST" \
+  --redis-url "redis://127.0.0.1:$port/0" --worker-bin "$BIN/workerpool-worker" &
+local_pid=$!
 
-# A handler in plain sh: sleeps 100 ms per job; a flaky job fails its
-# first attempt and succeeds on the retry.
-handler='while read -r job; do
-  sleep 0.1
-  case "$job" in
-    *"\"flaky\":true"*"\"attempt\":1"*|*"\"attempt\":1"*"\"flaky\":true"*) echo "{\"ok\":false,\"error\":\"flaky upstream\"}" ;;
-    *) echo "{\"ok\":true}" ;;
-  esac
-done'
+push() {
+  local args=() i
+  for i in $(seq "$1" "$2"); do args+=("{\"task\":\"resize\",\"data\":{\"n\":$i}}"); done
+  cli LPUSH "$QUEUE" "${args[@]}" >/dev/null
+}
+sleep 3                           # the pool sits at zero
+first=$((JOBS / 15))
+push 1 "$first"                   # a first wave wakes it at a small size
+sleep 3
+push $((first + 1)) "$JOBS"       # the burst scales it up to maxReplicas
+cli LPUSH "$QUEUE" "this is not JSON" >/dev/null   # dead-lettered as malformed
 
-start=$(date +%s.%N)
-RUST_LOG=${RUST_LOG:-warn} "$WORKER" --redis-url "redis://127.0.0.1:$port" --queue "$QUEUE" \
-  --concurrency "$CONCURRENCY" --backoff-base 200ms --backoff-max 1s --listen 127.0.0.1:0 \
-  -- sh -c "$handler" &
-worker_pid=$!
-
-total=$((JOBS + 1))
-while :; do
-  done_=$(cli GET "$QUEUE:stats:processed"); done_=${done_:-0}
-  dead=$(cli LLEN "$QUEUE:dead")
-  waiting=$(cli LLEN "$QUEUE")
-  retry=$(cli ZCARD "$QUEUE:retry")
-  printf '\r  waiting %6s  retrying %4s  done %6s  dead %3s' "$waiting" "$retry" "$done_" "$dead"
-  [ $((done_ + dead)) -ge "$total" ] && break
+# Wait until every job is done or dead and the pool is back at zero.
+total=$((JOBS + 1)) quiet=0
+for _ in $(seq 240); do
+  done_=$(cli GET "$QUEUE:stats:processed"); dead=$(cli LLEN "$QUEUE:dead")
+  workers=$(cli ZCARD "$QUEUE:workers")
+  if [ $((${done_:-0} + dead)) -ge "$total" ] && [ "$workers" -eq 0 ]; then quiet=$((quiet + 1)); else quiet=0; fi
+  [ "$quiet" -ge 4 ] && break
   sleep 0.5
 done
-end=$(date +%s.%N)
-echo
-kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=
-
-echo "dead letter: $(cli LINDEX "$QUEUE:dead" 0)"
-awk -v s="$start" -v e="$end" -v n="$done_" -v c="$CONCURRENCY" \
-  'BEGIN { t = e - s; printf "done %d jobs in %.1f s with one worker at concurrency %d: %.0f jobs/s\n", n, t, c, n / t }'
+kill -INT "$local_pid"
+wait "$local_pid" || true
+local_pid=

@@ -286,8 +286,8 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     view.note(
         elapsed(),
         &format!(
-            "stopping: SIGTERM to {} workers (grace period {}s; Ctrl-C again to return their jobs to the queue now)",
-            actuator.running(),
+            "stopping the pool: {} workers (grace period {}s; Ctrl-C again to return their jobs to the queue now)",
+            actuator.running() + actuator.draining(),
             grace.as_secs()
         ),
     );
