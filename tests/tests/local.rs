@@ -1,0 +1,454 @@
+//! `workerpool-operator local` end to end: real `workerpool-worker`
+//! processes, a real Redis, the scaling engine in between.
+//!
+//! The tests run local mode with `--plain` and read its `key=value` lines,
+//! so they see what a user sees: the pool's size, the engine's reason, and
+//! the notes about started, stopped and restarted workers.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use rustix::process::{Pid, Signal, kill_process};
+use workerpool_tests::{TestRedis, eventually, free_port};
+use workerpool_worker::keys::QueueKeys;
+
+/// A handler that takes `seconds` per job.
+fn handler(seconds: &str) -> String {
+    format!(
+        r#"["--", "sh", "-c", "while IFS= read -r job; do sleep {seconds}; echo '{{\"ok\":true}}'; done"]"#
+    )
+}
+
+/// A manifest for queue `key`; `size` is `replicas: N` or a `scaling:` block,
+/// `args` the worker container's args as a YAML flow list.
+fn manifest(key: &str, size: &str, args: &str, concurrency: u32, grace: u32) -> String {
+    format!(
+        r#"apiVersion: workerpool.dev/v1alpha1
+kind: WorkerPool
+metadata: {{name: {key}}}
+spec:
+  queue: {{redis: {{url: "redis://127.0.0.1:1/0", key: {key}}}}}
+  template:
+    spec:
+      containers:
+      - name: worker
+        image: ghcr.io/workerpool-dev/workerpool-worker:0.1.0
+        args: {args}
+  worker: {{concurrency: {concurrency}, maxAttempts: 5, jobTimeoutSeconds: 30}}
+  {size}
+  shutdown: {{gracePeriodSeconds: {grace}}}
+"#
+    )
+}
+
+/// The directory holding `workerpool-operator` and `workerpool-worker`: the
+/// one this test executable was built into (`<target>/<profile>/deps/..`),
+/// building them there when they are missing.
+fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable in <target>/<profile>/deps")
+            .to_path_buf();
+        let present = |d: &Path| {
+            d.join("workerpool-operator").is_file() && d.join("workerpool-worker").is_file()
+        };
+        if !present(&dir) {
+            let target = dir.parent().expect("target dir");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = Command::new(cargo)
+                .args([
+                    "build",
+                    "-p",
+                    "workerpool-worker",
+                    "-p",
+                    "workerpool-operator",
+                ])
+                .arg("--target-dir")
+                .arg(target)
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build of the binaries failed");
+        }
+        assert!(present(&dir), "no binaries in {}", dir.display());
+        dir
+    })
+}
+
+/// A running `workerpool-operator local`, stopped with SIGTERM (its workers
+/// with it) when dropped.
+struct Local {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Local {
+    fn start(redis: &TestRedis, manifest: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("pool.yaml");
+        std::fs::write(&path, manifest).expect("write manifest");
+        let mut child = local_command(&path)
+            .args(["--redis-url", &redis.url(), "--plain"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start workerpool-operator local");
+        let stdout = collect(child.stdout.take().expect("piped stdout"));
+        let stderr = collect(child.stderr.take().expect("piped stderr"));
+        Self {
+            child,
+            stdout,
+            stderr,
+            _dir: dir,
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.stdout.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Values of `key=` over every status line.
+    fn values(&self, key: &str) -> Vec<i64> {
+        let prefix = format!("{key}=");
+        self.lines()
+            .iter()
+            .filter(|l| l.starts_with("t="))
+            .filter_map(|l| {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix(&prefix))
+                    .and_then(|v| v.parse().ok())
+            })
+            .collect()
+    }
+
+    fn last_status(&self) -> String {
+        self.lines()
+            .into_iter()
+            .rev()
+            .find(|l| l.starts_with("t="))
+            .unwrap_or_default()
+    }
+
+    fn signal(&self, sig: Signal) {
+        let pid = Pid::from_raw(self.child.id() as i32).expect("a pid");
+        let _ = kill_process(pid, sig);
+    }
+
+    /// Waits for the process to exit and returns whether it exited with 0.
+    fn wait(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "local mode still running after {timeout:?}: {:?}",
+            self.lines()
+        );
+    }
+
+    fn report(&self) -> String {
+        let err = self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default();
+        format!("stdout:\n{}\nstderr:\n{err}", self.lines().join("\n"))
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.signal(Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn local_command(manifest: &Path) -> Command {
+    let mut cmd = Command::new(bin_dir().join("workerpool-operator"));
+    cmd.arg("local")
+        .arg("-f")
+        .arg(manifest)
+        .arg("--worker-bin")
+        .arg(bin_dir().join("workerpool-worker"))
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+fn collect(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if let Ok(mut l) = sink.lock() {
+                l.push(line);
+            }
+        }
+    });
+    lines
+}
+
+async fn push(conn: &mut redis::aio::MultiplexedConnection, queue: &str, from: u32, to: u32) {
+    let jobs: Vec<String> = (from..=to)
+        .map(|n| format!(r#"{{"task":"t","data":{{"n":{n}}}}}"#))
+        .collect();
+    let _: i64 = conn.lpush(queue, jobs).await.expect("push jobs");
+}
+
+async fn count(conn: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> (u64, u64, u64) {
+    let done: Option<u64> = conn.get(q.stats_processed()).await.expect("processed");
+    let waiting: u64 = conn.llen(q.waiting()).await.expect("waiting");
+    let dead: u64 = conn.llen(q.dead()).await.expect("dead");
+    (done.unwrap_or(0), waiting, dead)
+}
+
+/// Jobs in every processing list of the queue.
+async fn held(conn: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> u64 {
+    let keys: Vec<String> = conn
+        .keys(format!("{}*", q.processing("")))
+        .await
+        .expect("processing keys");
+    let mut n = 0;
+    for key in keys {
+        let len: u64 = conn.llen(&key).await.expect("llen");
+        n += len;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_scales_the_pool_up_to_max_replicas_and_back_to_zero_when_idle() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let q = QueueKeys::new("burst");
+    let scaling = "scaling: {minReplicas: 0, maxReplicas: 3, pollIntervalSeconds: 1, \
+        targetBacklogPerReplica: 10, idleSecondsBeforeZero: 2, \
+        behavior: {scaleDown: {stabilizationWindowSeconds: 1}}}";
+    let local = Local::start(&redis, &manifest("burst", scaling, &handler("0.02"), 2, 5));
+    eventually(Duration::from_secs(20), "the pool idle at zero", || async {
+        local
+            .last_status()
+            .contains("reason=BelowActivation")
+            .then_some(())
+    })
+    .await;
+
+    push(&mut conn, q.name(), 1, 300).await;
+    eventually(Duration::from_secs(90), "every job done", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await == (300, 0, 0)).then_some(()) }
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the pool back at zero", || async {
+        let last = local.last_status();
+        (last.contains("running=0") && last.contains("draining=0") && last.contains("desired=0"))
+            .then_some(())
+    })
+    .await;
+
+    let running = local.values("running");
+    assert_eq!(running.iter().max(), Some(&3), "{}", local.report());
+    assert!(
+        local.values("desired").iter().all(|d| *d <= 3),
+        "never above maxReplicas: {}",
+        local.report()
+    );
+    assert!(
+        local
+            .lines()
+            .iter()
+            .any(|l| l.contains("reason=MaxReplicas")),
+        "300 jobs at 10 per replica ask for more than 3: {}",
+        local.report()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_to_the_pool_mid_run_leaves_every_job_done_or_back_in_the_queue() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let q = QueueKeys::new("stop");
+    // Jobs take 3 s and the grace period is 2 s: jobs running at SIGTERM
+    // cannot finish and must go back to the queue.
+    let mut local = Local::start(
+        &redis,
+        &manifest("stop", "replicas: 2", &handler("3"), 3, 2),
+    );
+    push(&mut conn, q.name(), 1, 20).await;
+    eventually(Duration::from_secs(30), "both workers busy", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (held(&mut conn, &q).await == 6).then_some(()) }
+    })
+    .await;
+
+    local.signal(Signal::TERM);
+    assert!(
+        local.wait(Duration::from_secs(20)),
+        "exit 0: {}",
+        local.report()
+    );
+    let (done, waiting, dead) = count(&mut conn, &q).await;
+    assert_eq!(
+        held(&mut conn, &q).await,
+        0,
+        "no job left in a processing list"
+    );
+    assert_eq!(dead, 0);
+    assert_eq!(done + waiting, 20, "done {done} + waiting {waiting}");
+    assert!(waiting >= 14, "the unfinished jobs are back: {waiting}");
+    assert!(
+        local.lines().iter().any(|l| l.starts_with("summary:")),
+        "{}",
+        local.report()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_with_sigkill_under_load_has_its_jobs_recovered() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let q = QueueKeys::new("kill");
+    let args = r#"["--heartbeat-interval", "1s", "--dead-after", "3s", "--", "sh", "-c", "while IFS= read -r job; do sleep 0.3; echo '{\"ok\":true}'; done"]"#;
+    let local = Local::start(&redis, &manifest("kill", "replicas: 2", args, 2, 5));
+    push(&mut conn, q.name(), 1, 40).await;
+
+    let (instance, pid) = eventually(Duration::from_secs(30), "a busy worker", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move {
+            let instances: Vec<String> = conn.zrange(q.workers(), 0, -1).await.ok()?;
+            for instance in instances {
+                let busy: u64 = conn.llen(q.processing(&instance)).await.ok()?;
+                let pid: Option<i32> = conn.hget(q.worker(&instance), "pid").await.ok()?;
+                if let (true, Some(pid)) = (busy > 0, pid) {
+                    return Some((instance, pid));
+                }
+            }
+            None
+        }
+    })
+    .await;
+    let _ = kill_process(Pid::from_raw(pid).expect("a pid"), Signal::KILL);
+
+    eventually(Duration::from_secs(60), "every job done", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await == (40, 0, 0)).then_some(()) }
+    })
+    .await;
+    let leftover: u64 = conn.llen(q.processing(&instance)).await.expect("llen");
+    assert_eq!(leftover, 0, "the killed worker's jobs were returned");
+    assert!(
+        local
+            .lines()
+            .iter()
+            .any(|l| l.contains("exited (killed by SIGKILL); restarting")),
+        "{}",
+        local.report()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pool_holds_while_redis_is_down_and_resumes_when_it_returns() {
+    let mut redis = TestRedis::start_persistent();
+    let q = QueueKeys::new("outage");
+    let scaling = "scaling: {minReplicas: 1, maxReplicas: 2, pollIntervalSeconds: 1}";
+    let local = Local::start(&redis, &manifest("outage", scaling, &handler("0.01"), 2, 5));
+    let mut conn = redis.conn().await;
+    push(&mut conn, q.name(), 1, 10).await;
+    eventually(Duration::from_secs(30), "the first jobs done", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await.0 == 10).then_some(()) }
+    })
+    .await;
+
+    redis.stop();
+    eventually(Duration::from_secs(20), "the outage noticed", || async {
+        local
+            .last_status()
+            .contains("queue=unreachable")
+            .then_some(())
+    })
+    .await;
+    redis.resume();
+    let mut conn = redis.conn().await;
+    push(&mut conn, q.name(), 11, 20).await;
+    eventually(Duration::from_secs(60), "the later jobs done", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await == (20, 0, 0)).then_some(()) }
+    })
+    .await;
+    assert!(
+        local.values("running").iter().all(|n| *n >= 1),
+        "the pool was held, not emptied: {}",
+        local.report()
+    );
+}
+
+#[test]
+fn an_invalid_manifest_fails_with_a_line_naming_the_field() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (size, concurrency, field) in [
+        ("replicas: 1", 0, "spec.worker.concurrency"),
+        (
+            "scaling: {minReplicas: 5, maxReplicas: 2}",
+            1,
+            "spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas",
+        ),
+        (
+            "scaling: {maxReplicas: lots}",
+            1,
+            "spec.scaling.maxReplicas",
+        ),
+        ("scaling: {maxReplica: 3}", 1, "spec.scaling.maxReplica"),
+    ] {
+        let path = dir.path().join("pool.yaml");
+        std::fs::write(&path, manifest("bad", size, &handler("0"), concurrency, 5))
+            .expect("write manifest");
+        let out = local_command(&path).output().expect("run local mode");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{size}: refused");
+        assert!(stderr.contains(field), "{size}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
+}
+
+#[test]
+fn an_unreachable_redis_at_start_exits_non_zero_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("pool.yaml");
+    std::fs::write(&path, manifest("nored", "replicas: 1", &handler("0"), 1, 5))
+        .expect("write manifest");
+    let url = format!("redis://127.0.0.1:{}/0", free_port());
+    let out = local_command(&path)
+        .args(["--redis-url", &url])
+        .output()
+        .expect("run local mode");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("cannot reach Redis at {url}")),
+        "{stderr}"
+    );
+}
