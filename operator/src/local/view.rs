@@ -152,7 +152,18 @@ impl View {
     }
 
     fn redraw(&mut self) {
-        let text = table(&self.header, self.last_frame.as_ref(), &self.recent);
+        // Lines wider than the terminal would wrap, and the cursor would no
+        // longer go back to the table's first line.
+        let width = rustix::termios::tcgetwinsize(std::io::stdout())
+            .ok()
+            .map(|w| usize::from(w.ws_col))
+            .filter(|cols| *cols > 0)
+            .unwrap_or(120)
+            .max(20);
+        let text = fit(
+            &table(&self.header, self.last_frame.as_ref(), &self.recent),
+            width - 1,
+        );
         let mut out = std::io::stdout().lock();
         if self.drawn_lines > 0 {
             // Back to the table's first line, then clear to the end of the screen.
@@ -171,7 +182,7 @@ pub fn table(header: &str, frame: Option<&Frame>, recent: &VecDeque<String>) -> 
     if let Some(f) = frame {
         let _ = writeln!(
             s,
-            "{:>8} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6}   {:>7}",
+            "{:>7} {:>9} {:>7} {:>8} {:>7} {:>7} {:>7} {:>5} {:>7}",
             "backlog",
             "in-flight",
             "running",
@@ -195,7 +206,7 @@ pub fn table(header: &str, frame: Option<&Frame>, recent: &VecDeque<String>) -> 
         };
         let _ = writeln!(
             s,
-            "{backlog:>8} {in_flight:>9} {:>8} {:>9} {:>8} {rate:>8} {done:>8} {dead:>6}   {:>6.0}s",
+            "{backlog:>7} {in_flight:>9} {:>7} {:>8} {:>7} {rate:>7} {done:>7} {dead:>5} {:>6.0}s",
             f.running,
             f.draining,
             f.desired,
@@ -211,6 +222,16 @@ pub fn table(header: &str, frame: Option<&Frame>, recent: &VecDeque<String>) -> 
         let _ = writeln!(s, "{line}");
     }
     s
+}
+
+/// `text` with every line cut to `width` characters.
+fn fit(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        out.extend(line.chars().take(width));
+        out.push('\n');
+    }
+    out
 }
 
 /// One `key=value` line for logs and scripts.
@@ -275,6 +296,11 @@ mod tests {
     }
 
     #[test]
+    fn lines_are_cut_to_the_terminal_width_so_none_wraps() {
+        assert_eq!(fit("abcdef\nab\n\nxyz", 3), "abc\nab\n\nxyz\n");
+    }
+
+    #[test]
     fn the_table_shows_the_figures_the_reason_and_recent_lines() {
         let recent = VecDeque::from(["demo-1 | worker ready".to_string()]);
         let text = table("pool demo", Some(&frame(1200)), &recent);
@@ -282,5 +308,11 @@ mod tests {
         assert!(text.contains("1200"), "{text}");
         assert!(text.contains("reason: MaxReplicas — capped"), "{text}");
         assert!(text.ends_with("demo-1 | worker ready\n"), "{text}");
+        for row in text.lines().skip(1).take(2) {
+            assert!(
+                row.chars().count() < 80,
+                "fits an 80-column terminal: {row:?}"
+            );
+        }
     }
 }
