@@ -15,7 +15,8 @@ for tool in redis-server redis-cli; do
 done
 echo "building workerpool-worker and workerpool-operator (debug)..."
 cargo build --quiet -p workerpool-worker -p workerpool-operator
-BIN=${CARGO_TARGET_DIR:-target}/debug
+target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+BIN=${target:-target}/debug
 
 free_port() {
   local port

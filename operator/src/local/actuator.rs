@@ -555,7 +555,7 @@ mod tests {
     use super::*;
 
     fn pool(yaml: &str) -> WorkerPool {
-        super::super::manifest::parse(yaml).expect("valid manifest")
+        super::super::manifest::parse(yaml, None).expect("valid manifest")
     }
 
     const POOL: &str = r#"

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::Container;
 use kube::core::crd::CustomResourceExt;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::crd::WorkerPool;
@@ -16,26 +17,72 @@ use crate::deployment::BuildError;
 /// The `apiVersion` a manifest must have.
 pub const API_VERSION: &str = "workerpool.dev/v1alpha1";
 
-/// Parses and validates a manifest. The error is one line that names the
-/// field (several problems are joined with `; `).
-pub fn parse(text: &str) -> Result<WorkerPool, String> {
-    let raw: Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+/// Parses and validates the WorkerPool in a manifest: the only one, or the
+/// one named `name` when the file holds several (other kinds of objects,
+/// such as a Secret, are skipped). The error is one line that names the field
+/// (several problems are joined with `; `).
+pub fn parse(text: &str, name: Option<&str>) -> Result<WorkerPool, String> {
+    let documents = serde_yaml_ng::Deserializer::from_str(text)
+        .map(Value::deserialize)
+        .collect::<Result<Vec<Value>, _>>()
+        .map_err(|e| e.to_string())?;
+    let is_pool = |d: &Value| d.get("kind").and_then(Value::as_str) == Some("WorkerPool");
+    let pools: Vec<usize> = (0..documents.len())
+        .filter(|i| is_pool(&documents[*i]))
+        .filter(|i| {
+            name.is_none_or(|n| documents[*i].pointer("/metadata/name") == Some(&Value::from(n)))
+        })
+        .collect();
+    let index = match (pools.as_slice(), name) {
+        ([only], _) => *only,
+        ([], Some(n)) => return Err(format!("no WorkerPool named {n:?} in the file")),
+        ([], None) => {
+            let kinds: Vec<&str> = documents
+                .iter()
+                .filter_map(|d| d.get("kind").and_then(Value::as_str))
+                .collect();
+            return Err(format!(
+                "kind must be WorkerPool (apiVersion {API_VERSION}); the file holds {}",
+                if kinds.is_empty() {
+                    "no Kubernetes object".to_string()
+                } else {
+                    kinds.join(", ")
+                }
+            ));
+        }
+        (_, _) => {
+            let names: Vec<String> = pools
+                .iter()
+                .filter_map(|i| documents[*i].pointer("/metadata/name"))
+                .map(ToString::to_string)
+                .collect();
+            return Err(format!(
+                "the file holds {} WorkerPools ({}); choose one with --pool NAME",
+                pools.len(),
+                names.join(", ")
+            ));
+        }
+    };
+    let raw = &documents[index];
     let api_version = raw.get("apiVersion").and_then(Value::as_str);
-    let kind = raw.get("kind").and_then(Value::as_str);
-    if kind != Some("WorkerPool") || api_version != Some(API_VERSION) {
+    if api_version != Some(API_VERSION) {
         return Err(format!(
-            "apiVersion and kind must be {API_VERSION} and WorkerPool, not {} and {}",
-            api_version.unwrap_or("(none)"),
-            kind.unwrap_or("(none)")
+            "apiVersion must be {API_VERSION}, not {}",
+            api_version.unwrap_or("(none)")
         ));
     }
-    let pool: WorkerPool = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    // Decoded from the YAML itself, not from `raw`, so that a type error
+    // names the field path and the line.
+    let document = serde_yaml_ng::Deserializer::from_str(text)
+        .nth(index)
+        .ok_or("the manifest changed while it was read")?;
+    let pool = WorkerPool::deserialize(document).map_err(|e| e.to_string())?;
 
     let mut problems = Vec::new();
     if pool.metadata.name.as_deref().is_none_or(str::is_empty) {
         problems.push("metadata.name: Required value".to_string());
     }
-    schema_problems(&raw, &mut problems);
+    schema_problems(raw, &mut problems);
     if let Err(errors) = pool.validate_cel() {
         problems.extend(errors.iter().map(ToString::to_string));
     }
@@ -203,7 +250,7 @@ spec:
 "#;
 
     fn error(text: &str) -> String {
-        match parse(text) {
+        match parse(text, None) {
             Ok(_) => String::new(),
             Err(e) => e,
         }
@@ -211,7 +258,7 @@ spec:
 
     #[test]
     fn a_valid_manifest_parses_with_the_cluster_defaults() {
-        let pool = parse(VALID).expect("valid");
+        let pool = parse(VALID, None).expect("valid");
         assert_eq!(pool.spec.worker.concurrency, 2);
         assert_eq!(pool.spec.worker.max_attempts, 5);
         assert_eq!(pool.spec.shutdown.grace_period_seconds, 30);
@@ -260,12 +307,45 @@ spec:
     }
 
     #[test]
+    fn a_file_with_other_objects_or_several_pools_gives_the_one_asked_for() {
+        let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n";
+        let with_secret = format!("{secret}---{VALID}");
+        assert!(parse(&with_secret, None).is_ok());
+        let two = format!(
+            "{with_secret}---{}",
+            VALID.replace("name: mail}", "name: jobs}")
+        );
+        let error = parse(&two, None).err().unwrap_or_default();
+        assert!(
+            error.contains("2 WorkerPools") && error.contains("--pool"),
+            "{error}"
+        );
+        let jobs = parse(&two, Some("jobs")).expect("the pool named jobs");
+        assert_eq!(jobs.metadata.name.as_deref(), Some("jobs"));
+        let error = parse(&two, Some("other")).err().unwrap_or_default();
+        assert!(error.contains("no WorkerPool named \"other\""), "{error}");
+        let error = parse(
+            &two.replace("maxReplicas: 4", "maxReplicas: x"),
+            Some("jobs"),
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(error.contains("spec.scaling.maxReplicas"), "{error}");
+        assert!(
+            parse(secret, None)
+                .err()
+                .unwrap_or_default()
+                .contains("Secret")
+        );
+    }
+
+    #[test]
     fn with_two_containers_the_worker_is_the_one_named_worker() {
         let two = VALID.replace(
             "      - name: worker",
             "      - name: sidecar\n        image: example/sidecar:1\n      - name: worker",
         );
-        let pool = parse(&two).expect("valid");
+        let pool = parse(&two, None).expect("valid");
         assert_eq!(
             worker_container(&pool).map(|c| c.name.as_str()),
             Some("worker")

@@ -47,6 +47,9 @@ pub struct LocalArgs {
     /// program, else the one on PATH).
     #[arg(long, value_name = "PATH")]
     pub worker_bin: Option<PathBuf>,
+    /// The WorkerPool to run when the file holds several.
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
     /// Print log lines even when stdout is a terminal.
     #[arg(long)]
     pub plain: bool,
@@ -116,10 +119,11 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
         path: path.clone(),
         source,
     })?;
-    let pool = manifest::parse(&text).map_err(|message| Error::InvalidManifest {
-        path: path.clone(),
-        message,
-    })?;
+    let pool =
+        manifest::parse(&text, args.pool.as_deref()).map_err(|message| Error::InvalidManifest {
+            path: path.clone(),
+            message,
+        })?;
     let container = manifest::worker_container(&pool).ok_or_else(|| Error::InvalidManifest {
         path: path.clone(),
         message: crate::deployment::BuildError::NoWorkerContainer.to_string(),
