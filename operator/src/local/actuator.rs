@@ -616,6 +616,107 @@ spec:
         }
     }
 
+    /// An actuator whose "worker" is `sh -c script`.
+    fn shell(script: &str, grace: Duration) -> Actuator {
+        let command = WorkerCommand {
+            pool: "p".into(),
+            program: PathBuf::from("sh"),
+            args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
+        };
+        let (logs, _) = mpsc::unbounded_channel();
+        Actuator::new(command, grace, logs)
+    }
+
+    /// Polls until `done` holds, collecting events.
+    async fn poll_until(actuator: &mut Actuator, done: impl Fn(&Actuator) -> bool) -> Vec<Event> {
+        let mut events = Vec::new();
+        for _ in 0..500 {
+            events.extend(actuator.poll(Instant::now()));
+            if done(actuator) {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached; events so far: {events:?}");
+    }
+
+    #[tokio::test]
+    async fn scale_down_sends_sigterm_to_the_least_busy_workers() {
+        let mut actuator = shell("sleep 30", Duration::from_secs(10));
+        let started = actuator.scale_to(3, &BTreeMap::new(), Instant::now());
+        assert_eq!(started.len(), 3);
+        assert!(matches!(&started[0], Event::Started { id, .. } if id == "p-1"));
+        let busy = BTreeMap::from([
+            ("p-1".to_string(), 0),
+            ("p-2".to_string(), 5),
+            ("p-3".to_string(), 1),
+        ]);
+        let stopping = actuator.scale_to(1, &busy, Instant::now());
+        assert_eq!(
+            stopping,
+            [
+                Event::Stopping {
+                    id: "p-1".into(),
+                    in_flight: 0
+                },
+                Event::Stopping {
+                    id: "p-3".into(),
+                    in_flight: 1
+                },
+            ]
+        );
+        assert_eq!(actuator.running_ids(), ["p-2"]);
+        let events = poll_until(&mut actuator, |a| a.draining() == 0).await;
+        assert!(
+            events.iter().all(|e| matches!(
+                e,
+                Event::Exited { status, restart_in: None, .. } if status == "killed by SIGTERM"
+            )),
+            "{events:?}"
+        );
+        actuator.stop_all(&BTreeMap::new(), Instant::now());
+        poll_until(&mut actuator, Actuator::is_empty).await;
+    }
+
+    #[tokio::test]
+    async fn a_worker_still_running_after_the_grace_period_gets_sigkill() {
+        let mut actuator = shell("trap '' TERM; sleep 30", Duration::from_millis(300));
+        actuator.scale_to(1, &BTreeMap::new(), Instant::now());
+        // Give sh time to install its trap before the SIGTERM.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        actuator.stop_all(&BTreeMap::new(), Instant::now());
+        let events = poll_until(&mut actuator, Actuator::is_empty).await;
+        assert!(
+            matches!(&events[..], [
+                Event::Killed { id, .. },
+                Event::Exited { status, restart_in: None, .. },
+            ] if id == "p-1" && status == "killed by SIGKILL"),
+            "{events:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_exits_on_its_own_is_started_again_under_the_same_id() {
+        let mut actuator = shell("exit 3", Duration::from_secs(1));
+        actuator.scale_to(1, &BTreeMap::new(), Instant::now());
+        let events = poll_until(&mut actuator, |a| a.running() == 0).await;
+        assert_eq!(
+            events,
+            [Event::Exited {
+                id: "p-1".into(),
+                status: "exit code 3".into(),
+                restart_in: Some(Duration::ZERO)
+            }]
+        );
+        let events = actuator.poll(Instant::now());
+        assert!(
+            matches!(&events[..], [Event::Started { id, .. }] if id == "p-1"),
+            "{events:?}"
+        );
+        assert_eq!(actuator.replicas(), 1);
+    }
+
     #[test]
     fn restarts_back_off_like_a_crash_loop() {
         let delays: Vec<u64> = (0..8).map(|n| restart_delay(n).as_secs()).collect();
