@@ -89,6 +89,8 @@ pub struct Context {
     pub metrics: Metrics,
     engines: Mutex<HashMap<String, Engine>>,
     redis: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
+    /// Consecutive failed reconciles per pool, for the retry backoff.
+    failures: Mutex<HashMap<String, u32>>,
     started: Instant,
 }
 
@@ -111,6 +113,7 @@ impl Context {
             metrics,
             engines: Mutex::new(HashMap::new()),
             redis: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -122,6 +125,7 @@ impl Context {
     /// Forgets a deleted pool's engine state.
     pub fn forget(&self, key: &str) {
         lock(&self.engines).remove(key);
+        lock(&self.failures).remove(key);
     }
 
     async fn redis_conn(
@@ -222,13 +226,31 @@ pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Actio
     let result = reconcile_inner(&pool, &ctx).await;
     ctx.metrics
         .observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::label));
+    if result.is_ok() {
+        lock(&ctx.failures).remove(&pool_key(&pool));
+    }
     result
+}
+
+fn pool_key(pool: &WorkerPool) -> String {
+    format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    )
+}
+
+/// Delay before retrying a pool whose reconcile failed `failures` times in
+/// a row: 5 s doubling to 5 minutes.
+pub fn retry_delay(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(6);
+    Duration::from_secs(5 << doublings).min(Duration::from_secs(300))
 }
 
 async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    let key = format!("{ns}/{name}");
+    let key = pool_key(pool);
     let client = &ctx.client;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
 
@@ -516,7 +538,13 @@ pub fn error_policy(pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> 
         .reconcile_errors
         .with_label_values(&[error.label()])
         .inc();
-    Action::requeue(Duration::from_secs(5))
+    let failures = {
+        let mut all = lock(&ctx.failures);
+        let n = all.entry(pool_key(&pool)).or_default();
+        *n = n.saturating_add(1);
+        *n
+    };
+    Action::requeue(retry_delay(failures))
 }
 
 #[cfg(test)]

@@ -414,6 +414,16 @@ async fn a_failed_apply_is_an_error_named_for_the_operation() {
     );
     let err = task.await.expect("task").expect_err("apply failed");
     assert_eq!(err.label(), "apply_deployment");
+    // Failed reconciles of a pool back off: 5 s, 10 s, 20 s ... up to 5 minutes.
+    let p = Arc::new(pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
+    ));
+    let delays: Vec<Action> = (0..3)
+        .map(|_| error_policy(p.clone(), &err, ctx.clone()))
+        .collect();
+    let secs = |s| Action::requeue(Duration::from_secs(s));
+    assert_eq!(delays, [secs(5), secs(10), secs(20)]);
+    assert_eq!(retry_delay(30), Duration::from_secs(300));
     api.done().await;
     assert!(
         ctx.metrics
