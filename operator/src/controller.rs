@@ -274,14 +274,7 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         .and_then(|s| s.replicas)
         .unwrap_or(0);
 
-    let queues: Vec<QueueKeys> = pool
-        .spec
-        .queue
-        .redis
-        .queue_names()
-        .iter()
-        .map(QueueKeys::new)
-        .collect();
+    let queues = pool.spec.queue.redis.queue_keys();
     let reading = match redis_url(pool, client).await {
         Ok(url) => ctx.read_queue(&url, &queues).await,
         Err(problem) => Err(problem),

@@ -110,6 +110,14 @@ pub struct RedisQueue {
 }
 
 impl RedisQueue {
+    /// The queues' keys in priority order.
+    pub fn queue_keys(&self) -> Vec<workerpool_worker::keys::QueueKeys> {
+        self.queue_names()
+            .into_iter()
+            .map(workerpool_worker::keys::QueueKeys::new)
+            .collect()
+    }
+
     /// The queue names in priority order.
     pub fn queue_names(&self) -> Vec<String> {
         match (&self.key, &self.keys) {

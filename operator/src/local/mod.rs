@@ -134,14 +134,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     };
     let shown_url = redact(&url);
     let program = worker_binary(args.worker_bin.as_deref())?;
-    let queues: Vec<QueueKeys> = pool
-        .spec
-        .queue
-        .redis
-        .queue_names()
-        .iter()
-        .map(QueueKeys::new)
-        .collect();
+    let queues = pool.spec.queue.redis.queue_keys();
 
     let mut redis = Redis::open(&url, &shown_url)?;
     let first = redis
