@@ -6,7 +6,11 @@ use tracing_subscriber::EnvFilter;
 use workerpool_worker::config::Args;
 use workerpool_worker::{Metrics, Shutdown, build_handler, run};
 
-#[tokio::main]
+// One thread: the worker only waits on Redis, sockets and child processes,
+// and a single-threaded runtime avoids the cross-thread wake-ups that cost
+// more CPU than the jobs themselves (docs/benchmarks.md: about twice the
+// throughput at every concurrency, half the CPU).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
