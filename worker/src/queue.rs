@@ -105,6 +105,39 @@ pub async fn ack(
         .await
 }
 
+/// Completes a job and takes the next one from `queues` (priority order)
+/// into the slot it frees, in one round trip. Returns whether the job was
+/// still ours and the job taken, if any: (queue index, payload).
+pub async fn ack_and_take(
+    conn: &mut MultiplexedConnection,
+    queues: &[QueueKeys],
+    acked: usize,
+    instance: &str,
+    payload: &str,
+) -> RedisResult<(bool, Option<(usize, String)>)> {
+    let mut invocation = scripts::ACK_AND_TAKE.prepare_invoke();
+    invocation
+        .key(queues[acked].processing(instance))
+        .key(queues[acked].stats_processed());
+    for q in queues {
+        invocation.key(q.waiting()).key(q.processing(instance));
+    }
+    invocation.arg(payload);
+    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let kept: i64 = match reply.first() {
+        Some(v) => redis::from_redis_value_ref(v)?,
+        None => 0,
+    };
+    let next = match (reply.get(1), reply.get(2)) {
+        (Some(index), Some(job)) => {
+            let index: usize = redis::from_redis_value_ref(index)?;
+            Some((index - 1, redis::from_redis_value_ref(job)?))
+        }
+        _ => None,
+    };
+    Ok((kept == 1, next))
+}
+
 /// Schedules the next attempt of a failed job `delay` from now (server clock).
 pub async fn retry_later(
     conn: &mut MultiplexedConnection,

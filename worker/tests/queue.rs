@@ -548,3 +548,43 @@ async fn an_ack_for_a_job_a_reaper_already_returned_is_counted_and_not_completed
     let attempts: Vec<u32> = handler.seen().iter().map(Job::attempt).collect();
     assert_eq!(attempts, [1, 2]);
 }
+
+#[tokio::test]
+async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_same_round_trip() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (high, low) = (QueueKeys::new("high"), QueueKeys::new("low"));
+    let queues = [high.clone(), low.clone()];
+    let _: () = c
+        .lpush(high.processing("w~1"), "done-job")
+        .await
+        .expect("lpush");
+    let _: () = c.lpush(low.name(), "low-1").await.expect("lpush");
+    let _: () = c.lpush(high.name(), "high-1").await.expect("lpush");
+
+    let first = queue::ack_and_take(&mut c, &queues, 0, "w~1", "done-job")
+        .await
+        .expect("script");
+    assert_eq!(first, (true, Some((0, "high-1".to_string()))));
+    assert_eq!(counter(&mut c, high.stats_processed()).await, 1);
+    let held: Vec<String> = c
+        .lrange(high.processing("w~1"), 0, -1)
+        .await
+        .expect("lrange");
+    assert_eq!(
+        held,
+        ["high-1"],
+        "the completed job is gone, the next one is held"
+    );
+
+    let second = queue::ack_and_take(&mut c, &queues, 0, "w~1", "high-1")
+        .await
+        .expect("script");
+    assert_eq!(second, (true, Some((1, "low-1".to_string()))));
+    // A job a reaper already returned is not counted again; nothing left to take.
+    let third = queue::ack_and_take(&mut c, &queues, 0, "w~1", "not-held")
+        .await
+        .expect("script");
+    assert_eq!(third, (false, None));
+    assert_eq!(counter(&mut c, high.stats_processed()).await, 2);
+}
