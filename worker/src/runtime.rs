@@ -340,13 +340,10 @@ pub async fn run(
         health.set_registered();
         tracing::info!("worker ready");
         let maintenance = tokio::spawn(worker.clone().maintain(stop_maintenance.clone()));
-        let tracker = worker.tracker.clone();
-        worker
-            .clone()
-            .fetch_loop(worker.slots.clone(), tracker.clone())
-            .await;
+
+        worker.clone().fetch_loop().await;
         health.fetch_loop_ended();
-        worker.drain(&tracker).await;
+        worker.drain().await;
         stop_maintenance.cancel();
         let _ = maintenance.await;
     }
@@ -522,7 +519,8 @@ impl Worker {
     }
 
     /// Takes jobs while slots are free, until the drain starts.
-    async fn fetch_loop(self: Arc<Self>, slots: Arc<Semaphore>, tracker: TaskTracker) {
+    async fn fetch_loop(self: Arc<Self>) {
+        let slots = &self.slots;
         let drain = self.shutdown.drain.clone();
         let mut blockers: Vec<Option<(MultiplexedConnection, i64)>> =
             self.queues.iter().map(|_| None).collect();
@@ -540,9 +538,7 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            let round = self
-                .fetch_round(&mut permits, &mut blockers, &slots, &tracker)
-                .await;
+            let round = self.fetch_round(&mut permits, &mut blockers).await;
             match round {
                 Ok(()) => backoff.reset(),
                 Err((operation, e)) => {
@@ -561,8 +557,6 @@ impl Worker {
         self: &Arc<Self>,
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<(MultiplexedConnection, i64)>],
-        slots: &Arc<Semaphore>,
-        tracker: &TaskTracker,
     ) -> Result<(), (&'static str, RedisError)> {
         if self.reconcile.swap(false, Ordering::Relaxed)
             && let Err(e) = self.reconcile().await
@@ -586,12 +580,12 @@ impl Worker {
             self.metrics
                 .fetch_duration
                 .observe(started.elapsed().as_secs_f64());
-            self.dispatch(fetched, permits, slots, tracker).await;
+            self.dispatch(fetched, permits).await;
             return Ok(());
         }
         permits.truncate(1);
         let arrived = self.wait_for_jobs(blockers).await?;
-        self.dispatch(arrived, permits, slots, tracker).await;
+        self.dispatch(arrived, permits).await;
         Ok(())
     }
 
@@ -681,8 +675,6 @@ impl Worker {
         self: &Arc<Self>,
         fetched: Vec<(usize, String)>,
         permits: &mut Vec<OwnedSemaphorePermit>,
-        slots: &Arc<Semaphore>,
-        tracker: &TaskTracker,
     ) {
         if fetched.is_empty() {
             return;
@@ -705,7 +697,7 @@ impl Worker {
                     Intake::Run { job, stamped } => {
                         let permit = permits
                             .pop()
-                            .or_else(|| slots.clone().try_acquire_owned().ok());
+                            .or_else(|| self.slots.clone().try_acquire_owned().ok());
                         match permit {
                             Some(permit) => {
                                 runs.push(Some((
@@ -778,7 +770,8 @@ impl Worker {
                             );
                             seq
                         };
-                        tracker.spawn(self.clone().run_job(qi, seq, job, stamped, permit));
+                        self.tracker
+                            .spawn(self.clone().run_job(qi, seq, job, stamped, permit));
                     }
                     (IntakeAction::Schedule { .. }, _) if kept => {
                         self.metrics
@@ -856,9 +849,7 @@ impl Worker {
     ) -> futures::future::BoxFuture<'static, ()> {
         Box::pin(async move {
             let mut permits = vec![slot];
-            let (slots, tracker) = (self.slots.clone(), self.tracker.clone());
-            self.dispatch(vec![next], &mut permits, &slots, &tracker)
-                .await;
+            self.dispatch(vec![next], &mut permits).await;
         })
     }
 
@@ -1017,7 +1008,8 @@ impl Worker {
     /// Lets in-flight jobs finish until the shutdown timeout (or a second
     /// signal), then gives every unfinished job back to the head of its
     /// queue without counting the attempt, and leaves the registry.
-    async fn drain(&self, tracker: &TaskTracker) {
+    async fn drain(&self) {
+        let tracker = &self.tracker;
         self.health.set_draining();
         let running = self.metrics.in_flight.get();
         tracing::info!(running, timeout = ?self.config.shutdown_timeout, "draining");
