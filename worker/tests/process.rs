@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 use workerpool_tests::{TestRedis, eventually, free_port};
 use workerpool_worker::keys::QueueKeys;
 
+mod common;
+use common::{counter, processing_total, push};
+
 const WAIT: Duration = Duration::from_secs(20);
 const FAST: [&str; 4] = ["--heartbeat-interval", "200ms", "--dead-after", "1s"];
 
@@ -86,34 +89,6 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-async fn push_all(
-    c: &mut MultiplexedConnection,
-    queue: &str,
-    jobs: impl IntoIterator<Item = Value>,
-) {
-    for j in jobs {
-        let _: i64 = c.lpush(queue, j.to_string()).await.expect("lpush");
-    }
-}
-
-async fn counter(c: &mut MultiplexedConnection, key: String) -> u64 {
-    let v: Option<u64> = c.get(key).await.expect("get");
-    v.unwrap_or(0)
-}
-
-async fn processing_total(c: &mut MultiplexedConnection, q: &QueueKeys) -> usize {
-    let keys: Vec<String> = c
-        .keys(format!("{}:processing:*", q.name()))
-        .await
-        .expect("keys");
-    let mut n = 0;
-    for k in keys {
-        let l: usize = c.llen(k).await.expect("llen");
-        n += l;
-    }
-    n
-}
-
 async fn wait_processed(c: &MultiplexedConnection, q: &QueueKeys, n: u64) {
     eventually(WAIT, &format!("{n} jobs processed"), || {
         let mut c = c.clone();
@@ -170,7 +145,7 @@ while read -r line; do
     *) echo "$line" >> "$DONE"; echo '{"ok":true}' ;;
   esac
 done"#;
-    push_all(
+    push(
         &mut c,
         q.name(),
         (1..=5).map(|n| json!({"task": "t", "data": {"n": n}})),
@@ -242,7 +217,7 @@ async fn jobs_of_a_worker_killed_with_sigkill_are_recovered_by_another_and_none_
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let q = QueueKeys::new("kill9");
-    push_all(
+    push(
         &mut c,
         q.name(),
         (0..24).map(|n| json!({"data": {"ms": 300, "n": n}})),
@@ -298,7 +273,7 @@ async fn sigterm_lets_jobs_that_fit_finish_and_returns_the_rest_to_the_head_of_t
     let mut c = redis.conn().await;
     let q = QueueKeys::new("drain");
     let jobs = [("a", 300), ("b", 300), ("c", 30_000), ("d", 10), ("e", 10)];
-    push_all(
+    push(
         &mut c,
         q.name(),
         jobs.iter()
@@ -369,7 +344,7 @@ async fn a_second_signal_skips_the_wait() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let q = QueueKeys::new("impatient");
-    push_all(
+    push(
         &mut c,
         q.name(),
         [json!({"id": "long", "data": {"ms": 60_000}})],
@@ -410,7 +385,7 @@ async fn a_redis_restart_mid_run_is_survived_and_every_job_is_accounted_for() {
     let handler =
         r#"while read -r line; do sleep 0.01; echo "$line" >> "$DONE"; echo '{"ok":true}'; done"#;
     const N: u64 = 300;
-    push_all(&mut c, q.name(), (0..N).map(|n| json!({"data": {"n": n}}))).await;
+    push(&mut c, q.name(), (0..N).map(|n| json!({"data": {"n": n}}))).await;
     let mut args = vec!["--queue", "restart", "--concurrency", "4"];
     args.extend(FAST);
     args.extend(["--", "sh", "-c", handler]);

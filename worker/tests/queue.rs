@@ -9,6 +9,9 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use workerpool_tests::{TestRedis, eventually};
+
+mod common;
+use common::{counter, dead_letters, len, processing_total, push, server_time_ms};
 use workerpool_worker::keys::QueueKeys;
 use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, queue, run};
 
@@ -91,40 +94,6 @@ fn start(config: Config, handler: Arc<dyn Handler>) -> Running {
     }
 }
 
-async fn push(c: &mut redis::aio::MultiplexedConnection, queue: &str, jobs: &[String]) {
-    for j in jobs {
-        let _: i64 = c.lpush(queue, j).await.expect("lpush");
-    }
-}
-
-async fn counter(c: &mut redis::aio::MultiplexedConnection, key: String) -> u64 {
-    let v: Option<u64> = c.get(key).await.expect("get");
-    v.unwrap_or(0)
-}
-
-async fn dead_letters(c: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> Vec<Value> {
-    let raw: Vec<String> = c.lrange(q.dead(), 0, -1).await.expect("lrange");
-    raw.iter()
-        .map(|r| serde_json::from_str(r).expect("dead letters are JSON"))
-        .collect()
-}
-
-async fn len(c: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
-    c.llen(key).await.expect("llen")
-}
-
-async fn processing_total(c: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> usize {
-    let keys: Vec<String> = c
-        .keys(format!("{}:processing:*", q.name()))
-        .await
-        .expect("keys");
-    let mut n = 0;
-    for k in keys {
-        n += len(c, &k).await;
-    }
-    n
-}
-
 #[tokio::test]
 async fn every_job_completes_exactly_once_in_fifo_order_with_one_slot() {
     let redis = TestRedis::start();
@@ -193,8 +162,7 @@ async fn failing_jobs_back_off_and_end_in_dead_with_their_last_error() {
         }
     })
     .await;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    let now_ms = server_time_ms(&mut c).await as f64;
     assert!(
         due <= now_ms + 300.0,
         "due {due} beyond the backoff ceiling (now {now_ms})"
@@ -311,8 +279,7 @@ async fn a_delayed_job_waits_in_the_scheduled_set_until_run_at() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let q = QueueKeys::new("later");
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    let run_at = secs * 1000 + micros / 1000 + 1500;
+    let run_at = server_time_ms(&mut c).await + 1500;
     push(
         &mut c,
         q.name(),
@@ -338,8 +305,7 @@ async fn a_delayed_job_waits_in_the_scheduled_set_until_run_at() {
         async move { (counter(&mut c, key).await == 1).then_some(()) }
     })
     .await;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    assert!(secs * 1000 + micros / 1000 >= run_at);
+    assert!(server_time_ms(&mut c).await >= run_at);
     worker.stop().await;
     assert_eq!(
         handler.seen()[0].attempt(),
@@ -441,11 +407,8 @@ async fn a_restarted_worker_returns_its_earlier_incarnations_jobs_at_once() {
     for j in &held {
         let _: i64 = c.lpush(q.processing(earlier), j).await.expect("lpush");
     }
-    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    let _: i64 = c
-        .zadd(q.workers(), earlier, secs * 1000)
-        .await
-        .expect("zadd");
+    let now = server_time_ms(&mut c).await;
+    let _: i64 = c.zadd(q.workers(), earlier, now).await.expect("zadd");
     let handler = Recorder::new(|_| Outcome::Done);
     let mut cfg = config(&redis, &["restart"], "pod-a");
     cfg.dead_after = Duration::from_secs(60);
@@ -484,8 +447,8 @@ async fn a_silent_worker_is_reaped_by_another_and_its_jobs_run_again() {
         )
         .await
         .expect("lpush");
-    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    let _: i64 = c.zadd(q.workers(), lost, secs * 1000).await.expect("zadd");
+    let now = server_time_ms(&mut c).await;
+    let _: i64 = c.zadd(q.workers(), lost, now).await.expect("zadd");
     let handler = Recorder::new(|_| Outcome::Done);
     let worker = start(config(&redis, &["reap"], "survivor"), handler.clone());
     eventually(WAIT, "the lost job done", || {

@@ -6,13 +6,14 @@ use workerpool_tests::TestRedis;
 use workerpool_worker::keys::QueueKeys;
 use workerpool_worker::snapshot;
 
+mod common;
+
 #[tokio::test]
 async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let (high, low) = (QueueKeys::new("{m}:high"), QueueKeys::new("{m}:low"));
-    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
-    let now = secs * 1000;
+    let now = common::server_time_ms(&mut c).await;
     // high: 3 waiting (the head enqueued 90 s ago), 1 due retry, 1 retry later,
     // one delayed job due and one not, a dead letter; two workers holding 2 + 1.
     let _: () = c
