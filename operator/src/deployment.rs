@@ -197,22 +197,6 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
         .get_or_insert_with(|| probe("/readyz", 5, 1));
 }
 
-/// Name of a pool's Deployment.
-pub fn name(pool: &WorkerPool) -> String {
-    pool.name_any()
-}
-
-/// `true` if `pool` is the resource the Deployment's owner references name.
-pub fn is_owned_by(deployment: &Deployment, pool: &WorkerPool) -> bool {
-    let uid = pool.meta().uid.as_deref();
-    deployment
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| Some(o.uid.as_str()) == uid)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,7 +292,6 @@ mod tests {
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("WorkerPool", "u-1", Some(true))
         );
-        assert!(is_owned_by(&d, &p));
     }
 
     #[test]
