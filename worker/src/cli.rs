@@ -463,7 +463,10 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
     if json {
         let values: Vec<Value> = entries
             .iter()
-            .map(|e| serde_json::from_str(&e.raw).unwrap_or_else(|_| Value::from(e.raw.clone())))
+            .map(|e| {
+                serde_json::from_slice(&e.raw)
+                    .unwrap_or_else(|_| Value::from(crate::text::escaped(&e.raw, usize::MAX)))
+            })
             .collect();
         return Value::Array(values).to_string() + "\n";
     }
@@ -491,7 +494,7 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
                 "unreadable".into(),
                 "-".into(),
                 "-".into(),
-                one_line(&e.raw, 60),
+                one_line(&crate::text::escaped(&e.raw, 60), 60),
             ],
         })
         .collect();

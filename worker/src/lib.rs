@@ -23,6 +23,7 @@ pub mod queue;
 mod runtime;
 pub mod scripts;
 pub mod snapshot;
+pub mod text;
 
 pub use config::{Config, HandlerChoice};
 pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};

@@ -22,7 +22,7 @@ use crate::http::Health;
 use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
 use crate::keys::{Instance, QueueKeys};
 use crate::metrics::Metrics;
-use crate::queue::{self, IntakeAction};
+use crate::queue::{self, IntakeAction, Payload};
 
 /// Most jobs taken in one fetch round trip.
 const MAX_BATCH: usize = 100;
@@ -119,6 +119,8 @@ struct Redis {
     connecting: tokio::sync::Mutex<()>,
     health: Arc<Health>,
     metrics: Metrics,
+    /// The last failure, for messages that say what went wrong.
+    last_error: Mutex<Option<String>>,
 }
 
 impl Redis {
@@ -174,8 +176,30 @@ impl Redis {
             .with_label_values(&[operation])
             .inc();
         self.health.set_redis_ok(false);
-        *self.slot() = None;
-        tracing::warn!(operation, %error, "redis operation failed");
+        let unreachable = unreachable(error);
+        if unreachable {
+            *self.slot() = None;
+            tracing::warn!(operation, %error, "redis unreachable");
+        } else {
+            // The server answered: an error reply, or a reply this worker
+            // could not read. Reconnecting would not change it.
+            tracing::error!(operation, %error, "redis command failed");
+        }
+        let what = if unreachable {
+            "redis unreachable"
+        } else {
+            "redis command failed"
+        };
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(format!("{what} ({operation}): {error}"));
+    }
+
+    fn last_error(&self) -> String {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "redis unreachable".into())
     }
 
     /// Runs `op` until it succeeds, reconnecting with backoff, or until
@@ -209,6 +233,15 @@ impl Redis {
             }
         }
     }
+}
+
+/// Whether `error` means Redis could not be reached (connection refused,
+/// dropped or timed out), as opposed to an answer that was an error.
+fn unreachable(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_unrecoverable_error()
 }
 
 /// A job this process has taken and not yet settled, as it sits in the
@@ -317,6 +350,7 @@ pub async fn run(
             connecting: tokio::sync::Mutex::new(()),
             health: health.clone(),
             metrics: metrics.clone(),
+            last_error: Mutex::new(None),
         },
         metrics,
         health: health.clone(),
@@ -595,7 +629,7 @@ impl Worker {
     async fn wait_for_jobs(
         &self,
         blockers: &mut [Option<(MultiplexedConnection, i64)>],
-    ) -> Result<Vec<(usize, String)>, (&'static str, RedisError)> {
+    ) -> Result<Vec<(usize, Payload)>, (&'static str, RedisError)> {
         for b in blockers.iter_mut() {
             if b.is_none() {
                 *b = Some(
@@ -673,14 +707,14 @@ impl Worker {
     /// a task for each job to run, one slot each.
     async fn dispatch(
         self: &Arc<Self>,
-        fetched: Vec<(usize, String)>,
+        fetched: Vec<(usize, Payload)>,
         permits: &mut Vec<OwnedSemaphorePermit>,
     ) {
         if fetched.is_empty() {
             return;
         }
         let now = self.now_ms();
-        let mut by_queue: Vec<Vec<String>> = self.queues.iter().map(|_| Vec::new()).collect();
+        let mut by_queue: Vec<Vec<Payload>> = self.queues.iter().map(|_| Vec::new()).collect();
         for (i, raw) in fetched {
             by_queue[i].push(raw);
         }
@@ -726,10 +760,10 @@ impl Worker {
                 }
             }
             if !back.is_empty() {
-                let pairs: Vec<(&str, &str)> = back
+                let pairs: Vec<(&[u8], &[u8])> = back
                     .iter()
                     .rev()
-                    .map(|r| (r.as_str(), r.as_str()))
+                    .map(|r| (r.as_slice(), r.as_slice()))
                     .collect();
                 let returned = match self.redis.conn().await {
                     Ok(mut c) => queue::give_back(&mut c, q, &self.instance, &pairs).await,
@@ -844,7 +878,7 @@ impl Worker {
     /// `Send` future: it spawns `run_job`, which awaits it.
     fn dispatch_into(
         self: Arc<Self>,
-        next: (usize, String),
+        next: (usize, Payload),
         slot: OwnedSemaphorePermit,
     ) -> futures::future::BoxFuture<'static, ()> {
         Box::pin(async move {
@@ -862,10 +896,11 @@ impl Worker {
         qi: usize,
         job: &Job,
         stamped: &str,
-    ) -> Option<Option<(usize, String)>> {
+    ) -> Option<Option<(usize, Payload)>> {
         let result = match self.redis.conn().await {
             Ok(mut c) => {
-                queue::ack_and_take(&mut c, &self.queues, qi, &self.instance, stamped).await
+                queue::ack_and_take(&mut c, &self.queues, qi, &self.instance, stamped.as_bytes())
+                    .await
             }
             Err(e) => Err(e),
         };
@@ -892,7 +927,7 @@ impl Worker {
                 let kept = self
                     .redis
                     .persist("ack", &stop, |mut c| async move {
-                        queue::ack(&mut c, q, &self.instance, stamped).await
+                        queue::ack(&mut c, q, &self.instance, stamped.as_bytes()).await
                     })
                     .await;
                 ("done", kept)
@@ -912,7 +947,8 @@ impl Worker {
                 let kept = self
                     .redis
                     .persist("retry", &stop, |mut c| async move {
-                        queue::retry_later(&mut c, q, &self.instance, stamped, next, delay).await
+                        let held = stamped.as_bytes();
+                        queue::retry_later(&mut c, q, &self.instance, held, next, delay).await
                     })
                     .await;
                 ("retried", kept)
@@ -929,6 +965,7 @@ impl Worker {
                     died_at: self.now_ms(),
                     worker: self.instance.clone(),
                     job: serde_json::Value::Object(job.fields().clone()),
+                    encoding: None,
                 };
                 self.log_dead(qi, &letter);
                 let envelope = letter.to_json();
@@ -936,7 +973,7 @@ impl Worker {
                 let kept = self
                     .redis
                     .persist("bury", &stop, |mut c| async move {
-                        queue::bury(&mut c, q, &self.instance, stamped, envelope).await
+                        queue::bury(&mut c, q, &self.instance, stamped.as_bytes(), envelope).await
                     })
                     .await;
                 ("dead", kept)
@@ -980,19 +1017,23 @@ impl Worker {
         let mut c = self.redis.conn().await?;
         for (qi, q) in self.queues.iter().enumerate() {
             let listed = queue::processing(&mut c, q, &self.instance).await?;
-            let mut known: HashMap<Arc<str>, usize> = HashMap::new();
-            for held in self.ledger().queues[qi].values() {
-                *known.entry(held.payload.clone()).or_default() += 1;
+            let held: Vec<Arc<str>> = self.ledger().queues[qi]
+                .values()
+                .map(|h| h.payload.clone())
+                .collect();
+            let mut known: HashMap<&[u8], usize> = HashMap::new();
+            for payload in &held {
+                *known.entry(payload.as_bytes()).or_default() += 1;
             }
             let mut extra = Vec::new();
             for payload in &listed {
-                match known.get_mut(payload.as_str()) {
+                match known.get_mut(payload.as_slice()) {
                     Some(n) if *n > 0 => *n -= 1,
-                    _ => extra.push(payload.as_str()),
+                    _ => extra.push(payload.as_slice()),
                 }
             }
             // The list is newest first; the oldest goes back last, to the very head.
-            let pairs: Vec<(&str, &str)> = extra.iter().map(|p| (*p, *p)).collect();
+            let pairs: Vec<(&[u8], &[u8])> = extra.iter().map(|p| (*p, *p)).collect();
             let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
             if n > 0 {
                 tracing::warn!(
@@ -1043,18 +1084,22 @@ impl Worker {
                     let unfinished = &unfinished;
                     async move {
                         let listed = queue::processing(&mut c, q, &self.instance).await?;
-                        let pushed: Vec<String> = listed
+                        // Only jobs this process started are pushed changed;
+                        // anything else (even bytes that are no job) goes
+                        // back exactly as it was.
+                        let pushed: Vec<Payload> = listed
                             .iter()
                             .map(|p| {
-                                unfinished
-                                    .get(p.as_str())
-                                    .map_or_else(|| p.clone(), |j| j.unstarted())
+                                std::str::from_utf8(p)
+                                    .ok()
+                                    .and_then(|p| unfinished.get(p))
+                                    .map_or_else(|| p.clone(), |j| j.unstarted().into_bytes())
                             })
                             .collect();
-                        let pairs: Vec<(&str, &str)> = listed
+                        let pairs: Vec<(&[u8], &[u8])> = listed
                             .iter()
-                            .map(String::as_str)
-                            .zip(pushed.iter().map(String::as_str))
+                            .map(Vec::as_slice)
+                            .zip(pushed.iter().map(Vec::as_slice))
                             .collect();
                         let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
                         queue::deregister(&mut c, q, &self.instance).await?;
@@ -1078,7 +1123,8 @@ impl Worker {
                 }
                 None => tracing::error!(
                     queue = q.name(),
-                    "redis unreachable at shutdown: unfinished jobs stay in this worker's processing list and are recovered when it is taken for lost or restarts"
+                    error = %self.redis.last_error(),
+                    "could not return unfinished jobs at shutdown: they stay in this worker's processing list and are recovered when it is taken for lost or restarts"
                 ),
             }
         }

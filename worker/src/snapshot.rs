@@ -209,8 +209,9 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
         if f.len() != 12 {
             return None;
         }
-        let head = string(&f[8])?;
-        let oldest = serde_json::from_str::<serde_json::Value>(&head)
+        // The head is whatever a producer pushed: read it as bytes.
+        let head: Vec<u8> = redis::from_redis_value_ref(&f[8]).ok()?;
+        let oldest = serde_json::from_slice::<serde_json::Value>(&head)
             .ok()
             .and_then(|j| {
                 j.get(field::ENQUEUED_AT)

@@ -72,6 +72,7 @@ fn letter(id: &str, reason: DeadReason, error: &str, died_at: u64) -> String {
         died_at,
         worker: "w~1".into(),
         job: json!({"task": "t", "id": id, "attempt": 3, "error": error}),
+        encoding: None,
     }
     .to_json()
 }
