@@ -25,6 +25,7 @@ use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
 use crate::metrics::Metrics;
 use crate::scaling::{Decision, Engine, Observation};
+use crate::workload;
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "workerpool-operator";
@@ -273,6 +274,18 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         .and_then(|d| d.status.as_ref())
         .and_then(|s| s.replicas)
         .unwrap_or(0);
+    // Workers missing: find out why, from the pods (an image that cannot
+    // be pulled, a crash loop) and the Deployment (pods refused).
+    let pods = if existing.is_some() && ready < current {
+        Some(list_pods(pool, ctx).await?)
+    } else {
+        None
+    };
+    let problem = if ready < current {
+        workload::problem(existing.as_ref(), pods.as_deref().unwrap_or_default())
+    } else {
+        None
+    };
 
     let queues = pool.spec.queue.redis.queue_keys();
     let reading = match redis_url(pool, client).await {
@@ -305,7 +318,11 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         ctx.metrics
             .observe_pool(&ns, &name, snap.backlog(), snap.in_flight(), desired);
         if desired < current {
-            mark_idle_pods(pool, ctx, snap).await?;
+            let pods = match pods {
+                Some(p) => p,
+                None => list_pods(pool, ctx).await?,
+            };
+            mark_idle_pods(pool, ctx, snap, pods).await?;
         }
     }
 
@@ -345,16 +362,27 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         )
         .await;
     }
+    // One event when the workers start failing for a reason, not one per poll.
+    if let Some(p) = &problem
+        && ready_reason(pool) != Some(p.reason.as_str())
+    {
+        publish(
+            ctx,
+            &reference,
+            EventType::Warning,
+            &p.reason,
+            p.message.clone(),
+        )
+        .await;
+    }
 
-    let status = status(
-        pool,
+    let counts = Counts {
         desired,
-        status_replicas,
+        replicas: status_replicas,
         ready,
         current,
-        &reading,
-        decision.as_ref(),
-    );
+    };
+    let status = status(pool, counts, &reading, decision.as_ref(), problem.as_ref());
     let pools: Api<WorkerPool> = Api::namespaced(client.clone(), &ns);
     pools
         .patch_status(
@@ -392,16 +420,37 @@ async fn publish(
     }
 }
 
-/// Before a scale-down, sets each pod's deletion cost to its worker's
-/// in-flight jobs, so the ReplicaSet removes idle workers first.
-async fn mark_idle_pods(pool: &WorkerPool, ctx: &Context, snap: &Snapshot) -> Result<(), Error> {
+/// The reason of the pool's `Ready` condition as last written.
+fn ready_reason(pool: &WorkerPool) -> Option<&str> {
+    pool.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.reason.as_str())
+}
+
+/// The pool's pods.
+async fn list_pods(pool: &WorkerPool, ctx: &Context) -> Result<Vec<Pod>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let list = pods
         .list(&ListParams::default().labels(&deployment::selector(&pool.name_any())))
         .await
         .map_err(Error::ListPods)?;
+    Ok(list.items)
+}
+
+/// Before a scale-down, sets each pod's deletion cost to its worker's
+/// in-flight jobs, so the ReplicaSet removes idle workers first.
+async fn mark_idle_pods(
+    pool: &WorkerPool,
+    ctx: &Context,
+    snap: &Snapshot,
+    list: Vec<Pod>,
+) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let busy = snap.in_flight_by_worker_id();
-    for pod in list.items {
+    for pod in list {
         let name = pod.name_any();
         let cost = busy.get(&name).copied().unwrap_or(0).to_string();
         if pod.annotations().get(DELETION_COST) == Some(&cost) {
@@ -415,15 +464,32 @@ async fn mark_idle_pods(pool: &WorkerPool, ctx: &Context, snap: &Snapshot) -> Re
     Ok(())
 }
 
+/// Worker counts of one reconcile.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    /// What the pool should have now.
+    desired: i32,
+    /// Pods the Deployment has.
+    replicas: i32,
+    /// Pods ready.
+    ready: i32,
+    /// The Deployment's replicas before this reconcile.
+    current: i32,
+}
+
 fn status(
     pool: &WorkerPool,
-    desired: i32,
-    replicas: i32,
-    ready: i32,
-    current: i32,
+    counts: Counts,
     reading: &Result<Snapshot, QueueProblem>,
     decision: Option<&Decision>,
+    problem: Option<&workload::Problem>,
 ) -> WorkerPoolStatus {
+    let Counts {
+        desired,
+        replicas,
+        ready,
+        current,
+    } = counts;
     let old = pool.status.clone().unwrap_or_default();
     let generation = pool.meta().generation;
     let condition = |type_: &str, ok: bool, reason: &str, message: String| {
@@ -490,16 +556,17 @@ fn status(
         )),
     }
     let ready_ok = ready >= desired;
-    conditions.push(condition(
-        "Ready",
-        ready_ok,
-        if ready_ok {
-            "WorkersReady"
-        } else {
-            "WorkersStarting"
-        },
-        format!("{ready} of {desired} workers ready"),
-    ));
+    let counted = format!("{ready} of {desired} workers ready");
+    conditions.push(match problem {
+        Some(p) if !ready_ok => condition(
+            "Ready",
+            false,
+            &p.reason,
+            format!("{counted}: {}", p.message),
+        ),
+        _ if ready_ok => condition("Ready", true, "WorkersReady", counted),
+        _ => condition("Ready", false, "WorkersStarting", counted),
+    });
     WorkerPoolStatus {
         replicas,
         ready_replicas: ready,

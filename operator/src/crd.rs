@@ -36,7 +36,9 @@ use crate::scaling::ScalingSpec;
     printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs running"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Workers wanted"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Workers ready"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"WorkersReady, WorkersStarting, or why the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...)"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","description":"Why the pool has this size","priority":1}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","description":"The Ready condition's message","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.replicas) != has(self.scaling)").message("set exactly one of spec.replicas (a fixed number of workers) or spec.scaling (workers scaled on the queue)"))]
@@ -338,7 +340,16 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            ["Backlog", "In-Flight", "Desired", "Ready", "Reason", "Age"]
+            [
+                "Backlog",
+                "In-Flight",
+                "Desired",
+                "Ready",
+                "Status",
+                "Reason",
+                "Message",
+                "Age"
+            ]
         );
         let yaml = crd_yaml();
         assert!(
