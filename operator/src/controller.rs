@@ -18,8 +18,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::snapshot::{self, Snapshot};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;

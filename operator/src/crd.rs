@@ -113,10 +113,10 @@ pub struct RedisQueue {
 
 impl RedisQueue {
     /// The queues' keys in priority order.
-    pub fn queue_keys(&self) -> Vec<workerpool_worker::keys::QueueKeys> {
+    pub fn queue_keys(&self) -> Vec<workerpool_queue::keys::QueueKeys> {
         self.queue_names()
             .into_iter()
-            .map(workerpool_worker::keys::QueueKeys::new)
+            .map(workerpool_queue::keys::QueueKeys::new)
             .collect()
     }
 

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::admin::{self, Snapshot, WorkerInfo};
 use crate::keys::QueueKeys;
+use workerpool_queue::connection::redact;
 
 /// Enqueue jobs and inspect workerpool queues.
 ///
@@ -302,21 +303,6 @@ async fn connect(
     Ok((c, q))
 }
 
-/// The URL with its password replaced, for messages.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split_once(':').map_or("", |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}{path}")
-        }
-        None => url.to_string(),
-    }
-}
-
 fn read_jobs(input: impl BufRead) -> Result<Vec<Map<String, Value>>, CliError> {
     let mut lines = Vec::new();
     for line in input.lines() {
@@ -567,16 +553,6 @@ fn plural(n: u64) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(
-            redact("redis://user:secret@host:6379/0"),
-            "redis://user:***@host:6379/0"
-        );
-        assert_eq!(redact("redis://:secret@host"), "redis://:***@host");
-        assert_eq!(redact("redis://host:6379/2"), "redis://host:6379/2");
-    }
 
     #[test]
     fn a_bad_job_is_reported_by_position_and_nothing_is_enqueued() {

@@ -117,12 +117,7 @@ pub struct ConfigError(pub String);
 
 /// The host name, which is the pod name in Kubernetes.
 pub fn default_worker_id() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "worker".to_string())
+    workerpool_queue::keys::host_name()
 }
 
 /// Which handler runs the jobs.

@@ -4,10 +4,15 @@
 //! [`Handler`] with bounded concurrency, retries failures with exponential
 //! backoff and full jitter, dead-letters what never succeeds, returns the
 //! jobs of lost workers to their queue, and drains gracefully on SIGTERM.
-//! The queue contract (key layout, job envelope) is in [`keys`] and [`job`]
-//! and documented in `docs/queue-contract.md`.
+//! The queue contract (key layout, job envelope, scripts) is the
+//! `workerpool-queue` crate, re-exported here as [`keys`], [`job`],
+//! [`queue`] and friends, and documented in `docs/queue-contract.md`.
 
-pub mod admin;
+// The queue contract lives in `workerpool-queue`; these keep the paths the
+// runtime and its users have always had.
+pub use workerpool_queue::ops as queue;
+pub use workerpool_queue::{admin, job, keys, scripts, snapshot, text};
+
 pub mod backoff;
 pub mod cli;
 pub mod config;
@@ -16,14 +21,8 @@ pub mod exec_per_job;
 pub mod handler;
 pub mod http;
 pub mod http_handler;
-pub mod job;
-pub mod keys;
 pub mod metrics;
-pub mod queue;
 mod runtime;
-pub mod scripts;
-pub mod snapshot;
-pub mod text;
 
 pub use config::{Config, HandlerChoice};
 pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
-use workerpool_worker::cli::redact;
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::snapshot::{self, Snapshot};
+use workerpool_queue::connection::redact;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::scaling::{Engine, Observation};
 use actuator::{Actuator, WorkerCommand};

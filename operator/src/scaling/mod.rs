@@ -258,7 +258,7 @@ impl Observation {
     /// What a queue snapshot says, with the workload's current and ready replicas: the
     /// one translation the controller and local mode share.
     pub fn from_snapshot(
-        snapshot: &workerpool_worker::snapshot::Snapshot,
+        snapshot: &workerpool_queue::snapshot::Snapshot,
         current_replicas: i32,
         ready_replicas: i32,
     ) -> Self {

@@ -134,7 +134,7 @@ pub async fn workers(
     q: &QueueKeys,
     now_ms: u64,
 ) -> RedisResult<Vec<WorkerInfo>> {
-    let registered = crate::queue::workers(conn, q).await?;
+    let registered = crate::ops::workers(conn, q).await?;
     if registered.is_empty() {
         return Ok(Vec::new());
     }
