@@ -114,7 +114,7 @@ impl Shutdown {
 
 /// The worker's Redis connection, re-established after failures.
 struct Redis {
-    client: redis::Client,
+    endpoint: workerpool_queue::connection::Endpoint,
     current: Mutex<Option<MultiplexedConnection>>,
     connecting: tokio::sync::Mutex<()>,
     health: Arc<Health>,
@@ -139,7 +139,8 @@ impl Redis {
             return Ok(c);
         }
         let c = self
-            .client
+            .endpoint
+            .client()?
             .get_multiplexed_async_connection_with_config(&Self::config())
             .await?;
         *self.slot() = Some(c.clone());
@@ -151,7 +152,8 @@ impl Redis {
     async fn blocking_conn(&self) -> RedisResult<(MultiplexedConnection, i64)> {
         let config = Self::config().set_response_timeout(Some(BLOCK + Duration::from_secs(3)));
         let mut c = self
-            .client
+            .endpoint
+            .client()?
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
         let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await?;
@@ -177,6 +179,7 @@ impl Redis {
             .inc();
         self.health.set_redis_ok(false);
         let unreachable = unreachable(error);
+        let error = workerpool_queue::connection::describe(error);
         if unreachable {
             *self.slot() = None;
             tracing::warn!(operation, %error, "redis unreachable");
@@ -312,8 +315,13 @@ pub async fn run(
 ) -> Result<(), Error> {
     config.validate()?;
     let health = Arc::new(Health::new(config.heartbeat_interval));
-    let client = redis::Client::open(config.redis_url.as_str())
-        .map_err(|e| crate::config::ConfigError(format!("--redis-url: {e}")))?;
+    let endpoint = config.endpoint()?;
+    if endpoint.tls().insecure_skip_verify {
+        tracing::warn!(
+            url = %endpoint.redacted(),
+            "--redis-tls-insecure-skip-verify: Redis's certificate is not checked; anyone on the path can read and change jobs"
+        );
+    }
     let stop_http = CancellationToken::new();
     let http = match config.listen {
         Some(addr) => {
@@ -345,7 +353,7 @@ pub async fn run(
         queues,
         handler,
         redis: Redis {
-            client,
+            endpoint,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             health: health.clone(),
