@@ -10,47 +10,7 @@ use redis::{RedisResult, Script, Value};
 use crate::job::field;
 use crate::keys::QueueKeys;
 
-static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local out = {now}
-local per = 9
-for i = 1, #KEYS, per do
-  local q = (i - 1) / per
-  local processing, details = ARGV[2 * q + 1], ARGV[2 * q + 2]
-  local workers = redis.call('ZRANGE', KEYS[i + 4], 0, -1, 'WITHSCORES')
-  local w = {}
-  for j = 1, #workers, 2 do
-    w[#w + 1] = workers[j]
-    w[#w + 1] = workers[j + 1]
-    w[#w + 1] = redis.call('LLEN', processing .. workers[j])
-    local window = redis.call('HGET', details .. workers[j], 'dead_after_ms')
-    if not window then
-      window = redis.call('EXISTS', details .. workers[j]) == 1 and '-' or ''
-    end
-    w[#w + 1] = window
-  end
-  out[#out + 1] = {
-    redis.call('LLEN', KEYS[i]),
-    redis.call('ZCOUNT', KEYS[i + 1], '-inf', now),
-    redis.call('ZCARD', KEYS[i + 1]),
-    redis.call('ZCOUNT', KEYS[i + 2], '-inf', now),
-    redis.call('ZCARD', KEYS[i + 2]),
-    redis.call('LLEN', KEYS[i + 3]),
-    tonumber(redis.call('GET', KEYS[i + 5]) or '0'),
-    tonumber(redis.call('GET', KEYS[i + 6]) or '0'),
-    redis.call('LINDEX', KEYS[i], -1) or '',
-    w,
-    tonumber(redis.call('GET', KEYS[i + 7]) or '0'),
-    tonumber(redis.call('GET', KEYS[i + 8]) or '0'),
-  }
-end
-return out
-"#,
-    )
-});
+static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/snapshot.lua")));
 
 /// One registered worker instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
