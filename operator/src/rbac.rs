@@ -16,7 +16,11 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // It owns one Deployment per pool, applied server-side: a PATCH, which
     // the API server also authorizes as a create while the Deployment does
     // not exist yet.
-    ("apps", "deployments", &["get", "list", "watch", "create", "patch"]),
+    (
+        "apps",
+        "deployments",
+        &["get", "list", "watch", "create", "patch"],
+    ),
     // It reads the Secret named by spec.queue.redis.urlSecretRef.
     ("", "secrets", &["get"]),
     // It sets pod-deletion-cost on a pool's pods before a scale-down.

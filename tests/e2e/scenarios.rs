@@ -1,0 +1,492 @@
+//! The scenarios, in the order they run. The first installs the operator
+//! with helm; the others run pools on it, each in its own namespace with
+//! its own Redis.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::E2e;
+use crate::cluster::{Cluster, Namespace, eventually};
+
+/// The tag `scripts/images.sh` gives the images for this run.
+pub const IMAGE_TAG: &str = "e2e";
+const OPERATOR_NAMESPACE: &str = "workerpool-system";
+const RELEASE: &str = "workerpool-operator";
+/// The cluster's Debian image with redis-server (the one-node kit's base image).
+fn redis_image() -> String {
+    std::env::var("WORKERPOOL_E2E_REDIS_IMAGE").unwrap_or_else(|_| "local/debian:12".into())
+}
+fn worker_image() -> String {
+    format!("local/workerpool-worker:{IMAGE_TAG}")
+}
+
+/// The scenario that installs the operator; the others need it.
+pub const INSTALL: &str = "helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics";
+
+pub const ALL: &[crate::Scenario] = &[
+    (
+        INSTALL,
+        helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics,
+    ),
+    (
+        "a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero",
+        a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero,
+    ),
+];
+
+fn helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics(e2e: &E2e) {
+    let k = &e2e.cluster;
+    // A leftover release of an interrupted run goes first.
+    let _ = k.helm(&[
+        "uninstall",
+        RELEASE,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--ignore-not-found",
+    ]);
+    let tag = format!("image.tag={IMAGE_TAG}");
+    k.helm(&[
+        "install",
+        RELEASE,
+        "charts/workerpool-operator",
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "image.repository=local/workerpool-operator",
+        "--set",
+        &tag,
+        "--set",
+        "image.pullPolicy=Never",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let pod = eventually(Duration::from_secs(120), "a Ready operator Pod", |last| {
+        let pods = k.get(&[
+            "pods",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=workerpool-operator",
+        ])?;
+        *last = summary_of_pods(&pods);
+        ready_pods(&pods).into_iter().next()
+    });
+
+    // The chart's RBAC lets it take the Lease...
+    let holder = eventually(
+        Duration::from_secs(60),
+        "the operator to hold the Lease",
+        |last| {
+            let lease = k.get(&["lease", "-n", OPERATOR_NAMESPACE, RELEASE])?;
+            let holder = lease["spec"]["holderIdentity"].as_str()?.to_string();
+            *last = holder.clone();
+            Some(holder)
+        },
+    );
+    assert_eq!(holder, pod, "the only operator Pod holds the Lease");
+
+    // ... and its Service serves /metrics (the pool scenarios read it).
+    metrics(k);
+    // It has run without a restart.
+    let json = k
+        .get(&["pod", "-n", OPERATOR_NAMESPACE, &pod])
+        .expect("the operator Pod");
+    assert_eq!(json["status"]["containerStatuses"][0]["restartCount"], 0);
+}
+
+/// The operator's /metrics, through its Service.
+fn metrics(k: &Cluster) -> String {
+    let path = format!(
+        "/api/v1/namespaces/{OPERATOR_NAMESPACE}/services/{RELEASE}-metrics:8080/proxy/metrics"
+    );
+    eventually(
+        Duration::from_secs(30),
+        "/metrics through the Service",
+        |last| {
+            k.try_kubectl(&["get", "--raw", &path])
+                .map_err(|e| *last = e)
+                .ok()
+        },
+    )
+}
+
+/// Uninstalls the operator and removes the CRD (helm leaves CRDs behind).
+pub fn uninstall(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let _ = k.helm(&[
+        "uninstall",
+        RELEASE,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--ignore-not-found",
+    ]);
+    let _ = k.try_kubectl(&[
+        "delete",
+        "namespace",
+        OPERATOR_NAMESPACE,
+        "--ignore-not-found",
+        "--timeout=120s",
+    ]);
+    let _ = k.try_kubectl(&[
+        "delete",
+        "crd",
+        "workerpools.workerpool.dev",
+        "--ignore-not-found",
+    ]);
+}
+
+fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-wake");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("mail", &redis)
+        .max(3)
+        .per_replica(10)
+        .concurrency(2);
+    k.apply(&ns.name, &pool.manifest());
+
+    // The operator creates the Deployment (server-side apply of a new
+    // object: the 403 this suite was written for), at zero replicas.
+    eventually(
+        Duration::from_secs(30),
+        "the pool's Deployment at 0",
+        |last| {
+            let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
+            *last = d["spec"].to_string();
+            (d["spec"]["replicas"] == 0).then_some(())
+        },
+    );
+    let status = eventually(Duration::from_secs(30), "QueueReachable", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("True")).then(|| wp["status"].clone())
+    });
+    assert_eq!(status["replicas"], 0, "{status}");
+
+    let ids: Vec<String> = (0..30).map(|i| format!("job-{i}")).collect();
+    let started = Instant::now();
+    redis.push("mail", &ids, 500);
+
+    // A backlog of 30 at 10 per worker: three workers, Ready through /readyz.
+    let mut peak = 0;
+    eventually(Duration::from_secs(90), "three Ready workers", |last| {
+        let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
+        let ready = d["status"]["readyReplicas"].as_i64().unwrap_or(0);
+        peak = peak.max(ready);
+        *last = d["status"].to_string();
+        (ready == 3 || redis.done().len() == ids.len()).then_some(())
+    });
+    let done = eventually(Duration::from_secs(120), "every job done", |last| {
+        let done = redis.done();
+        *last = format!("{} of {} done", done.len(), ids.len());
+        (done.len() >= ids.len()).then_some(done)
+    });
+    let ran: BTreeSet<&str> = done.keys().map(String::as_str).collect();
+    let wanted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(ran, wanted, "every job ran");
+    let workers: BTreeSet<&String> = done.values().flatten().collect();
+    assert!(
+        workers.len() > 1,
+        "the jobs spread over several workers: {workers:?}"
+    );
+    assert_eq!(redis.cli(&["LLEN", "mail:dead"]).trim(), "0");
+    let text = metrics(k);
+    assert!(
+        text.contains(r#"workerpool_pool_desired_replicas{namespace="e2e-wake",pool="mail"}"#),
+        "{text}"
+    );
+    eprintln!(
+        "  {} jobs on {} workers (peak {peak} ready) in {:.1?}",
+        ids.len(),
+        workers.len(),
+        started.elapsed()
+    );
+
+    // Idle for idleSecondsBeforeZero: back to zero, every worker Pod gone.
+    eventually(Duration::from_secs(90), "the pool back at zero", |last| {
+        let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
+        let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
+        let left = pods["items"].as_array().map_or(0, Vec::len);
+        *last = format!("spec {} pods {left}", d["spec"]["replicas"]);
+        (d["spec"]["replicas"] == 0 && left == 0).then_some(())
+    });
+
+    // The story, as a user reads it.
+    let wp = eventually(Duration::from_secs(30), "status at zero", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (wp["status"]["replicas"] == 0 && wp["status"]["desiredReplicas"] == 0).then_some(wp)
+    });
+    assert_eq!(condition(&wp, "QueueReachable"), Some("True"));
+    assert_eq!(
+        wp["status"]["observedGeneration"], wp["metadata"]["generation"],
+        "{}",
+        wp["status"]
+    );
+    assert_eq!(wp["status"]["selector"], "workerpool.dev/pool=mail");
+    let reasons = event_reasons(k, &ns.name, "mail");
+    for reason in ["ScaledUp", "ScaledDown"] {
+        assert!(reasons.contains(reason), "no {reason} event: {reasons:?}");
+    }
+    let table = k.kubectl(&["get", "wp", "-n", &ns.name, "-o", "wide"]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "BACKLOG",
+            "IN-FLIGHT",
+            "DESIRED",
+            "READY",
+            "REASON",
+            "AGE"
+        ],
+        "{table}"
+    );
+}
+
+/// A Redis Pod and a ClusterIP Service in a namespace (no cluster DNS: the
+/// pools use the ClusterIP).
+pub struct Redis<'a> {
+    cluster: &'a Cluster,
+    namespace: String,
+    pub ip: String,
+}
+
+impl<'a> Redis<'a> {
+    pub fn start(cluster: &'a Cluster, namespace: &str) -> Redis<'a> {
+        let manifest = json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "redis", "labels": {"app": "redis"}},
+                    "spec": {
+                        "containers": [{
+                            "name": "redis",
+                            "image": redis_image(),
+                            "imagePullPolicy": "Never",
+                            "command": ["redis-server", "--save", "", "--appendonly", "no",
+                                        "--protected-mode", "no", "--bind", "0.0.0.0"],
+                            "ports": [{"containerPort": 6379}],
+                            "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 1},
+                        }],
+                        "terminationGracePeriodSeconds": 1,
+                    },
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": "redis"},
+                    "spec": {"selector": {"app": "redis"}, "ports": [{"port": 6379}]},
+                },
+            ],
+        });
+        cluster.apply(namespace, &manifest.to_string());
+        eventually(Duration::from_secs(60), "a Ready Redis", |last| {
+            let pod = cluster.get(&["pod", "-n", namespace, "redis"])?;
+            *last = pod["status"].to_string();
+            is_ready(&pod).then_some(())
+        });
+        let service = cluster
+            .get(&["service", "-n", namespace, "redis"])
+            .expect("the redis Service");
+        let ip = service["spec"]["clusterIP"]
+            .as_str()
+            .expect("a ClusterIP")
+            .to_string();
+        Redis {
+            cluster,
+            namespace: namespace.into(),
+            ip,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}:6379/0", self.ip)
+    }
+
+    /// `redis-cli ARGS` in the Redis Pod.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut all = vec!["exec", "-n", &self.namespace, "redis", "--", "redis-cli"];
+        all.extend_from_slice(args);
+        self.cluster.kubectl(&all)
+    }
+
+    /// Pushes jobs with these ids, each taking `ms` in the test handler.
+    pub fn push(&self, queue: &str, ids: &[String], ms: u64) {
+        let jobs: Vec<String> = ids
+            .iter()
+            .map(|id| json!({"id": id, "task": "e2e", "data": {"ms": ms}}).to_string())
+            .collect();
+        let mut args = vec!["LPUSH", queue];
+        args.extend(jobs.iter().map(String::as_str));
+        self.cli(&args);
+    }
+
+    /// The jobs the test handler completed: id -> the workers (Pods) that ran it.
+    pub fn done(&self) -> BTreeMap<String, Vec<String>> {
+        let mut done: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for line in self.cli(&["LRANGE", DONE_KEY, "0", "-1"]).lines() {
+            if let Some((id, worker)) = line.split_once(' ') {
+                done.entry(id.into()).or_default().push(worker.into());
+            }
+        }
+        done
+    }
+}
+
+/// Where the test handler records `<job id> <worker id>` for each job done.
+const DONE_KEY: &str = "e2e:done";
+
+/// The exec handler the test pools run (python3 from the worker image's
+/// base): it sleeps `data.ms`, records the job and the worker on Redis with
+/// a few lines of RESP, and answers ok.
+const HANDLER: &str = r#"
+import json, os, socket, sys, time
+def command(*args):
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a.encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    return out
+redis = socket.create_connection((os.environ["E2E_REDIS"], 6379))
+replies = redis.makefile("rb")
+me = os.environ.get("WORKERPOOL_WORKER_ID", "?")
+for line in sys.stdin:
+    job = json.loads(line)
+    time.sleep(job.get("data", {}).get("ms", 0) / 1000)
+    redis.sendall(command("RPUSH", "e2e:done", job["id"] + " " + me))
+    replies.readline()
+    print(json.dumps({"ok": True}), flush=True)
+"#;
+
+/// A WorkerPool of the test handler on a queue named after the pool.
+pub struct Pool {
+    name: String,
+    spec: Value,
+}
+
+impl Pool {
+    pub fn new(name: &str, redis: &Redis) -> Pool {
+        let spec = json!({
+            "queue": {"redis": {"url": redis.url(), "key": name}},
+            "template": {"spec": {"containers": [{
+                "name": "worker",
+                "image": worker_image(),
+                "imagePullPolicy": "Never",
+                "args": ["--", "python3", "-c", HANDLER],
+                "env": [{"name": "E2E_REDIS", "value": redis.ip}],
+            }]}},
+            "worker": {"concurrency": 1, "maxAttempts": 3, "jobTimeoutSeconds": 60},
+            "scaling": {
+                "minReplicas": 0,
+                "maxReplicas": 3,
+                "pollIntervalSeconds": 1,
+                "targetBacklogPerReplica": 10,
+                "idleSecondsBeforeZero": 5,
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
+            },
+            "shutdown": {"gracePeriodSeconds": 10},
+        });
+        Pool {
+            name: name.into(),
+            spec,
+        }
+    }
+    pub fn max(mut self, n: i64) -> Pool {
+        self.spec["scaling"]["maxReplicas"] = n.into();
+        self
+    }
+    pub fn per_replica(mut self, n: i64) -> Pool {
+        self.spec["scaling"]["targetBacklogPerReplica"] = n.into();
+        self
+    }
+    pub fn concurrency(mut self, n: i64) -> Pool {
+        self.spec["worker"]["concurrency"] = n.into();
+        self
+    }
+    pub fn manifest(&self) -> String {
+        json!({
+            "apiVersion": "workerpool.dev/v1alpha1",
+            "kind": "WorkerPool",
+            "metadata": {"name": self.name},
+            "spec": self.spec,
+        })
+        .to_string()
+    }
+}
+
+/// The status of a condition of an object (`True`, `False`, `Unknown`).
+pub fn condition<'v>(object: &'v Value, type_: &str) -> Option<&'v str> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?["status"]
+        .as_str()
+}
+
+pub fn is_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null() && condition(pod, "Ready") == Some("True")
+}
+
+/// Names of the Ready pods of a list.
+pub fn ready_pods(pods: &Value) -> Vec<String> {
+    pods["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|p| is_ready(p))
+                .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One line per pod: name, phase, Ready, container states; for failure messages.
+pub fn summary_of_pods(pods: &Value) -> String {
+    pods["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {} ready={:?} {}",
+                        p["metadata"]["name"],
+                        p["status"]["phase"],
+                        condition(p, "Ready"),
+                        p["status"]["containerStatuses"]
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default()
+}
+
+/// The reasons of the Events about an object.
+pub fn event_reasons(k: &Cluster, namespace: &str, name: &str) -> BTreeSet<String> {
+    let selector = format!("involvedObject.name={name}");
+    k.get(&["events", "-n", namespace, "--field-selector", &selector])
+        .and_then(|list| {
+            list["items"].as_array().map(|items| {
+                items
+                    .iter()
+                    .filter_map(|e| e["reason"].as_str().map(String::from))
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
