@@ -133,6 +133,18 @@ impl Cluster {
         self.try_kubectl(args).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// `kubectl ARGS` running in the background with its stdout piped.
+    pub fn spawn_kubectl(&self, args: &[&str]) -> std::process::Child {
+        Command::new(&self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", self.kubectl))
+    }
+
     /// `kubectl apply --server-side -f -` of one or more documents.
     pub fn apply(&self, namespace: &str, manifest: &str) {
         self.kubectl_with_input(

@@ -34,6 +34,18 @@ pub const ALL: &[crate::Scenario] = &[
         "a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero",
         a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero,
     ),
+    (
+        "a_deleted_busy_worker_finishes_its_jobs_within_the_grace_period",
+        a_deleted_busy_worker_finishes_its_jobs_within_the_grace_period,
+    ),
+    (
+        "a_job_longer_than_the_grace_period_goes_back_to_the_queue_and_runs_elsewhere",
+        a_job_longer_than_the_grace_period_goes_back_to_the_queue_and_runs_elsewhere,
+    ),
+    (
+        "a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes",
+        a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes,
+    ),
 ];
 
 fn helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics(e2e: &E2e) {
@@ -76,17 +88,16 @@ fn helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics(e2e: 
     });
 
     // The chart's RBAC lets it take the Lease...
-    let holder = eventually(
+    eventually(
         Duration::from_secs(60),
-        "the operator to hold the Lease",
+        "the operator Pod to hold the Lease",
         |last| {
             let lease = k.get(&["lease", "-n", OPERATOR_NAMESPACE, RELEASE])?;
-            let holder = lease["spec"]["holderIdentity"].as_str()?.to_string();
-            *last = holder.clone();
-            Some(holder)
+            let holder = lease["spec"]["holderIdentity"].as_str()?;
+            *last = holder.to_string();
+            (holder == pod).then_some(())
         },
     );
-    assert_eq!(holder, pod, "the only operator Pod holds the Lease");
 
     // ... and its Service serves /metrics (the pool scenarios read it).
     metrics(k);
@@ -253,6 +264,209 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
     );
 }
 
+/// Waits for `n` Ready worker Pods of a pool; returns their names.
+fn ready_workers(k: &Cluster, namespace: &str, pool: &str, n: usize) -> Vec<String> {
+    let selector = format!("workerpool.dev/pool={pool}");
+    eventually(
+        Duration::from_secs(90),
+        &format!("{n} Ready workers"),
+        |last| {
+            let pods = k.get(&["pods", "-n", namespace, "-l", &selector])?;
+            *last = summary_of_pods(&pods);
+            let ready = ready_pods(&pods);
+            (ready.len() == n).then_some(ready)
+        },
+    )
+}
+
+/// Deletes a Pod as `kubectl delete pod` does (graceful, waiting for it to
+/// be gone) while watching it; returns how long that took and how its
+/// worker container ended: exit code 0 when the worker stopped by itself,
+/// 137 when the kubelet had to SIGKILL it at the end of the grace period.
+fn delete_pod(k: &Cluster, namespace: &str, pod: &str) -> (Duration, Option<i64>) {
+    let mut watch = k.spawn_kubectl(&[
+        "get",
+        "pod",
+        "-n",
+        namespace,
+        pod,
+        "-w",
+        "-o",
+        "json",
+        "--output-watch-events",
+    ]);
+    let stdout = watch.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let events = serde_json::Deserializer::from_reader(std::io::BufReader::new(stdout));
+        for event in events.into_iter::<Value>().map_while(Result::ok) {
+            let exit = event["object"]["status"]["containerStatuses"]
+                .as_array()
+                .and_then(|all| all.iter().find(|c| c["name"] == "worker"))
+                .and_then(|c| c["state"]["terminated"]["exitCode"].as_i64());
+            if event["type"] == "DELETED" {
+                let _ = tx.send(exit);
+                return;
+            }
+        }
+    });
+    let t = Instant::now();
+    k.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        namespace,
+        pod,
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    let took = t.elapsed();
+    let exit = rx.recv_timeout(Duration::from_secs(10)).ok().flatten();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    (took, exit)
+}
+
+/// Checks that every job ran exactly once and nothing is left anywhere.
+fn every_job_ran_once(redis: &Redis, queue: &str, ids: &[String]) -> BTreeMap<String, Vec<String>> {
+    let done = eventually(Duration::from_secs(120), "every job done", |last| {
+        let done = redis.done();
+        *last = format!("{done:?}");
+        (done.len() >= ids.len()).then_some(done)
+    });
+    let ran: BTreeSet<&str> = done.keys().map(String::as_str).collect();
+    let wanted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(ran, wanted, "every job ran");
+    for (id, workers) in &done {
+        assert_eq!(workers.len(), 1, "{id} ran more than once: {workers:?}");
+    }
+    for key in [
+        queue.to_string(),
+        format!("{queue}:dead"),
+        format!("{queue}:retry"),
+    ] {
+        let len = redis.cli(&["EXISTS", &key]);
+        assert_eq!(len.trim(), "0", "{key} is not empty");
+    }
+    done
+}
+
+fn a_deleted_busy_worker_finishes_its_jobs_within_the_grace_period(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-delete");
+    let redis = Redis::start(k, &ns.name);
+    // Two workers of two slots; 10 s of grace, so 7.5 s for running jobs.
+    let pool = Pool::new("mail", &redis).manual(2).concurrency(2).grace(10);
+    k.apply(&ns.name, &pool.manifest());
+    ready_workers(k, &ns.name, "mail", 2);
+
+    let ids: Vec<String> = (0..4).map(|i| format!("job-{i}")).collect();
+    redis.push("mail", &ids, 4000);
+    let holding = eventually(Duration::from_secs(30), "both workers busy", |last| {
+        let holding = redis.holding("mail");
+        *last = format!("{holding:?}");
+        (holding.len() == 2 && holding.values().all(|jobs| jobs.len() == 2)).then_some(holding)
+    });
+    let (victim, its_jobs) = holding.iter().next().expect("a busy worker");
+
+    // SIGTERM mid-job: the worker stops taking jobs, finishes its two and
+    // exits on its own, well before the kubelet would SIGKILL it.
+    let (took, exit) = delete_pod(k, &ns.name, victim);
+    assert_eq!(exit, Some(0), "the worker exited by itself, not SIGKILLed");
+    let done = every_job_ran_once(&redis, "mail", &ids);
+    for id in its_jobs {
+        assert_eq!(
+            done[id],
+            [victim.clone()],
+            "{id} finished on the deleted worker"
+        );
+    }
+    eprintln!("  deleted {victim} with 2 jobs running: gone in {took:.1?}, both finished there");
+}
+
+fn a_job_longer_than_the_grace_period_goes_back_to_the_queue_and_runs_elsewhere(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-long");
+    let redis = Redis::start(k, &ns.name);
+    // 8 s of grace: the worker returns what is still running after 6 s.
+    let pool = Pool::new("mail", &redis).manual(2).grace(8);
+    k.apply(&ns.name, &pool.manifest());
+    ready_workers(k, &ns.name, "mail", 2);
+
+    let ids = vec!["long".to_string()];
+    redis.push("mail", &ids, 12_000);
+    let holding = eventually(
+        Duration::from_secs(30),
+        "a worker running the job",
+        |last| {
+            let holding = redis.holding("mail");
+            *last = format!("{holding:?}");
+            (holding.len() == 1).then_some(holding)
+        },
+    );
+    let first = holding.keys().next().expect("a busy worker").clone();
+    let (took, exit) = delete_pod(k, &ns.name, &first);
+    // The worker returned the job and exited by itself: no SIGKILL.
+    assert_eq!(exit, Some(0), "the worker exited by itself, not SIGKILLed");
+    let done = every_job_ran_once(&redis, "mail", &ids);
+    let ran_on = &done["long"][0];
+    assert_ne!(ran_on, &first, "the job ran again on another worker");
+    eprintln!("  {first} returned the job after {took:.1?}; {ran_on} ran it");
+}
+
+fn a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-scale-down");
+    let redis = Redis::start(k, &ns.name);
+    // One job per worker, up to three workers.
+    let pool = Pool::new("mail", &redis).max(3).per_replica(1).grace(30);
+    k.apply(&ns.name, &pool.manifest());
+    eventually(Duration::from_secs(30), "the pool's Deployment", |_| {
+        k.get(&["deployment", "-n", &ns.name, "mail"])
+    });
+
+    // Three jobs wake three workers; two are short, one runs long.
+    let ids: Vec<String> = ["long", "short-1", "short-2"].map(String::from).to_vec();
+    redis.push("mail", &ids[..1], 40_000);
+    redis.push("mail", &ids[1..], 8000);
+    let workers = ready_workers(k, &ns.name, "mail", 3);
+    let busy = eventually(Duration::from_secs(60), "the long job running", |last| {
+        let holding = redis.holding("mail");
+        *last = format!("{holding:?}");
+        holding
+            .into_iter()
+            .find(|(_, jobs)| jobs.contains(&"long".to_string()))
+            .map(|(pod, _)| pod)
+    });
+
+    // With the short jobs done, one job in flight needs one worker: the
+    // operator marks the idle Pods cheapest to delete and the ReplicaSet
+    // removes them, not the busy one.
+    let left = eventually(
+        Duration::from_secs(90),
+        "the pool down to one worker",
+        |last| {
+            let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
+            *last = summary_of_pods(&pods);
+            let names: Vec<String> = pods["items"]
+                .as_array()?
+                .iter()
+                .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+                .collect();
+            (names.len() == 1).then_some(names)
+        },
+    );
+    assert_eq!(
+        left,
+        [busy.clone()],
+        "the busy worker stayed; the pool had {workers:?}"
+    );
+    let done = every_job_ran_once(&redis, "mail", &ids);
+    assert_eq!(done["long"], [busy.clone()]);
+    let reasons = event_reasons(k, &ns.name, "mail");
+    assert!(reasons.contains("ScaledDown"), "{reasons:?}");
+}
+
 /// A Redis Pod and a ClusterIP Service in a namespace (no cluster DNS: the
 /// pools use the ClusterIP).
 pub struct Redis<'a> {
@@ -334,6 +548,31 @@ impl<'a> Redis<'a> {
         self.cli(&args);
     }
 
+    /// The jobs each worker (Pod) holds in its processing list, by id.
+    pub fn holding(&self, queue: &str) -> BTreeMap<String, Vec<String>> {
+        let pattern = format!("{queue}:processing:*");
+        let mut holding = BTreeMap::new();
+        for key in self.cli(&["--scan", "--pattern", &pattern]).lines() {
+            let Some(pod) = key
+                .strip_prefix(&format!("{queue}:processing:"))
+                .and_then(|instance| instance.rsplit_once('~'))
+                .map(|(pod, _)| pod.to_string())
+            else {
+                continue;
+            };
+            let ids: Vec<String> = self
+                .cli(&["LRANGE", key, "0", "-1"])
+                .lines()
+                .filter_map(|job| serde_json::from_str::<Value>(job).ok())
+                .filter_map(|job| job["id"].as_str().map(String::from))
+                .collect();
+            if !ids.is_empty() {
+                holding.insert(pod, ids);
+            }
+        }
+        holding
+    }
+
     /// The jobs the test handler completed: id -> the workers (Pods) that ran it.
     pub fn done(&self) -> BTreeMap<String, Vec<String>> {
         let mut done: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -410,6 +649,18 @@ impl Pool {
     }
     pub fn per_replica(mut self, n: i64) -> Pool {
         self.spec["scaling"]["targetBacklogPerReplica"] = n.into();
+        self
+    }
+    /// A fixed size instead of scaling.
+    pub fn manual(mut self, replicas: i64) -> Pool {
+        if let Some(spec) = self.spec.as_object_mut() {
+            spec.remove("scaling");
+            spec.insert("replicas".into(), replicas.into());
+        }
+        self
+    }
+    pub fn grace(mut self, seconds: i64) -> Pool {
+        self.spec["shutdown"]["gracePeriodSeconds"] = seconds.into();
         self
     }
     pub fn concurrency(mut self, n: i64) -> Pool {
