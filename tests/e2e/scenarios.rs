@@ -46,6 +46,26 @@ pub const ALL: &[crate::Scenario] = &[
         "a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes",
         a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes,
     ),
+    (
+        "a_missing_secret_shows_in_conditions_and_an_event_and_the_pool_recovers_once_it_exists",
+        a_missing_secret_shows_in_conditions_and_an_event_and_the_pool_recovers_once_it_exists,
+    ),
+    (
+        "a_spec_refused_by_cel_names_the_field_to_fix",
+        a_spec_refused_by_cel_names_the_field_to_fix,
+    ),
+    (
+        "kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployment",
+        kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployment,
+    ),
+    (
+        "a_restarted_operator_does_not_shrink_a_busy_pool",
+        a_restarted_operator_does_not_shrink_a_busy_pool,
+    ),
+    (
+        "with_two_operators_one_leads_and_the_other_takes_over_when_it_goes",
+        with_two_operators_one_leads_and_the_other_takes_over_when_it_goes,
+    ),
 ];
 
 fn helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics(e2e: &E2e) {
@@ -467,6 +487,332 @@ fn a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes(e2e: &E2e) {
     assert!(reasons.contains("ScaledDown"), "{reasons:?}");
 }
 
+fn a_missing_secret_shows_in_conditions_and_an_event_and_the_pool_recovers_once_it_exists(
+    e2e: &E2e,
+) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-secret");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("mail", &redis).url_from_secret("redis-url", "url");
+    k.apply(&ns.name, &pool.manifest());
+
+    let wp = eventually(Duration::from_secs(30), "QueueReachable False", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("False")).then_some(wp)
+    });
+    let reachable = wp["status"]["conditions"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["type"] == "QueueReachable"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(reachable["reason"], "SecretNotFound", "{reachable}");
+    assert!(
+        reachable["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("redis-url"),
+        "the message names the Secret: {reachable}"
+    );
+    eventually(Duration::from_secs(30), "a SecretNotFound event", |last| {
+        let reasons = event_reasons(k, &ns.name, "mail");
+        *last = format!("{reasons:?}");
+        reasons.contains("SecretNotFound").then_some(())
+    });
+
+    // The Secret appears: the pool reads its queue, wakes and runs jobs with
+    // the URL the kubelet gives its workers from the same Secret.
+    let literal = format!("--from-literal=url={}", redis.url());
+    k.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "redis-url",
+        "-n",
+        &ns.name,
+        &literal,
+    ]);
+    eventually(Duration::from_secs(30), "QueueReachable True", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
+    });
+    let ids: Vec<String> = (0..3).map(|i| format!("job-{i}")).collect();
+    redis.push("mail", &ids, 100);
+    every_job_ran_once(&redis, "mail", &ids);
+}
+
+fn a_spec_refused_by_cel_names_the_field_to_fix(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-cel");
+    // No Redis needed: the API server refuses these before anything runs.
+    let mut pool = json!({
+        "apiVersion": "workerpool.dev/v1alpha1",
+        "kind": "WorkerPool",
+        "metadata": {"name": "bad"},
+        "spec": {
+            "queue": {"redis": {"url": "redis://10.0.0.9:6379/0", "key": "mail"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": worker_image()}]}},
+            "scaling": {"minReplicas": 5, "maxReplicas": 2},
+        },
+    });
+    let refused = |pool: &Value| {
+        k.kubectl_with_input(
+            &["apply", "-n", &ns.name, "-f", "-"],
+            Some(&pool.to_string()),
+        )
+        .expect_err("the API server refuses the pool")
+    };
+    let error = refused(&pool);
+    assert!(
+        error.contains("spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas"),
+        "{error}"
+    );
+    pool["spec"]["scaling"]["minReplicas"] = 0.into();
+    pool["spec"]["replicas"] = 2.into();
+    let error = refused(&pool);
+    assert!(
+        error.contains("set exactly one of spec.replicas") && error.contains("spec.scaling"),
+        "{error}"
+    );
+    pool["spec"]["replicas"] = Value::Null;
+    pool["spec"]["queue"]["redis"]["keys"] = json!(["a", "b"]);
+    let error = refused(&pool);
+    assert!(error.contains("spec.queue.redis.key"), "{error}");
+    assert!(
+        k.get(&["wp", "-n", &ns.name, "bad"]).is_none(),
+        "nothing was created"
+    );
+}
+
+fn kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployment(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-manual");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("mail", &redis).manual(1);
+    k.apply(&ns.name, &pool.manifest());
+    ready_workers(k, &ns.name, "mail", 1);
+
+    // The scale subresource points at spec.replicas.
+    k.kubectl(&["scale", "wp", "mail", "-n", &ns.name, "--replicas=3"]);
+    ready_workers(k, &ns.name, "mail", 3);
+    let path = format!(
+        "/apis/workerpool.dev/v1alpha1/namespaces/{}/workerpools/mail/scale",
+        ns.name
+    );
+    let scale: Value = serde_json::from_str(&k.kubectl(&["get", "--raw", &path]))
+        .expect("the scale subresource is JSON");
+    assert_eq!(scale["spec"]["replicas"], 3, "{scale}");
+    eventually(Duration::from_secs(30), "status.readyReplicas 3", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (wp["status"]["readyReplicas"] == 3).then_some(())
+    });
+    k.kubectl(&["scale", "wp", "mail", "-n", &ns.name, "--replicas=1"]);
+    eventually(Duration::from_secs(60), "one worker left", |last| {
+        let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
+        *last = summary_of_pods(&pods);
+        (pods["items"].as_array()?.len() == 1).then_some(())
+    });
+
+    // The Deployment is owned by the pool: deleting the pool removes it.
+    k.kubectl(&[
+        "delete",
+        "wp",
+        "mail",
+        "-n",
+        &ns.name,
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    eventually(
+        Duration::from_secs(60),
+        "the Deployment and its Pods gone",
+        |last| {
+            let deployment = k.get(&["deployment", "-n", &ns.name, "mail"]);
+            let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
+            let left = pods["items"].as_array()?.len();
+            *last = format!("deployment {} pods {left}", deployment.is_some());
+            (deployment.is_none() && left == 0).then_some(())
+        },
+    );
+}
+
+/// The Ready operator Pods.
+fn operator_pods(k: &Cluster) -> Vec<String> {
+    k.get(&[
+        "pods",
+        "-n",
+        OPERATOR_NAMESPACE,
+        "-l",
+        "app.kubernetes.io/name=workerpool-operator",
+    ])
+    .map(|pods| ready_pods(&pods))
+    .unwrap_or_default()
+}
+
+fn lease_holder(k: &Cluster) -> Option<String> {
+    let lease = k.get(&["lease", "-n", OPERATOR_NAMESPACE, RELEASE])?;
+    lease["spec"]["holderIdentity"].as_str().map(String::from)
+}
+
+fn a_restarted_operator_does_not_shrink_a_busy_pool(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-restart");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("mail", &redis).max(3).per_replica(1);
+    k.apply(&ns.name, &pool.manifest());
+    eventually(Duration::from_secs(30), "the pool's Deployment", |_| {
+        k.get(&["deployment", "-n", &ns.name, "mail"])
+    });
+    // Three long jobs keep three workers busy.
+    let ids: Vec<String> = (0..3).map(|i| format!("job-{i}")).collect();
+    redis.push("mail", &ids, 45_000);
+    ready_workers(k, &ns.name, "mail", 3);
+    eventually(Duration::from_secs(30), "three jobs in flight", |last| {
+        let holding = redis.holding("mail");
+        *last = format!("{holding:?}");
+        (holding.values().map(Vec::len).sum::<usize>() == 3).then_some(())
+    });
+
+    // A new operator starts with no memory of the pool: it must read the
+    // queue before it decides, and three jobs in flight need three workers.
+    let old = operator_pods(k);
+    for pod in &old {
+        k.kubectl(&[
+            "delete",
+            "pod",
+            "-n",
+            OPERATOR_NAMESPACE,
+            pod,
+            "--wait=false",
+        ]);
+    }
+    let watched = Instant::now();
+    let mut new_leader_seen = None;
+    while watched.elapsed() < Duration::from_secs(40) {
+        let d = k
+            .get(&["deployment", "-n", &ns.name, "mail"])
+            .expect("the Deployment");
+        assert_eq!(
+            d["spec"]["replicas"], 3,
+            "the pool shrank while busy: {}",
+            d["spec"]
+        );
+        if new_leader_seen.is_none()
+            && let Some(holder) = lease_holder(k)
+            && !old.contains(&holder)
+            && operator_pods(k).contains(&holder)
+        {
+            new_leader_seen = Some(watched.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let took = new_leader_seen.expect("a new operator took the Lease within 40 s");
+    eprintln!("  new operator leading after {took:.1?}; the pool stayed at 3");
+    // ... and it does reconcile: the status is fresh again.
+    eventually(
+        Duration::from_secs(30),
+        "status from the new operator",
+        |last| {
+            let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+            *last = wp["status"].to_string();
+            (wp["status"]["inFlight"] == 3 && wp["status"]["desiredReplicas"] == 3).then_some(())
+        },
+    );
+}
+
+fn with_two_operators_one_leads_and_the_other_takes_over_when_it_goes(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let upgrade = |replicas: &str| {
+        k.helm(&[
+            "upgrade",
+            RELEASE,
+            "charts/workerpool-operator",
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "--reuse-values",
+            "--set",
+            &format!("replicaCount={replicas}"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    };
+    upgrade("2");
+    let pods = eventually(Duration::from_secs(90), "two Ready operators", |last| {
+        let pods = operator_pods(k);
+        *last = format!("{pods:?}");
+        (pods.len() == 2).then_some(pods)
+    });
+    let leader = eventually(Duration::from_secs(60), "a leader among them", |last| {
+        let holder = lease_holder(k)?;
+        *last = holder.clone();
+        pods.contains(&holder).then_some(holder)
+    });
+    let standby = pods
+        .iter()
+        .find(|p| **p != leader)
+        .expect("a standby")
+        .clone();
+
+    let ns = Namespace::create(k, "e2e-leader");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("mail", &redis).max(2).per_replica(5);
+    k.apply(&ns.name, &pool.manifest());
+    eventually(Duration::from_secs(30), "the pool's status", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
+    });
+    // Only the leader reconciles: the standby has no reconcile counted.
+    let standby_metrics = pod_metrics(k, &standby);
+    assert!(
+        !standby_metrics.contains("workerpool_operator_reconciles_total{"),
+        "the standby reconciled: {standby_metrics}"
+    );
+    assert!(pod_metrics(k, &leader).contains("workerpool_operator_reconciles_total{"));
+
+    // The leader goes; the standby takes the Lease within its duration
+    // (30 s) and the pool keeps scaling.
+    let t = Instant::now();
+    k.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        OPERATOR_NAMESPACE,
+        &leader,
+        "--wait=false",
+    ]);
+    eventually(Duration::from_secs(45), "the standby to lead", |last| {
+        let holder = lease_holder(k)?;
+        *last = holder.clone();
+        (holder == standby).then_some(())
+    });
+    let took = t.elapsed();
+    let ids: Vec<String> = (0..10).map(|i| format!("job-{i}")).collect();
+    redis.push("mail", &ids, 1000);
+    ready_workers(k, &ns.name, "mail", 2);
+    every_job_ran_once(&redis, "mail", &ids);
+    eprintln!("  {standby} took over from {leader} after {took:.1?}");
+    drop(ns);
+    upgrade("1");
+    eventually(Duration::from_secs(90), "one operator again", |last| {
+        let pods = operator_pods(k);
+        *last = format!("{pods:?}");
+        let holder = lease_holder(k)?;
+        (pods.len() == 1 && pods.contains(&holder)).then_some(())
+    });
+}
+
+/// One operator Pod's /metrics, through the API server's Pod proxy.
+fn pod_metrics(k: &Cluster, pod: &str) -> String {
+    let path = format!("/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{pod}:8080/proxy/metrics");
+    eventually(Duration::from_secs(30), "a Pod's /metrics", |last| {
+        k.try_kubectl(&["get", "--raw", &path])
+            .map_err(|e| *last = e)
+            .ok()
+    })
+}
+
 /// A Redis Pod and a ClusterIP Service in a namespace (no cluster DNS: the
 /// pools use the ClusterIP).
 pub struct Redis<'a> {
@@ -649,6 +995,15 @@ impl Pool {
     }
     pub fn per_replica(mut self, n: i64) -> Pool {
         self.spec["scaling"]["targetBacklogPerReplica"] = n.into();
+        self
+    }
+    /// The Redis URL from a Secret's key instead of spec.queue.redis.url.
+    pub fn url_from_secret(mut self, name: &str, key: &str) -> Pool {
+        let redis = &mut self.spec["queue"]["redis"];
+        if let Some(redis) = redis.as_object_mut() {
+            redis.remove("url");
+            redis.insert("urlSecretRef".into(), json!({"name": name, "key": key}));
+        }
         self
     }
     /// A fixed size instead of scaling.
