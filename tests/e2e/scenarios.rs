@@ -396,8 +396,8 @@ fn a_deleted_busy_worker_finishes_its_jobs_within_the_grace_period(e2e: &E2e) {
     let done = every_job_ran_once(&redis, "mail", &ids);
     for id in its_jobs {
         assert_eq!(
-            done[id],
-            [victim.clone()],
+            done[id].as_slice(),
+            std::slice::from_ref(victim),
             "{id} finished on the deleted worker"
         );
     }
@@ -477,12 +477,12 @@ fn a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes(e2e: &E2e) {
         },
     );
     assert_eq!(
-        left,
-        [busy.clone()],
+        left.as_slice(),
+        std::slice::from_ref(&busy),
         "the busy worker stayed; the pool had {workers:?}"
     );
     let done = every_job_ran_once(&redis, "mail", &ids);
-    assert_eq!(done["long"], [busy.clone()]);
+    assert_eq!(done["long"].as_slice(), std::slice::from_ref(&busy));
     let reasons = event_reasons(k, &ns.name, "mail");
     assert!(reasons.contains("ScaledDown"), "{reasons:?}");
 }
