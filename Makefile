@@ -1,13 +1,20 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test lint unit tools soak
+.PHONY: demo test lint unit tools images soak
 
 demo:
 	./scripts/demo.sh
 
 # Everything CI checks: formatting, lints, and every test (unit, against a
-# real redis-server started per test, end to end, and the Helm chart with
-# the real helm).
+# real redis-server started per test, end to end, the Helm chart with the
+# real helm, and on a real Kubernetes cluster when WORKERPOOL_E2E_K8S or
+# WORKERPOOL_E2E_KUBECONFIG says where: see README.md).
 test: tools lint unit
+
+# The operator and worker images, built from debug binaries without a
+# Docker daemon and loaded into the local cluster's containerd when one runs
+# (scripts/images.sh; PROFILE=release for release binaries).
+images:
+	./scripts/images.sh
 
 # helm for the chart tests: the one on PATH, else installed into target/tools/bin.
 tools:

@@ -34,12 +34,25 @@ impl ApiServer {
             "unexpected request {}",
             request.uri()
         );
-        let needed = rbac::needed(method, path, request.uri().query().unwrap_or_default())
-            .expect("a resource request");
-        assert!(
-            rbac::allows(rbac::CLUSTER_RULES, &needed),
-            "RBAC does not allow {needed:?}"
-        );
+        let content_type = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let needed = rbac::needed(
+            method,
+            path,
+            request.uri().query().unwrap_or_default(),
+            &content_type,
+        )
+        .expect("a resource request");
+        for permission in &needed {
+            assert!(
+                rbac::allows(rbac::CLUSTER_RULES, permission),
+                "RBAC does not allow {permission:?} for {method} {path} ({content_type})"
+            );
+        }
         if method == "PATCH" && path.contains("/deployments/") {
             let query = request.uri().query().unwrap_or_default();
             assert!(

@@ -493,49 +493,69 @@ fn the_chart_grants_exactly_the_rules_the_operator_needs() {
                 .collect()
         };
         let cluster = granted(cluster_role);
-        for (method, path, query) in [
-            ("GET", "/apis/workerpool.dev/v1alpha1/workerpools", ""),
+        const MERGE: &str = "application/merge-patch+json";
+        for (method, path, query, content_type) in [
+            ("GET", "/apis/workerpool.dev/v1alpha1/workerpools", "", ""),
             (
                 "GET",
                 "/apis/workerpool.dev/v1alpha1/workerpools",
                 "watch=true",
+                "",
             ),
             (
                 "GET",
                 "/apis/apps/v1/deployments",
                 "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dworkerpool-operator",
+                "",
             ),
-            ("GET", "/apis/apps/v1/deployments", "watch=true"),
+            ("GET", "/apis/apps/v1/deployments", "watch=true", ""),
             (
                 "PATCH",
                 "/apis/apps/v1/namespaces/jobs/deployments/mail",
-                "fieldManager=workerpool-operator",
+                "fieldManager=workerpool-operator&force=true",
+                rbac::APPLY_PATCH,
             ),
-            ("GET", "/apis/apps/v1/namespaces/jobs/deployments/mail", ""),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/jobs/deployments/mail",
+                "",
+                "",
+            ),
             (
                 "PATCH",
                 "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/mail/status",
                 "",
+                MERGE,
             ),
-            ("GET", "/api/v1/namespaces/jobs/secrets/redis", ""),
+            ("GET", "/api/v1/namespaces/jobs/secrets/redis", "", ""),
             (
                 "GET",
                 "/api/v1/namespaces/jobs/pods",
                 "labelSelector=workerpool.dev%2Fpool%3Dmail",
+                "",
             ),
-            ("PATCH", "/api/v1/namespaces/jobs/pods/mail-1", ""),
-            ("POST", "/apis/events.k8s.io/v1/namespaces/jobs/events", ""),
+            ("PATCH", "/api/v1/namespaces/jobs/pods/mail-1", "", MERGE),
+            (
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/jobs/events",
+                "",
+                "",
+            ),
             (
                 "PATCH",
                 "/apis/events.k8s.io/v1/namespaces/jobs/events/mail.1",
                 "",
+                MERGE,
             ),
         ] {
-            let needed = rbac::needed(method, path, query).expect("a resource request");
-            assert!(
-                cluster.contains(&needed),
-                "the chart's ClusterRole does not allow {needed:?}"
-            );
+            for needed in
+                rbac::needed(method, path, query, content_type).expect("a resource request")
+            {
+                assert!(
+                    cluster.contains(&needed),
+                    "the chart's ClusterRole does not allow {needed:?}"
+                );
+            }
         }
         // ... and leader election's.
         let lease = granted(lease_role);
@@ -550,11 +570,12 @@ fn the_chart_grants_exactly_the_rules_the_operator_needs() {
                 "/apis/coordination.k8s.io/v1/namespaces/ns/leases/workerpool-operator",
             ),
         ] {
-            let needed = rbac::needed(method, path, "").expect("a resource request");
-            assert!(
-                lease.contains(&needed),
-                "the chart's Role does not allow {needed:?}"
-            );
+            for needed in rbac::needed(method, path, "", "").expect("a resource request") {
+                assert!(
+                    lease.contains(&needed),
+                    "the chart's Role does not allow {needed:?}"
+                );
+            }
         }
 
         // Both are bound to the service account the operator runs as.

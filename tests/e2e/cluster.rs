@@ -1,0 +1,279 @@
+//! The cluster the suite runs on, and the few ways it talks to it: `kubectl`
+//! and `helm` subprocesses, polled with deadlines.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate is in the workspace")
+        .to_path_buf()
+}
+
+/// Where the cluster comes from.
+#[derive(Debug)]
+pub enum Source {
+    /// A directory whose `up.sh` starts a cluster and prints its kubeconfig's
+    /// path, and whose `down.sh` stops it.
+    Scripts(PathBuf),
+    /// A running cluster, neither started nor stopped by the suite.
+    Kubeconfig(PathBuf),
+}
+
+impl Source {
+    /// From `WORKERPOOL_E2E_K8S` or `WORKERPOOL_E2E_KUBECONFIG`; None when
+    /// neither is set.
+    pub fn from_env() -> Option<Self> {
+        let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        if let Some(dir) = set("WORKERPOOL_E2E_K8S") {
+            return Some(Source::Scripts(PathBuf::from(dir)));
+        }
+        set("WORKERPOOL_E2E_KUBECONFIG").map(|file| Source::Kubeconfig(PathBuf::from(file)))
+    }
+}
+
+/// A started (or borrowed) cluster; a started one is stopped on drop, so
+/// the cluster goes down however the run ends short of a SIGKILL.
+#[derive(Debug)]
+pub struct Cluster {
+    pub kubeconfig: PathBuf,
+    kubectl: OsString,
+    down: Option<PathBuf>,
+}
+
+impl Cluster {
+    pub fn start(source: &Source) -> Cluster {
+        let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+        match source {
+            Source::Kubeconfig(file) => Cluster {
+                kubeconfig: file.clone(),
+                kubectl,
+                down: None,
+            },
+            Source::Scripts(dir) => {
+                let up = dir.join("up.sh");
+                assert!(
+                    up.is_file(),
+                    "WORKERPOOL_E2E_K8S={}: no up.sh there",
+                    dir.display()
+                );
+                // From here on the cluster is ours to stop, even if up.sh fails half way.
+                let mut cluster = Cluster {
+                    kubeconfig: PathBuf::new(),
+                    kubectl,
+                    down: Some(dir.join("down.sh")),
+                };
+                let out = Command::new(&up)
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .unwrap_or_else(|e| panic!("cannot run {}: {e}", up.display()));
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert!(out.status.success(), "{} failed: {stdout}", up.display());
+                let path = stdout
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or_else(|| panic!("{} printed no kubeconfig path", up.display()));
+                cluster.kubeconfig = PathBuf::from(path.trim());
+                cluster
+            }
+        }
+    }
+
+    /// Runs kubectl; Ok(stdout) or Err(stderr).
+    pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
+        self.kubectl_with_input(args, None)
+    }
+
+    /// Runs kubectl with `input` on its stdin.
+    pub fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
+        let mut child = Command::new(&self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {:?} (set KUBECTL to a kubectl binary): {e}",
+                    self.kubectl
+                )
+            });
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(text.as_bytes())
+                .expect("write kubectl's stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl runs");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Runs kubectl, failing the test when it fails.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.try_kubectl(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `kubectl ARGS` running in the background with its stdout piped.
+    pub fn spawn_kubectl(&self, args: &[&str]) -> std::process::Child {
+        Command::new(&self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", self.kubectl))
+    }
+
+    /// `kubectl apply --server-side -f -` of one or more documents.
+    pub fn apply(&self, namespace: &str, manifest: &str) {
+        self.kubectl_with_input(
+            &["apply", "--server-side", "-n", namespace, "-f", "-"],
+            Some(manifest),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The object(s) as JSON; None when kubectl fails (for example NotFound).
+    pub fn get(&self, args: &[&str]) -> Option<Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let text = self.try_kubectl(&all).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Runs helm with this cluster's kubeconfig, in the workspace root.
+    pub fn helm(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(helm())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .current_dir(root())
+            .output()
+            .expect("helm runs");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "helm {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(down) = self.down.take() {
+            eprintln!("e2e: stopping the cluster ({})", down.display());
+            match Command::new(&down).stdout(Stdio::null()).status() {
+                Ok(s) if s.success() => {}
+                other => eprintln!("e2e: {} failed: {other:?}", down.display()),
+            }
+        }
+    }
+}
+
+/// helm: `HELM`, else the one `scripts/install-helm.sh` puts in
+/// `target/tools/bin`, else the one on `PATH`.
+pub fn helm() -> PathBuf {
+    if let Some(path) = std::env::var_os("HELM") {
+        return path.into();
+    }
+    let installed = root().join("target/tools/bin/helm");
+    if installed.is_file() {
+        return installed;
+    }
+    PathBuf::from("helm")
+}
+
+/// Calls `check` every 250 ms until it returns `Some` or `timeout` passes;
+/// then fails with `what` and the last thing `check` saw.
+pub fn eventually<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl FnMut(&mut String) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        if let Some(v) = check(&mut last) {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A namespace for one scenario, deleted (and waited for) on drop.
+#[derive(Debug)]
+pub struct Namespace<'a> {
+    pub name: String,
+    cluster: &'a Cluster,
+}
+
+impl<'a> Namespace<'a> {
+    pub fn create(cluster: &'a Cluster, name: &str) -> Namespace<'a> {
+        // A leftover of an interrupted run goes first.
+        let _ = cluster.try_kubectl(&[
+            "delete",
+            "namespace",
+            name,
+            "--ignore-not-found",
+            "--timeout=120s",
+        ]);
+        cluster.kubectl(&["create", "namespace", name]);
+        // Pods need the namespace's default ServiceAccount, which the
+        // controller-manager adds a moment later.
+        eventually(
+            Duration::from_secs(30),
+            "the default ServiceAccount",
+            |_| {
+                cluster
+                    .try_kubectl(&["-n", name, "get", "serviceaccount", "default"])
+                    .ok()
+            },
+        );
+        Namespace {
+            name: name.into(),
+            cluster,
+        }
+    }
+}
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.cluster.try_kubectl(&[
+            "delete",
+            "namespace",
+            &self.name,
+            "--ignore-not-found",
+            "--timeout=120s",
+        ]) {
+            eprintln!("e2e: cannot delete namespace {}: {e}", self.name);
+        }
+    }
+}
