@@ -92,6 +92,9 @@ pub struct Context {
     redis: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
     /// Consecutive failed reconciles per pool, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The workload problem last announced with an event, per pool: the
+    /// pool's status says it too, but may lag behind a reconcile.
+    announced: Mutex<HashMap<String, String>>,
     started: Instant,
 }
 
@@ -115,6 +118,7 @@ impl Context {
             engines: Mutex::new(HashMap::new()),
             redis: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
+            announced: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -127,6 +131,7 @@ impl Context {
     pub fn forget(&self, key: &str) {
         lock(&self.engines).remove(key);
         lock(&self.failures).remove(key);
+        lock(&self.announced).remove(key);
     }
 
     async fn redis_conn(
@@ -363,9 +368,20 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         .await;
     }
     // One event when the workers start failing for a reason, not one per poll.
-    if let Some(p) = &problem
-        && ready_reason(pool) != Some(p.reason.as_str())
-    {
+    let announce = match &problem {
+        Some(p) => {
+            let mut announced = lock(&ctx.announced);
+            let new = ready_reason(pool) != Some(p.reason.as_str())
+                && announced.get(&key) != Some(&p.reason);
+            announced.insert(key.clone(), p.reason.clone());
+            new
+        }
+        None => {
+            lock(&ctx.announced).remove(&key);
+            false
+        }
+    };
+    if let Some(p) = problem.as_ref().filter(|_| announce) {
         publish(
             ctx,
             &reference,
