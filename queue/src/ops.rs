@@ -19,6 +19,15 @@ pub use redis::RedisResult;
 /// A payload exactly as stored in Redis.
 pub type Payload = Vec<u8>;
 
+/// A payload taken from a queue into the instance's processing list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// Index of its queue in the list given to the fetch (priority order).
+    pub queue: usize,
+    /// The payload as the processing list holds it.
+    pub payload: Payload,
+}
+
 /// What to do with one freshly fetched payload (see [`settle_intake`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IntakeAction {
@@ -31,13 +40,13 @@ pub enum IntakeAction {
 }
 
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
-/// processing lists, in one round trip. Returns (queue index, payload).
+/// processing lists, in one round trip.
 pub async fn fetch(
     conn: &mut MultiplexedConnection,
     queues: &[QueueKeys],
     instance: &str,
     n: usize,
-) -> RedisResult<Vec<(usize, Payload)>> {
+) -> RedisResult<Vec<Fetched>> {
     let mut invocation = scripts::FETCH.prepare_invoke();
     for q in queues {
         invocation.key(q.waiting()).key(q.processing(instance));
@@ -48,7 +57,10 @@ pub async fn fetch(
     for pair in flat.chunks_exact(2) {
         let index: usize = redis::from_redis_value_ref(&pair[0])?;
         let payload: Payload = redis::from_redis_value_ref(&pair[1])?;
-        out.push((index - 1, payload));
+        out.push(Fetched {
+            queue: index - 1,
+            payload,
+        });
     }
     Ok(out)
 }
@@ -115,14 +127,14 @@ pub async fn ack(
 
 /// Completes a job and takes the next one from `queues` (priority order)
 /// into the slot it frees, in one round trip. Returns whether the job was
-/// still ours and the job taken, if any: (queue index, payload).
+/// still ours and the job taken, if any.
 pub async fn ack_and_take(
     conn: &mut MultiplexedConnection,
     queues: &[QueueKeys],
     acked: usize,
     instance: &str,
     payload: &[u8],
-) -> RedisResult<(bool, Option<(usize, Payload)>)> {
+) -> RedisResult<(bool, Option<Fetched>)> {
     let mut invocation = scripts::ACK_AND_TAKE.prepare_invoke();
     invocation
         .key(queues[acked].processing(instance))
@@ -139,7 +151,10 @@ pub async fn ack_and_take(
     let next = match (reply.get(1), reply.get(2)) {
         (Some(index), Some(job)) => {
             let index: usize = redis::from_redis_value_ref(index)?;
-            Some((index - 1, redis::from_redis_value_ref(job)?))
+            Some(Fetched {
+                queue: index - 1,
+                payload: redis::from_redis_value_ref(job)?,
+            })
         }
         _ => None,
     };

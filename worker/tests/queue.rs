@@ -452,7 +452,16 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
     let first = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"done-job")
         .await
         .expect("script");
-    assert_eq!(first, (true, Some((0, b"high-1".to_vec()))));
+    assert_eq!(
+        first,
+        (
+            true,
+            Some(queue::Fetched {
+                queue: 0,
+                payload: b"high-1".to_vec()
+            })
+        )
+    );
     assert_eq!(counter(&mut c, high.stats_processed()).await, 1);
     let held: Vec<String> = c
         .lrange(high.processing("w~1"), 0, -1)
@@ -467,7 +476,16 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
     let second = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"high-1")
         .await
         .expect("script");
-    assert_eq!(second, (true, Some((1, b"low-1".to_vec()))));
+    assert_eq!(
+        second,
+        (
+            true,
+            Some(queue::Fetched {
+                queue: 1,
+                payload: b"low-1".to_vec()
+            })
+        )
+    );
     // A job a reaper already returned is not counted again; nothing left to take.
     let third = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"not-held")
         .await

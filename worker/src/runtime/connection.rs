@@ -97,6 +97,24 @@ impl Redis {
             .unwrap_or_else(|| "redis unreachable".into())
     }
 
+    /// Runs `op` once on the shared connection, recording the outcome in
+    /// readiness and metrics.
+    pub(super) async fn once<T, F, Fut>(&self, operation: &'static str, op: F) -> RedisResult<T>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let result = match self.conn().await {
+            Ok(c) => op(c).await,
+            Err(e) => Err(e),
+        };
+        match &result {
+            Ok(_) => self.ok(),
+            Err(e) => self.failed(operation, e),
+        }
+        result
+    }
+
     /// Runs `op` until it succeeds, reconnecting with backoff, or until
     /// `stop` fires (`None`).
     pub(super) async fn persist<T, F, Fut>(

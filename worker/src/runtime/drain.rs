@@ -35,7 +35,7 @@ impl Worker {
         for (qi, q) in self.queues.iter().enumerate() {
             let unfinished: HashMap<Arc<str>, Arc<Job>> = self.ledger().queues[qi]
                 .values()
-                .filter_map(|h| h.job.clone().map(|j| (h.payload.clone(), j)))
+                .map(|h| (h.payload.clone(), h.job.clone()))
                 .collect();
             let returned = self
                 .redis

@@ -27,8 +27,8 @@ impl Worker {
             let round = self.fetch_round(&mut permits, &mut blockers).await;
             match round {
                 Ok(()) => backoff.reset(),
-                Err((operation, e)) => {
-                    self.redis.failed(operation, &e);
+                Err(RedisFailure { operation, error }) => {
+                    self.redis.failed(operation, &error);
                     drop(permits);
                     tokio::select! {
                         _ = tokio::time::sleep(backoff.next_delay()) => {}
@@ -43,22 +43,26 @@ impl Worker {
         self: &Arc<Self>,
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<(MultiplexedConnection, i64)>],
-    ) -> Result<(), (&'static str, RedisError)> {
+    ) -> Result<(), RedisFailure> {
         if self.reconcile.swap(false, Ordering::Relaxed)
             && let Err(e) = self.reconcile().await
         {
-            self.reconcile.store(true, Ordering::Relaxed);
-            return Err(("reconcile", e));
+            self.suspect_lost_reply();
+            return Err(RedisFailure::new("reconcile", e));
         }
-        let mut c = self.redis.conn().await.map_err(|e| ("connect", e))?;
+        let mut c = self
+            .redis
+            .conn()
+            .await
+            .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
         let fetched = match queue::fetch(&mut c, &self.queues, &self.instance, permits.len()).await
         {
             Ok(f) => f,
             Err(e) => {
                 // The script may have moved jobs before the reply was lost.
-                self.reconcile.store(true, Ordering::Relaxed);
-                return Err(("fetch", e));
+                self.suspect_lost_reply();
+                return Err(RedisFailure::new("fetch", e));
             }
         };
         self.redis.ok();
@@ -81,14 +85,14 @@ impl Worker {
     pub(super) async fn wait_for_jobs(
         &self,
         blockers: &mut [Option<(MultiplexedConnection, i64)>],
-    ) -> Result<Vec<(usize, Payload)>, (&'static str, RedisError)> {
+    ) -> Result<Vec<Fetched>, RedisFailure> {
         for b in blockers.iter_mut() {
             if b.is_none() {
                 *b = Some(
                     self.redis
                         .blocking_conn()
                         .await
-                        .map_err(|e| ("connect", e))?,
+                        .map_err(|e| RedisFailure::new("connect", e))?,
                 );
             }
         }
@@ -112,7 +116,7 @@ impl Worker {
                 next = waits.next() => match next {
                     None => break,
                     Some((i, Ok(Some(job)))) => {
-                        arrived.push((i, job));
+                        arrived.push(Fetched { queue: i, payload: job });
                         if !unblocked && ids.len() > 1 {
                             unblocked = true;
                             self.unblock(&ids).await;
@@ -121,7 +125,7 @@ impl Worker {
                     Some((_, Ok(None))) => {}
                     Some((i, Err(e))) => {
                         self.redis.failed("wait", &e);
-                        self.reconcile.store(true, Ordering::Relaxed);
+                        self.suspect_lost_reply();
                         broken.push(i);
                     }
                 },
@@ -153,5 +157,17 @@ impl Worker {
                 tracing::debug!(error = %e, "client unblock failed");
             }
         }
+    }
+}
+
+/// A failed Redis call of a fetch round: which operation, and why.
+pub(super) struct RedisFailure {
+    operation: &'static str,
+    error: RedisError,
+}
+
+impl RedisFailure {
+    fn new(operation: &'static str, error: RedisError) -> Self {
+        Self { operation, error }
     }
 }

@@ -10,7 +10,7 @@ impl Worker {
     /// a task for each job to run, one slot each.
     pub(super) async fn dispatch(
         self: &Arc<Self>,
-        fetched: Vec<(usize, Payload)>,
+        fetched: Vec<Fetched>,
         permits: &mut Vec<OwnedSemaphorePermit>,
     ) {
         if fetched.is_empty() {
@@ -18,7 +18,11 @@ impl Worker {
         }
         let now = self.now_ms();
         let mut by_queue: Vec<Vec<Payload>> = self.queues.iter().map(|_| Vec::new()).collect();
-        for (i, raw) in fetched {
+        for Fetched {
+            queue: i,
+            payload: raw,
+        } in fetched
+        {
             by_queue[i].push(raw);
         }
         for (qi, raws) in by_queue.into_iter().enumerate() {
@@ -68,28 +72,28 @@ impl Worker {
                     .rev()
                     .map(|r| (r.as_slice(), r.as_slice()))
                     .collect();
-                let returned = match self.redis.conn().await {
-                    Ok(mut c) => queue::give_back(&mut c, q, &self.instance, &pairs).await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = returned {
-                    self.redis.failed("give_back", &e);
-                    self.reconcile.store(true, Ordering::Relaxed);
+                let returned = self
+                    .redis
+                    .once("give_back", |mut c| async move {
+                        queue::give_back(&mut c, q, &self.instance, &pairs).await
+                    })
+                    .await;
+                if returned.is_err() {
+                    self.suspect_lost_reply();
                 }
             }
-            let settled = match self.redis.conn().await {
-                Ok(mut c) => queue::settle_intake(&mut c, q, &self.instance, &actions).await,
-                Err(e) => Err(e),
-            };
-            let settled = match settled {
-                Ok(s) => s,
-                Err(e) => {
-                    // Unknown whether the script ran: the processing list is
-                    // checked against the ledger on the next round.
-                    self.redis.failed("settle_intake", &e);
-                    self.reconcile.store(true, Ordering::Relaxed);
-                    continue;
-                }
+            let pending = &actions;
+            let settled = self
+                .redis
+                .once("settle_intake", |mut c| async move {
+                    queue::settle_intake(&mut c, q, &self.instance, pending).await
+                })
+                .await;
+            let Ok(settled) = settled else {
+                // Unknown whether the script ran: the processing list is
+                // checked against the ledger on the next round.
+                self.suspect_lost_reply();
+                continue;
             };
             for ((action, run), kept) in actions.iter().zip(runs).zip(settled) {
                 match (action, run) {
@@ -102,7 +106,7 @@ impl Worker {
                                 seq,
                                 Held {
                                     payload: stamped.clone(),
-                                    job: Some(job.clone()),
+                                    job: job.clone(),
                                 },
                             );
                             seq
@@ -132,7 +136,7 @@ impl Worker {
     /// `Send` future: it spawns `run_job`, which awaits it.
     pub(super) fn dispatch_into(
         self: Arc<Self>,
-        next: (usize, Payload),
+        next: Fetched,
         slot: OwnedSemaphorePermit,
     ) -> futures::future::BoxFuture<'static, ()> {
         Box::pin(async move {

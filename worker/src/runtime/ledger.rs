@@ -6,9 +6,10 @@ use super::*;
 /// A job this process has taken and not yet settled, as it sits in the
 /// processing list.
 pub(super) struct Held {
+    /// The stamped payload, exactly as the processing list holds it.
     pub(super) payload: Arc<str>,
-    /// Set once the job is stamped and handed to the handler.
-    pub(super) job: Option<Arc<Job>>,
+    /// The job its handler runs.
+    pub(super) job: Arc<Job>,
 }
 
 /// Everything this process holds, per queue, keyed by a fetch sequence

@@ -11,7 +11,7 @@ impl Worker {
             ("pid", std::process::id().to_string()),
             ("concurrency", self.config.concurrency.to_string()),
             ("in_flight", self.metrics.in_flight.get().to_string()),
-            ("queues", self.labels.join(",")),
+            ("queues", self.queue_names().join(",")),
             // Lets readers (the CLI) tell live workers from lost ones.
             (
                 "dead_after_ms",
@@ -92,7 +92,7 @@ impl Worker {
                     queue = q.name(),
                     "this worker was taken for lost and its jobs were returned to the queue; re-registered"
                 );
-                self.reconcile.store(true, Ordering::Relaxed);
+                self.suspect_lost_reply();
             }
         }
         for q in &self.queues {

@@ -27,7 +27,7 @@ use crate::http::Health;
 use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
 use crate::keys::{Instance, QueueKeys};
 use crate::metrics::Metrics;
-use crate::queue::{self, IntakeAction, Payload};
+use crate::queue::{self, Fetched, IntakeAction, Payload};
 
 mod connection;
 mod drain;
@@ -58,7 +58,6 @@ struct Worker {
     config: Config,
     instance: String,
     queues: Vec<QueueKeys>,
-    labels: Vec<String>,
     handler: Arc<dyn Handler>,
     redis: Redis,
     metrics: Metrics,
@@ -136,7 +135,6 @@ pub async fn run(
     let queues: Vec<_> = config.queues.iter().map(QueueKeys::new).collect();
     let worker = Arc::new(Worker {
         instance: instance.name(),
-        labels: config.queues.clone(),
         ledger: Mutex::new(Ledger {
             next: 0,
             queues: queues.iter().map(|_| HashMap::new()).collect(),
@@ -163,7 +161,7 @@ pub async fn run(
     });
     tracing::info!(
         instance = %worker.instance,
-        queues = ?worker.labels,
+        queues = ?worker.queue_names(),
         concurrency = worker.config.concurrency,
         "worker starting"
     );
@@ -221,6 +219,18 @@ where
 }
 
 impl Worker {
+    /// Notes that a reply may have been lost after Redis moved jobs for
+    /// this process: the next fetch round checks the processing lists
+    /// against the ledger first.
+    pub(super) fn suspect_lost_reply(&self) {
+        self.reconcile.store(true, Ordering::Relaxed);
+    }
+
+    /// The queues' names, in priority order.
+    pub(super) fn queue_names(&self) -> Vec<&str> {
+        self.queues.iter().map(QueueKeys::name).collect()
+    }
+
     pub(super) fn now_ms(&self) -> u64 {
         let local = SystemTime::now()
             .duration_since(UNIX_EPOCH)

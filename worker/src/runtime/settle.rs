@@ -15,7 +15,7 @@ impl Worker {
         permit: OwnedSemaphorePermit,
     ) {
         let _slot = permit;
-        let queue = self.labels[qi].as_str();
+        let queue = self.queues[qi].name();
         self.metrics.in_flight.inc();
         let started = Instant::now();
         let outcome = tokio::select! {
@@ -62,23 +62,21 @@ impl Worker {
         qi: usize,
         job: &Job,
         stamped: &str,
-    ) -> Option<Option<(usize, Payload)>> {
-        let result = match self.redis.conn().await {
-            Ok(mut c) => {
+    ) -> Option<Option<Fetched>> {
+        let result = self
+            .redis
+            .once("ack", |mut c| async move {
                 queue::ack_and_take(&mut c, &self.queues, qi, &self.instance, stamped.as_bytes())
                     .await
-            }
-            Err(e) => Err(e),
-        };
+            })
+            .await;
         match result {
             Ok((kept, next)) => {
-                self.redis.ok();
                 self.record(qi, job, "done", Some(kept));
                 Some(next)
             }
-            Err(e) => {
-                self.redis.failed("ack", &e);
-                self.reconcile.store(true, Ordering::Relaxed);
+            Err(_) => {
+                self.suspect_lost_reply();
                 None
             }
         }
@@ -151,7 +149,7 @@ impl Worker {
     /// Counts a settlement: `Some(false)` when a reaper had already returned
     /// the job, `None` when Redis could not be reached before the deadline.
     pub(super) fn record(&self, qi: usize, job: &Job, label: &str, kept: Option<bool>) {
-        let queue = self.labels[qi].as_str();
+        let queue = self.queues[qi].name();
         match kept {
             Some(true) => self.metrics.jobs.with_label_values(&[queue, label]).inc(),
             Some(false) => {
@@ -169,7 +167,7 @@ impl Worker {
     }
 
     pub(super) fn log_dead(&self, qi: usize, letter: &DeadLetter) {
-        let queue = self.labels[qi].as_str();
+        let queue = self.queues[qi].name();
         self.metrics
             .dead_letters
             .with_label_values(&[queue, letter.reason.as_str()])
