@@ -24,7 +24,7 @@ use workerpool_queue::snapshot::{self, Snapshot};
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
 use crate::metrics::Metrics;
-use crate::scaling::{Decision, Engine, Observation};
+use crate::scaling::{self, Engine, Observation, Verdict};
 use crate::workload;
 
 /// The field manager of everything the operator applies.
@@ -298,26 +298,19 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         Err(problem) => Err(problem),
     };
 
-    let now = ctx.now();
-    let (desired, decision) = match (&pool.spec.scaling, &reading) {
-        (Some(spec), Ok(snap)) => {
-            let observation = Observation::from_snapshot(snap, current, ready);
-            let d =
-                lock(&ctx.engines)
-                    .entry(key.clone())
-                    .or_default()
-                    .tick(spec, &observation, now);
-            (d.desired, Some(d))
-        }
-        (Some(spec), Err(_)) => {
-            let d = lock(&ctx.engines)
-                .entry(key.clone())
-                .or_default()
-                .tick_failed(spec, current, now);
-            (d.desired, Some(d))
-        }
-        (None, _) => (pool.spec.replicas.unwrap_or(0), None),
-    };
+    let observed = reading
+        .as_ref()
+        .ok()
+        .map(|snap| Observation::from_snapshot(snap, current, ready));
+    let verdict = scaling::decide(
+        lock(&ctx.engines).entry(key.clone()).or_default(),
+        pool.spec.scaling.as_ref(),
+        pool.spec.replicas,
+        observed.as_ref(),
+        current,
+        ctx.now(),
+    );
+    let desired = verdict.desired;
 
     if let Ok(snap) = &reading {
         ctx.metrics
@@ -348,13 +341,10 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         } else {
             ("ScaledDown", "down")
         };
-        let note = match &decision {
-            Some(d) => format!(
-                "scaled {verb} from {current} to {desired}: {}",
-                d.reason.message()
-            ),
-            None => format!("scaled {verb} from {current} to {desired}: spec.replicas"),
-        };
+        let note = format!(
+            "scaled {verb} from {current} to {desired}: {}",
+            verdict.message()
+        );
         publish(ctx, &reference, EventType::Normal, reason, note).await;
     }
     if let Err(problem) = &reading {
@@ -398,7 +388,7 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         ready,
         current,
     };
-    let status = status(pool, counts, &reading, decision.as_ref(), problem.as_ref());
+    let status = status(pool, counts, &reading, &verdict, problem.as_ref());
     let pools: Api<WorkerPool> = Api::namespaced(client.clone(), &ns);
     pools
         .patch_status(
@@ -497,7 +487,7 @@ fn status(
     pool: &WorkerPool,
     counts: Counts,
     reading: &Result<Snapshot, QueueProblem>,
-    decision: Option<&Decision>,
+    verdict: &Verdict,
     problem: Option<&workload::Problem>,
 ) -> WorkerPoolStatus {
     let Counts {
@@ -549,6 +539,7 @@ fn status(
             (old.backlog, old.in_flight, old.oldest_job_age_seconds)
         }
     };
+    let decision = verdict.decision.as_ref();
     match decision {
         Some(d) => {
             conditions.push(condition(
@@ -567,8 +558,8 @@ fn status(
         None => conditions.push(condition(
             "ScalingActive",
             false,
-            "ManualReplicas",
-            format!("spec.replicas fixes the pool at {desired}"),
+            verdict.code(),
+            verdict.message(),
         )),
     }
     let ready_ok = ready >= desired;
