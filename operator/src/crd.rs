@@ -4,6 +4,7 @@
 //! `kubectl explain workerpool.spec…` shows: they are written for users.
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::crd::CustomResourceExt;
 use kube::{CustomResource, KubeSchema};
@@ -275,11 +276,67 @@ fn strip_descriptions(value: &mut serde_json::Value) {
     }
 }
 
+/// The CRD as the API server gets it: the Rust types' schema, with each
+/// description reflowed into paragraphs (doc comments wrap at 80 columns;
+/// `kubectl explain` wraps again, and would break sentences mid-line).
+pub fn crd() -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(WorkerPool::crd()).expect("a CRD always serializes");
+    reflow_descriptions(&mut value);
+    serde_json::from_value(value).expect("reflowing keeps the CRD valid")
+}
+
 /// The CRD as YAML, as `workerpool-operator crd` prints it and
 /// `manifests/crd.yaml` holds it.
 pub fn crd_yaml() -> String {
-    let crd = WorkerPool::crd();
-    serde_yaml_ng::to_string(&crd).expect("a CRD always serializes")
+    serde_yaml_ng::to_string(&crd()).expect("a CRD always serializes")
+}
+
+fn reflow_descriptions(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                match v {
+                    serde_json::Value::String(text) if key == "description" => {
+                        *text = reflow(text);
+                    }
+                    _ => reflow_descriptions(v),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(reflow_descriptions),
+        _ => {}
+    }
+}
+
+/// Joins wrapped lines into paragraphs; blank lines between paragraphs and
+/// list items (`- `, `* `, `1. `) keep their line breaks.
+pub fn reflow(text: &str) -> String {
+    let starts_item = |line: &str| {
+        let line = line.trim_start();
+        line.starts_with("- ")
+            || line.starts_with("* ")
+            || line
+                .split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
+    text.split("\n\n")
+        .map(|paragraph| {
+            let mut out = String::new();
+            for line in paragraph.lines() {
+                if out.is_empty() {
+                    out.push_str(line.trim_end());
+                } else if starts_item(line) {
+                    out.push('\n');
+                    out.push_str(line.trim_end());
+                } else {
+                    out.push(' ');
+                    out.push_str(line.trim());
+                }
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 #[cfg(test)]
@@ -323,8 +380,26 @@ mod tests {
     }
 
     #[test]
+    fn descriptions_read_as_paragraphs_with_their_lists_kept() {
+        assert_eq!(
+            reflow(
+                "The fewest workers to run. 0 (the default)\nlets an idle pool scale.\n\nSecond paragraph\nhere.\n- one\n- two\n1. first"
+            ),
+            "The fewest workers to run. 0 (the default) lets an idle pool scale.\n\nSecond paragraph here.\n- one\n- two\n1. first"
+        );
+        let crd = serde_json::to_value(crd()).expect("json");
+        let scaling = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["scaling"]["properties"];
+        let text = scaling["activationBacklog"]["description"]
+            .as_str()
+            .expect("description");
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains("Defaults to 1."), "{text}");
+    }
+
+    #[test]
     fn the_crd_has_status_scale_short_name_and_printer_columns() {
-        let crd = serde_json::to_value(WorkerPool::crd()).expect("json");
+        let crd = serde_json::to_value(crd()).expect("json");
         let version = &crd["spec"]["versions"][0];
         assert_eq!(crd["spec"]["names"]["shortNames"], json!(["wp"]));
         assert_eq!(version["subresources"]["status"], json!({}));
@@ -361,7 +436,7 @@ mod tests {
 
     #[test]
     fn defaults_are_in_the_schema_so_the_api_server_fills_them_in() {
-        let crd = serde_json::to_value(WorkerPool::crd()).expect("json");
+        let crd = serde_json::to_value(crd()).expect("json");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
         assert_eq!(
             spec["worker"]["properties"]["concurrency"]["default"],
