@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use workerpool_queue::connection::{Endpoint, Tls};
 
-use crate::exec::ExecCommand;
+use crate::handlers::exec_pool::ExecCommand;
 
 /// Settings of the worker runtime.
 #[derive(Debug, Clone)]
@@ -354,7 +354,7 @@ impl Args {
             (Some(HandlerKind::Sleep), None) => HandlerChoice::Sleep,
             (Some(HandlerKind::Http), None) => match &self.http_url {
                 Some(url) => {
-                    HandlerChoice::Http(crate::http_handler::parse_url(url).map_err(ConfigError)?)
+                    HandlerChoice::Http(crate::handlers::http::parse_url(url).map_err(ConfigError)?)
                 }
                 None => {
                     return Err(ConfigError(

@@ -16,12 +16,10 @@ pub use workerpool_queue::{admin, job, keys, scripts, snapshot, text};
 pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod exec;
-pub mod exec_per_job;
 pub mod handler;
-pub mod http;
-pub mod http_handler;
+pub mod handlers;
 pub mod metrics;
+pub mod probes;
 mod runtime;
 
 pub use config::{Config, HandlerChoice};
@@ -39,16 +37,18 @@ pub fn build_handler(
     choice: HandlerChoice,
     config: &Config,
     metrics: &Metrics,
-) -> Result<Arc<dyn Handler>, exec::SpawnError> {
+) -> Result<Arc<dyn Handler>, handlers::exec_pool::SpawnError> {
     Ok(match choice {
-        HandlerChoice::Exec(command) => Arc::new(exec::ExecPool::start(
+        HandlerChoice::Exec(command) => Arc::new(handlers::exec_pool::ExecPool::start(
             command,
             config.concurrency,
             metrics.child_restarts.clone(),
         )?),
         HandlerChoice::Noop => Arc::new(Noop),
         HandlerChoice::Sleep => Arc::new(Sleep),
-        HandlerChoice::Http(url) => Arc::new(http_handler::HttpHandler::new(url)),
-        HandlerChoice::ExecPerJob(command) => Arc::new(exec_per_job::ExecPerJob::new(command)?),
+        HandlerChoice::Http(url) => Arc::new(handlers::http::HttpHandler::new(url)),
+        HandlerChoice::ExecPerJob(command) => {
+            Arc::new(handlers::exec_per_job::ExecPerJob::new(command)?)
+        }
     })
 }

@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 use workerpool_worker::Outcome;
-use workerpool_worker::exec::parse_answer;
+use workerpool_worker::handlers::exec_pool::parse_answer;
 use workerpool_worker::job::{DeadReason, Intake, intake};
 
 const NOW: u64 = 1_700_000_000_000;
@@ -160,7 +160,7 @@ fn answers_that_are_not_utf8_are_protocol_breaks_that_show_the_bytes() {
     );
     assert!(e.contains(r#"\xff\xfe{"ok":true}"#), "{e}");
     assert_eq!(parse_answer(b"{\"ok\":true}\r\n"), Ok(Outcome::Done));
-    let long = vec![b'a'; workerpool_worker::exec::MAX_ANSWER_BYTES + 1];
+    let long = vec![b'a'; workerpool_worker::handlers::exec_pool::MAX_ANSWER_BYTES + 1];
     assert!(
         parse_answer(&long)
             .expect_err("too long")

@@ -23,10 +23,10 @@ use tokio_util::task::TaskTracker;
 use crate::backoff::{self, Reconnect};
 use crate::config::Config;
 use crate::handler::{Handler, Outcome};
-use crate::http::Health;
 use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
 use crate::keys::{Instance, QueueKeys};
 use crate::metrics::Metrics;
+use crate::probes::Health;
 use crate::queue::{self, Fetched, IntakeAction, Payload};
 
 mod connection;
@@ -118,7 +118,7 @@ pub async fn run(
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| Error::Listen { addr, source })?;
-            let app = crate::http::app(health.clone(), metrics.clone());
+            let app = crate::probes::app(health.clone(), metrics.clone());
             let stop = stop_http.clone();
             Some(tokio::spawn(async move {
                 let served = axum::serve(listener, app)

@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::exec::{ExecCommand, SpawnError};
+use super::exec_pool::{ExecCommand, SpawnError};
 use crate::handler::{Handler, Outcome};
 use crate::job::Job;
 
