@@ -43,18 +43,7 @@ impl Worker {
                     let unfinished = &unfinished;
                     async move {
                         let listed = queue::processing(&mut c, q, &self.instance).await?;
-                        // Only jobs this process started are pushed changed;
-                        // anything else (even bytes that are no job) goes
-                        // back exactly as it was.
-                        let pushed: Vec<Payload> = listed
-                            .iter()
-                            .map(|p| {
-                                std::str::from_utf8(p)
-                                    .ok()
-                                    .and_then(|p| unfinished.get(p))
-                                    .map_or_else(|| p.clone(), |j| j.unstarted().into_bytes())
-                            })
-                            .collect();
+                        let pushed = super::ledger::unstarted(&listed, unfinished);
                         let pairs: Vec<(&[u8], &[u8])> = listed
                             .iter()
                             .map(Vec::as_slice)

@@ -30,42 +30,40 @@ impl Worker {
                 continue;
             }
             let q = &self.queues[qi];
-            let mut actions = Vec::with_capacity(raws.len());
-            let mut runs = Vec::with_capacity(raws.len());
-            let mut back = Vec::new();
-            for raw in raws {
-                match intake(&raw, now, self.config.max_attempts, &self.instance) {
-                    Intake::Run { job, stamped } => {
-                        let permit = permits
-                            .pop()
-                            .or_else(|| self.slots.clone().try_acquire_owned().ok());
-                        match permit {
-                            Some(permit) => {
-                                runs.push(Some((
-                                    Arc::new(job),
-                                    Arc::<str>::from(stamped.as_str()),
-                                    permit,
-                                )));
-                                actions.push(IntakeAction::Run { raw, stamped });
-                            }
-                            // More arrived at once than slots are free.
-                            None => back.push(raw),
-                        }
-                    }
-                    Intake::Schedule { run_at } => {
-                        runs.push(None);
-                        actions.push(IntakeAction::Schedule { raw, run_at });
-                    }
-                    Intake::Dead(letter) => {
-                        runs.push(None);
-                        self.log_dead(qi, &letter);
-                        actions.push(IntakeAction::Dead {
-                            raw,
-                            envelope: letter.to_json(),
-                        });
-                    }
+            // Slots for as many as could run: the caller's first, then free ones.
+            let mut mine = Vec::new();
+            while mine.len() < raws.len() {
+                match permits
+                    .pop()
+                    .or_else(|| self.slots.clone().try_acquire_owned().ok())
+                {
+                    Some(p) => mine.push(p),
+                    None => break,
                 }
             }
+            let plan = plan(
+                raws,
+                mine.len(),
+                now,
+                self.config.max_attempts,
+                &self.instance,
+            );
+            for letter in &plan.dead {
+                self.log_dead(qi, letter);
+            }
+            let Plan {
+                actions,
+                runs,
+                back,
+                ..
+            } = plan;
+            let mut mine = mine.into_iter();
+            let runs: Vec<_> = runs
+                .into_iter()
+                .map(|run| run.and_then(|(job, stamped)| mine.next().map(|p| (job, stamped, p))))
+                .collect();
+            // Slots no job here needed are the next queue's.
+            permits.extend(mine);
             if !back.is_empty() {
                 let pairs: Vec<(&[u8], &[u8])> = back
                     .iter()
@@ -143,5 +141,106 @@ impl Worker {
             let mut permits = vec![slot];
             self.dispatch(vec![next], &mut permits).await;
         })
+    }
+}
+
+/// What intake does with one queue's fresh payloads.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    /// One per payload that stays (runs, is scheduled or dead-lettered), in
+    /// order: what the intake script does with it.
+    pub(super) actions: Vec<IntakeAction>,
+    /// Beside each action: the job and its stamped payload when it runs.
+    pub(super) runs: Vec<Option<(Arc<Job>, Arc<str>)>>,
+    /// Jobs beyond the free slots: back to the head of the queue, untouched.
+    pub(super) back: Vec<Payload>,
+    /// The dead letters among the actions.
+    pub(super) dead: Vec<DeadLetter>,
+}
+
+/// Plans the intake of `raws` (as fetched, oldest first) with `free` slots:
+/// pure, so the rules are tested without Redis.
+pub(super) fn plan(
+    raws: Vec<Payload>,
+    free: usize,
+    now_ms: u64,
+    max_attempts: u32,
+    instance: &str,
+) -> Plan {
+    let mut plan = Plan::default();
+    for raw in raws {
+        match intake(&raw, now_ms, max_attempts, instance) {
+            Intake::Run { job, stamped } => {
+                let running = plan.runs.iter().flatten().count();
+                if running < free {
+                    plan.runs
+                        .push(Some((Arc::new(job), Arc::<str>::from(stamped.as_str()))));
+                    plan.actions.push(IntakeAction::Run { raw, stamped });
+                } else {
+                    // More arrived at once than slots are free.
+                    plan.back.push(raw);
+                }
+            }
+            Intake::Schedule { run_at } => {
+                plan.runs.push(None);
+                plan.actions.push(IntakeAction::Schedule { raw, run_at });
+            }
+            Intake::Dead(letter) => {
+                plan.runs.push(None);
+                plan.actions.push(IntakeAction::Dead {
+                    raw,
+                    envelope: letter.to_json(),
+                });
+                plan.dead.push(letter);
+            }
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn raws(payloads: &[&[u8]]) -> Vec<Payload> {
+        payloads.iter().map(|p| p.to_vec()).collect()
+    }
+
+    #[test]
+    fn jobs_beyond_the_free_slots_go_back_and_the_rest_are_planned_in_order() {
+        let plan = plan(
+            raws(&[b"{\"n\":1}", b"{\"n\":2}", b"{\"n\":3}"]),
+            2,
+            NOW,
+            5,
+            "w~1",
+        );
+        assert_eq!(plan.actions.len(), 2);
+        assert!(matches!(&plan.actions[0], IntakeAction::Run { raw, .. } if raw == b"{\"n\":1}"));
+        assert_eq!(plan.back, raws(&[b"{\"n\":3}"]));
+        assert_eq!(plan.runs.iter().flatten().count(), 2);
+    }
+
+    #[test]
+    fn malformed_and_delayed_payloads_need_no_slot() {
+        let later = format!(r#"{{"run_at":{}}}"#, NOW + 60_000);
+        let plan = plan(raws(&[b"\xff", later.as_bytes(), b"{}"]), 1, NOW, 5, "w~1");
+        assert!(matches!(plan.actions[0], IntakeAction::Dead { .. }));
+        assert!(
+            matches!(plan.actions[1], IntakeAction::Schedule { run_at, .. } if run_at == NOW + 60_000)
+        );
+        assert!(matches!(plan.actions[2], IntakeAction::Run { .. }));
+        assert!(plan.back.is_empty());
+        assert_eq!(plan.dead.len(), 1);
+        assert_eq!(plan.runs.len(), plan.actions.len());
+    }
+
+    #[test]
+    fn with_no_free_slot_every_job_goes_back_untouched() {
+        let plan = plan(raws(&[b"{}", b"{}"]), 0, NOW, 5, "w~1");
+        assert!(plan.actions.is_empty());
+        assert_eq!(plan.back, raws(&[b"{}", b"{}"]));
     }
 }
