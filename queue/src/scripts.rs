@@ -14,7 +14,7 @@ use redis::Script;
 /// Server time in unix milliseconds as `now`, prepended to every script.
 const NOW_MS: &str = include_str!("lua/now.lua");
 
-fn script(body: &str) -> Script {
+pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{NOW_MS}{body}"))
 }
 

@@ -10,7 +10,8 @@ use redis::{RedisResult, Script, Value};
 use crate::job::field;
 use crate::keys::QueueKeys;
 
-static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/snapshot.lua")));
+static SNAPSHOT: LazyLock<Script> =
+    LazyLock::new(|| crate::scripts::script(include_str!("lua/snapshot.lua")));
 
 /// One registered worker instance.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 -- Completes a job. KEYS: processing, stats:processed. ARGV: payload.
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
-  redis.call('INCR', KEYS[2])
+local processing, processed = KEYS[1], KEYS[2]
+local payload = ARGV[1]
+if redis.call('LREM', processing, 1, payload) == 1 then
+  redis.call('INCR', processed)
   return 1
 end
 return 0

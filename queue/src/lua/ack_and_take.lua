@@ -3,9 +3,12 @@
 -- job's queue, then pairs of queue and processing list, highest priority
 -- first. ARGV: the completed payload. Returns {1 or 0 (whether the job was
 -- still ours), then queue index (1-based) and payload when one was taken}.
-local kept = redis.call('LREM', KEYS[1], 1, ARGV[1])
+local processing, processed = KEYS[1], KEYS[2]
+local payload = ARGV[1]
+-- KEYS[3..]: pairs of queue and processing list, highest priority first.
+local kept = redis.call('LREM', processing, 1, payload)
 if kept == 1 then
-  redis.call('INCR', KEYS[2])
+  redis.call('INCR', processed)
 end
 for i = 3, #KEYS, 2 do
   local v = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'RIGHT', 'LEFT')

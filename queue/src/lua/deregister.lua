@@ -1,8 +1,10 @@
 -- Removes a worker from the registry when it holds no jobs. KEYS:
 -- workers, its processing list, its hash. ARGV: instance.
-if redis.call('LLEN', KEYS[2]) == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('DEL', KEYS[3])
+local workers, processing, details = KEYS[1], KEYS[2], KEYS[3]
+local instance = ARGV[1]
+if redis.call('LLEN', processing) == 0 then
+  redis.call('ZREM', workers, instance)
+  redis.call('DEL', details)
   return 1
 end
 return 0

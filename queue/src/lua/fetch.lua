@@ -1,6 +1,7 @@
 -- Takes up to `ARGV[1]` jobs from the queues in `KEYS` (pairs of queue and
 -- processing list, highest priority first), each moved atomically.
 -- Returns a flat list: queue index (1-based), payload, …
+-- KEYS: pairs of queue and processing list, highest priority first.
 local n = tonumber(ARGV[1])
 local out = {}
 for i = 1, #KEYS, 2 do

@@ -1,11 +1,13 @@
 -- Records a heartbeat. KEYS: workers, worker hash. ARGV: instance,
 -- hash TTL in milliseconds, then field/value pairs for the hash.
 -- Returns {1 if the instance was not registered (new, or reaped), now}.
-local added = redis.call('ZADD', KEYS[1], now, ARGV[1])
+local workers, details = KEYS[1], KEYS[2]
+local instance, ttl_ms = ARGV[1], tonumber(ARGV[2])
+local added = redis.call('ZADD', workers, now, instance)
 if #ARGV > 2 then
-  redis.call('HSET', KEYS[2], 'beat', now, unpack(ARGV, 3))
+  redis.call('HSET', details, 'beat', now, unpack(ARGV, 3))
 else
-  redis.call('HSET', KEYS[2], 'beat', now)
+  redis.call('HSET', details, 'beat', now)
 end
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]))
+redis.call('PEXPIRE', details, ttl_ms)
 return {added, now}

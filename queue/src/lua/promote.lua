@@ -1,12 +1,14 @@
 -- Moves due entries of the retry and scheduled sets to the tail of the
 -- queue. KEYS: retry, scheduled, queue. ARGV: the most to move per set.
 -- Returns how many moved.
+local retry, scheduled, queue = KEYS[1], KEYS[2], KEYS[3]
+local limit = tonumber(ARGV[1])
 local n = 0
-for k = 1, 2 do
-  local due = redis.call('ZRANGE', KEYS[k], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[1]))
+for _, set in ipairs({retry, scheduled}) do
+  local due = redis.call('ZRANGE', set, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   for _, v in ipairs(due) do
-    redis.call('ZREM', KEYS[k], v)
-    redis.call('LPUSH', KEYS[3], v)
+    redis.call('ZREM', set, v)
+    redis.call('LPUSH', queue, v)
     n = n + 1
   end
 end

@@ -6,18 +6,20 @@
 -- so a worker that has just beaten is left alone and concurrent reapers
 -- move each job once. Returns the number of jobs moved, or -1 if the
 -- worker was not lost.
-local limit = tonumber(ARGV[2])
-local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local workers, processing, queue, details, recovered =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local instance, limit = ARGV[1], tonumber(ARGV[2])
+local beat = redis.call('ZSCORE', workers, instance)
 if limit >= 0 and beat and tonumber(beat) > now - limit then
   return -1
 end
 local n = 0
-while redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT') do
+while redis.call('LMOVE', processing, queue, 'LEFT', 'RIGHT') do
   n = n + 1
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[4])
+redis.call('ZREM', workers, instance)
+redis.call('DEL', details)
 if n > 0 then
-  redis.call('INCRBY', KEYS[5], n)
+  redis.call('INCRBY', recovered, n)
 end
 return n

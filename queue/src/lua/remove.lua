@@ -1,7 +1,8 @@
 -- Removes the given entries from a list. KEYS: the list. ARGV: entries
 -- as stored. Returns how many were removed.
+local list = KEYS[1]
 local n = 0
 for i = 1, #ARGV do
-  n = n + redis.call('LREM', KEYS[1], 1, ARGV[i])
+  n = n + redis.call('LREM', list, 1, ARGV[i])
 end
 return n

@@ -4,18 +4,20 @@
 -- `S` parks it in the scheduled set at score `argument`,
 -- `D` dead-letters it with the envelope `argument`.
 -- Returns 1 or 0 per triple: whether the payload was still ours.
+local processing, scheduled, dead, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- ARGV: triples of action, raw payload, argument.
 local out = {}
 for i = 1, #ARGV, 3 do
   local action, raw, arg = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local ok = redis.call('LREM', KEYS[1], 1, raw)
+  local ok = redis.call('LREM', processing, 1, raw)
   if ok == 1 then
     if action == 'R' then
-      redis.call('LPUSH', KEYS[1], arg)
+      redis.call('LPUSH', processing, arg)
     elseif action == 'S' then
-      redis.call('ZADD', KEYS[2], tonumber(arg), raw)
+      redis.call('ZADD', scheduled, tonumber(arg), raw)
     else
-      redis.call('LPUSH', KEYS[3], arg)
-      redis.call('INCR', KEYS[4])
+      redis.call('LPUSH', dead, arg)
+      redis.call('INCR', dead_total)
     end
   end
   out[#out + 1] = ok

@@ -6,8 +6,6 @@
 -- scheduled, dead, processed, failed, head payload or '', workers as
 -- {instance, beat, held, dead_after_ms or '-' or ''}..., dead total,
 -- recovered total}}.
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local out = {now}
 local per = 9
 for i = 1, #KEYS, per do
