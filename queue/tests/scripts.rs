@@ -1,0 +1,302 @@
+//! Every queue script against a real redis-server, one row per rule: the
+//! state before, the operation, its reply, and every key after.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::ops::{self, IntakeAction};
+use workerpool_tests::TestRedis;
+
+/// One operation of the contract, with its arguments.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Ack(&'static str),
+    Retry(&'static str, &'static str),
+    Bury(&'static str, &'static str),
+    GiveBack(&'static [(&'static str, &'static str)]),
+    Promote(usize),
+    Fetch(usize),
+    SettleRun(&'static str, &'static str),
+    Reap(&'static str, Option<u64>),
+    Deregister(&'static str),
+}
+
+struct Row {
+    rule: &'static str,
+    /// Redis commands that set the scene (keys are relative to the queue).
+    given: &'static [&'static [&'static str]],
+    op: Op,
+    /// The operation's reply, as Debug.
+    reply: &'static str,
+    /// Every key of the queue afterwards, as `key=contents` (lists and sets
+    /// in order, counters by value), sorted; `<q>` stands for the queue.
+    then: &'static [&'static str],
+}
+
+const ROWS: &[Row] = &[
+    Row {
+        rule: "an ack removes the held payload and counts it",
+        given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
+        op: Op::Ack("j"),
+        reply: "true",
+        then: &["<q>:stats:processed=1"],
+    },
+    Row {
+        rule: "settling a payload a reaper already returned changes nothing: ack",
+        given: &[&["LPUSH", "<q>", "j"]],
+        op: Op::Ack("j"),
+        reply: "false",
+        then: &["<q>=[j]"],
+    },
+    Row {
+        rule: "settling a payload a reaper already returned changes nothing: retry",
+        given: &[&["LPUSH", "<q>", "j"]],
+        op: Op::Retry("j", "j2"),
+        reply: "false",
+        then: &["<q>=[j]"],
+    },
+    Row {
+        rule: "settling a payload a reaper already returned changes nothing: bury",
+        given: &[&["LPUSH", "<q>", "j"]],
+        op: Op::Bury("j", "letter"),
+        reply: "false",
+        then: &["<q>=[j]"],
+    },
+    Row {
+        rule: "a retry swaps the held payload for the next attempt in the retry set",
+        given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
+        op: Op::Retry("j", "j2"),
+        reply: "true",
+        then: &["<q>:retry={j2}", "<q>:stats:failed=1"],
+    },
+    Row {
+        rule: "burying dead-letters the envelope and counts a failure and a death",
+        given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
+        op: Op::Bury("j", "letter"),
+        reply: "true",
+        then: &[
+            "<q>:dead=[letter]",
+            "<q>:stats:dead=1",
+            "<q>:stats:failed=1",
+        ],
+    },
+    Row {
+        rule: "a give-back pushes each pair to the head, the last pair at the very head",
+        given: &[
+            &["RPUSH", "<q>", "older"],
+            &["LPUSH", "<q>:processing:w~1", "a", "b"],
+        ],
+        op: Op::GiveBack(&[("a", "a2"), ("b", "b2"), ("gone", "x")]),
+        reply: "2",
+        then: &["<q>=[older, a2, b2]"],
+    },
+    Row {
+        rule: "promotion moves only what is due, from both sets, to the tail",
+        given: &[
+            &[
+                "ZADD",
+                "<q>:retry",
+                "1",
+                "r-due",
+                "99999999999999",
+                "r-later",
+            ],
+            &["ZADD", "<q>:scheduled", "1", "s-due"],
+            &["RPUSH", "<q>", "waiting"],
+        ],
+        op: Op::Promote(100),
+        reply: "2",
+        then: &["<q>=[s-due, r-due, waiting]", "<q>:retry={r-later}"],
+    },
+    Row {
+        rule: "a fetch takes no more than asked, oldest first",
+        given: &[&["LPUSH", "<q>", "1", "2", "3"]],
+        op: Op::Fetch(2),
+        reply: "[1, 2]",
+        then: &["<q>=[3]", "<q>:processing:w~1=[2, 1]"],
+    },
+    Row {
+        rule: "intake replaces a held payload with its stamped form",
+        given: &[&["LPUSH", "<q>:processing:w~1", "raw"]],
+        op: Op::SettleRun("raw", "stamped"),
+        reply: "[true]",
+        then: &["<q>:processing:w~1=[stamped]"],
+    },
+    Row {
+        rule: "intake of a payload no longer held changes nothing",
+        given: &[&["LPUSH", "<q>", "raw"]],
+        op: Op::SettleRun("raw", "stamped"),
+        reply: "[false]",
+        then: &["<q>=[raw]"],
+    },
+    Row {
+        rule: "a reaper returns a silent worker's jobs to the head, oldest at the very head, and forgets it",
+        given: &[
+            &["ZADD", "<q>:workers", "1", "w~2"],
+            &["HSET", "<q>:worker:w~2", "pid", "1"],
+            &["LPUSH", "<q>:processing:w~2", "first", "second"],
+            &["RPUSH", "<q>", "waiting"],
+        ],
+        op: Op::Reap("w~2", Some(1_000)),
+        reply: "Some(2)",
+        then: &["<q>=[waiting, second, first]", "<q>:stats:recovered=2"],
+    },
+    Row {
+        rule: "a reaper leaves a worker that has just beaten alone",
+        given: &[
+            &["ZADD", "<q>:workers", "99999999999999", "w~2"],
+            &["LPUSH", "<q>:processing:w~2", "held"],
+        ],
+        op: Op::Reap("w~2", Some(1_000)),
+        reply: "None",
+        then: &["<q>:processing:w~2=[held]", "<q>:workers={w~2}"],
+    },
+    Row {
+        rule: "a worker leaves the registry only when it holds nothing",
+        given: &[
+            &["ZADD", "<q>:workers", "1", "w~1"],
+            &["LPUSH", "<q>:processing:w~1", "held"],
+        ],
+        op: Op::Deregister("w~1"),
+        reply: "false",
+        then: &["<q>:processing:w~1=[held]", "<q>:workers={w~1}"],
+    },
+    Row {
+        rule: "a worker holding nothing leaves the registry and its details",
+        given: &[
+            &["ZADD", "<q>:workers", "1", "w~1"],
+            &["HSET", "<q>:worker:w~1", "pid", "1"],
+        ],
+        op: Op::Deregister("w~1"),
+        reply: "true",
+        then: &[],
+    },
+];
+
+async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
+    let w = "w~1";
+    let r = match op {
+        Op::Ack(p) => format!("{:?}", ops::ack(c, q, w, p.as_bytes()).await),
+        Op::Retry(p, next) => format!(
+            "{:?}",
+            ops::retry_later(c, q, w, p.as_bytes(), next, Duration::from_secs(60)).await
+        ),
+        Op::Bury(p, letter) => format!("{:?}", ops::bury(c, q, w, p.as_bytes(), letter).await),
+        Op::GiveBack(pairs) => {
+            let pairs: Vec<(&[u8], &[u8])> = pairs
+                .iter()
+                .map(|(a, b)| (a.as_bytes(), b.as_bytes()))
+                .collect();
+            format!("{:?}", ops::give_back(c, q, w, &pairs).await)
+        }
+        Op::Promote(limit) => format!("{:?}", ops::promote_due(c, q, limit).await),
+        Op::Fetch(n) => format!(
+            "{:?}",
+            ops::fetch(c, std::slice::from_ref(q), w, n).await.map(|f| f
+                .into_iter()
+                .map(|f| String::from_utf8_lossy(&f.payload).into_owned())
+                .collect::<Vec<_>>())
+        ),
+        Op::SettleRun(raw, stamped) => {
+            let action = IntakeAction::Run {
+                raw: raw.as_bytes().to_vec(),
+                stamped: stamped.into(),
+            };
+            format!("{:?}", ops::settle_intake(c, q, w, &[action]).await)
+        }
+        Op::Reap(instance, ms) => format!(
+            "{:?}",
+            ops::reap(c, q, instance, ms.map(Duration::from_millis)).await
+        ),
+        Op::Deregister(instance) => format!("{:?}", ops::deregister(c, q, instance).await),
+    };
+    // Ok(x) -> x: the rows state replies without the Result.
+    r.strip_prefix("Ok(")
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or(&r)
+        .replace('"', "")
+}
+
+/// Every key of the queue, as `key=contents`, sorted.
+async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", q.name()))
+        .query_async(c)
+        .await
+        .expect("keys");
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(c)
+            .await
+            .expect("type");
+        let contents = match kind.as_str() {
+            "list" => {
+                let v: Vec<String> = redis::cmd("LRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(c)
+                    .await
+                    .expect("lrange");
+                format!("[{}]", v.join(", "))
+            }
+            "zset" => {
+                let v: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(c)
+                    .await
+                    .expect("zrange");
+                format!("{{{}}}", v.join(", "))
+            }
+            "hash" => "hash".to_string(),
+            _ => {
+                let v: String = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(c)
+                    .await
+                    .expect("get");
+                v
+            }
+        };
+        let name = key.replacen(q.name(), "<q>", 1);
+        // Worker hashes are checked through the registry rows; their
+        // contents are the heartbeat's business.
+        if contents != "hash" {
+            out.push(format!("{name}={contents}"));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_script_follows_its_rule() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let mut failures = Vec::new();
+    for (i, row) in ROWS.iter().enumerate() {
+        let q = QueueKeys::new(format!("t{i}"));
+        for command in row.given {
+            let mut cmd = redis::cmd(command[0]);
+            for arg in &command[1..] {
+                cmd.arg(arg.replace("<q>", q.name()));
+            }
+            let _: redis::Value = cmd.query_async(&mut c).await.expect("given");
+        }
+        let reply = run(&mut c, &q, row.op).await;
+        let then = state(&mut c, &q).await;
+        let expected: Vec<String> = row.then.iter().map(|s| s.to_string()).collect();
+        if reply != row.reply || then != expected {
+            failures.push(format!(
+                "{}:\n  reply {reply} (expected {})\n  then  {then:?}\n  want  {expected:?}",
+                row.rule, row.reply
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
