@@ -253,89 +253,121 @@ pub fn retry_delay(failures: u32) -> Duration {
     Duration::from_secs(5 << doublings).min(Duration::from_secs(300))
 }
 
-async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
-    let ns = pool.namespace().unwrap_or_default();
-    let name = pool.name_any();
-    let key = pool_key(pool);
-    let client = &ctx.client;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+/// What one reconcile read: the Deployment, the pods (only while workers
+/// are missing or about to be removed), and the queue.
+struct Observed {
+    existing: Option<Deployment>,
+    pods: Option<Vec<Pod>>,
+    reading: Result<Snapshot, QueueProblem>,
+    counts: Counts,
+}
 
+/// What one reconcile does, decided without I/O from what it observed.
+#[derive(Debug)]
+struct Plan {
+    /// The Deployment to apply.
+    deployment: Deployment,
+    /// Mark idle pods cheapest to delete before the apply (a scale-down).
+    mark_idle: bool,
+    /// Events to record: type, reason, note.
+    events: Vec<(EventType, String, String)>,
+    /// The workload problem to remember as announced (None: forget it).
+    announced: Option<String>,
+    /// The status to write.
+    status: WorkerPoolStatus,
+    /// When to look again.
+    requeue: Duration,
+}
+
+async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
+    let key = pool_key(pool);
+    let observed = observe(pool, ctx).await?;
+    let verdict = scaling::decide(
+        lock(&ctx.engines).entry(key.clone()).or_default(),
+        pool.spec.scaling.as_ref(),
+        pool.spec.replicas,
+        observed
+            .reading
+            .as_ref()
+            .ok()
+            .map(|snap| {
+                Observation::from_snapshot(snap, observed.counts.current, observed.counts.ready)
+            })
+            .as_ref(),
+        observed.counts.current,
+        ctx.now(),
+    );
+    let announced = lock(&ctx.announced).get(&key).cloned();
+    let plan = plan(pool, &observed, &verdict, announced.as_deref())?;
+    apply(pool, ctx, observed, plan).await
+}
+
+/// Reads the Deployment, the pods when workers are missing, and the queue.
+async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
+    let deployments: Api<Deployment> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let existing = deployments
-        .get_opt(&name)
+        .get_opt(&pool.name_any())
         .await
         .map_err(Error::GetDeployment)?;
+    let status = existing.as_ref().and_then(|d| d.status.as_ref());
     let current = existing
         .as_ref()
         .and_then(|d| d.spec.as_ref())
         .and_then(|s| s.replicas)
         .unwrap_or(0);
-    let ready = existing
-        .as_ref()
-        .and_then(|d| d.status.as_ref())
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
-    let status_replicas = existing
-        .as_ref()
-        .and_then(|d| d.status.as_ref())
-        .and_then(|s| s.replicas)
-        .unwrap_or(0);
-    // Workers missing: find out why, from the pods (an image that cannot
-    // be pulled, a crash loop) and the Deployment (pods refused).
+    let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let replicas = status.and_then(|s| s.replicas).unwrap_or(0);
+    // Workers missing: the pods say why (an image that cannot be pulled, a
+    // crash loop), beside the Deployment (pods refused).
     let pods = if existing.is_some() && ready < current {
         Some(list_pods(pool, ctx).await?)
     } else {
         None
     };
-    let problem = if ready < current {
-        workload::problem(existing.as_ref(), pods.as_deref().unwrap_or_default())
-    } else {
-        None
-    };
-
     let queues = pool.spec.queue.redis.queue_keys();
-    let reading = match redis_url(pool, client).await {
+    let reading = match redis_url(pool, &ctx.client).await {
         Ok(url) => ctx.read_queue(&url, &queues).await,
         Err(problem) => Err(problem),
     };
+    Ok(Observed {
+        existing,
+        pods,
+        reading,
+        counts: Counts {
+            desired: 0,
+            replicas,
+            ready,
+            current,
+        },
+    })
+}
 
-    let observed = reading
-        .as_ref()
-        .ok()
-        .map(|snap| Observation::from_snapshot(snap, current, ready));
-    let verdict = scaling::decide(
-        lock(&ctx.engines).entry(key.clone()).or_default(),
-        pool.spec.scaling.as_ref(),
-        pool.spec.replicas,
-        observed.as_ref(),
-        current,
-        ctx.now(),
-    );
+/// Everything a reconcile does, decided from what it observed: pure.
+fn plan(
+    pool: &WorkerPool,
+    observed: &Observed,
+    verdict: &Verdict,
+    announced: Option<&str>,
+) -> Result<Plan, Error> {
+    let Counts { current, ready, .. } = observed.counts;
     let desired = verdict.desired;
-
-    if let Ok(snap) = &reading {
-        ctx.metrics
-            .observe_pool(&ns, &name, snap.backlog(), snap.in_flight(), desired);
-        if desired < current {
-            let pods = match pods {
-                Some(p) => p,
-                None => list_pods(pool, ctx).await?,
-            };
-            mark_idle_pods(pool, ctx, snap, pods).await?;
-        }
-    }
-
-    let built = deployment::build(pool, desired).map_err(|e| Error::InvalidSpec(e.to_string()))?;
-    deployments
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&built),
+    let counts = Counts {
+        desired,
+        ..observed.counts
+    };
+    let problem = if ready < current {
+        workload::problem(
+            observed.existing.as_ref(),
+            observed.pods.as_deref().unwrap_or_default(),
         )
-        .await
-        .map_err(Error::ApplyDeployment)?;
-
-    let reference = pool.object_ref(&());
-    if desired != current && existing.is_some() {
+    } else {
+        None
+    };
+    let deployment =
+        deployment::build(pool, desired).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let mut events = Vec::new();
+    if desired != current && observed.existing.is_some() {
         let (reason, verb) = if desired > current {
             ("ScaledUp", "up")
         } else {
@@ -345,66 +377,91 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
             "scaled {verb} from {current} to {desired}: {}",
             verdict.message()
         );
-        publish(ctx, &reference, EventType::Normal, reason, note).await;
+        events.push((EventType::Normal, reason.to_string(), note));
     }
-    if let Err(problem) = &reading {
-        publish(
-            ctx,
-            &reference,
+    if let Err(problem) = &observed.reading {
+        events.push((
             EventType::Warning,
-            problem.reason,
+            problem.reason.to_string(),
             problem.message.clone(),
-        )
-        .await;
+        ));
     }
-    // One event when the workers start failing for a reason, not one per poll.
-    let announce = match &problem {
-        Some(p) => {
-            let mut announced = lock(&ctx.announced);
-            let new = ready_reason(pool) != Some(p.reason.as_str())
-                && announced.get(&key) != Some(&p.reason);
-            announced.insert(key.clone(), p.reason.clone());
-            new
-        }
-        None => {
-            lock(&ctx.announced).remove(&key);
-            false
-        }
-    };
-    if let Some(p) = problem.as_ref().filter(|_| announce) {
-        publish(
-            ctx,
-            &reference,
-            EventType::Warning,
-            &p.reason,
-            p.message.clone(),
-        )
-        .await;
+    // One event when the workers start failing for a reason, not one per
+    // poll: the status may lag a reconcile behind, the memory does not.
+    if let Some(p) = &problem
+        && ready_reason(pool) != Some(p.reason.as_str())
+        && announced != Some(p.reason.as_str())
+    {
+        events.push((EventType::Warning, p.reason.clone(), p.message.clone()));
     }
-
-    let counts = Counts {
-        desired,
-        replicas: status_replicas,
-        ready,
-        current,
-    };
-    let status = status(pool, counts, &reading, &verdict, problem.as_ref());
-    let pools: Api<WorkerPool> = Api::namespaced(client.clone(), &ns);
-    pools
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
-        )
-        .await
-        .map_err(Error::PatchStatus)?;
-
+    let status = status(pool, counts, &observed.reading, verdict, problem.as_ref());
     let poll = pool
         .spec
         .scaling
         .as_ref()
         .map_or(30, |s| s.poll_interval_seconds.max(1));
-    Ok(Action::requeue(Duration::from_secs(poll as u64)))
+    Ok(Plan {
+        deployment,
+        mark_idle: observed.reading.is_ok() && desired < current,
+        events,
+        announced: problem.map(|p| p.reason),
+        status,
+        requeue: Duration::from_secs(poll as u64),
+    })
+}
+
+/// Carries out a plan: deletion costs, the Deployment, events, status.
+async fn apply(
+    pool: &WorkerPool,
+    ctx: &Context,
+    observed: Observed,
+    plan: Plan,
+) -> Result<Action, Error> {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    if let Ok(snap) = &observed.reading {
+        ctx.metrics.observe_pool(
+            &ns,
+            &name,
+            snap.backlog(),
+            snap.in_flight(),
+            plan.status.desired_replicas,
+        );
+        if plan.mark_idle {
+            let pods = match observed.pods {
+                Some(p) => p,
+                None => list_pods(pool, ctx).await?,
+            };
+            mark_idle_pods(pool, ctx, snap, pods).await?;
+        }
+    }
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    deployments
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&plan.deployment),
+        )
+        .await
+        .map_err(Error::ApplyDeployment)?;
+    let reference = pool.object_ref(&());
+    for (type_, reason, note) in plan.events {
+        publish(ctx, &reference, type_, &reason, note).await;
+    }
+    match plan.announced {
+        Some(reason) => lock(&ctx.announced).insert(pool_key(pool), reason),
+        None => lock(&ctx.announced).remove(&pool_key(pool)),
+    };
+    let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
+    pools
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": plan.status })),
+        )
+        .await
+        .map_err(Error::PatchStatus)?;
+    Ok(Action::requeue(plan.requeue))
 }
 
 async fn publish(

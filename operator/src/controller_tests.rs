@@ -522,3 +522,132 @@ async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_even
     task.await.expect("task").expect("reconcile");
     api.done().await;
 }
+
+/// What a reconcile observed, without an API server or Redis.
+fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
+    let existing: Option<Deployment> =
+        deployment.map(|d| serde_json::from_value(d).expect("deployment"));
+    let spec = existing.as_ref().and_then(|d| d.spec.as_ref());
+    let status = existing.as_ref().and_then(|d| d.status.as_ref());
+    Observed {
+        counts: Counts {
+            desired: 0,
+            replicas: status.and_then(|s| s.replicas).unwrap_or(0),
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            current: spec.and_then(|s| s.replicas).unwrap_or(0),
+        },
+        pods: Some(Vec::new()),
+        reading: if reading_ok {
+            Ok(Snapshot {
+                server_time_ms: 0,
+                queues: Vec::new(),
+            })
+        } else {
+            Err(QueueProblem {
+                reason: "RedisUnreachable",
+                message: "cannot read the queue: refused".into(),
+            })
+        },
+        existing,
+    }
+}
+
+fn manual(n: i32) -> Verdict {
+    Verdict {
+        desired: n,
+        decision: None,
+    }
+}
+
+#[test]
+fn a_planned_scale_down_marks_idle_pods_first_and_says_why_in_one_event() {
+    let p = pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let plan = plan(
+        &p,
+        &observed(Some(existing_deployment(3, 3)), true),
+        &manual(1),
+        None,
+    )
+    .expect("plan");
+    assert!(plan.mark_idle);
+    assert_eq!(
+        plan.deployment.spec.as_ref().and_then(|s| s.replicas),
+        Some(1)
+    );
+    let events: Vec<(&str, &str)> = plan
+        .events
+        .iter()
+        .map(|(_, reason, note)| (reason.as_str(), note.as_str()))
+        .collect();
+    assert_eq!(
+        events,
+        [(
+            "ScaledDown",
+            "scaled down from 3 to 1: spec.replicas fixes the pool at 1"
+        )]
+    );
+    assert_eq!(plan.status.desired_replicas, 1);
+    // Without a reading of the queue nobody knows which pods are idle.
+    let blind = plan_of_unreadable(&p);
+    assert!(!blind.mark_idle);
+    assert_eq!(
+        blind.events.last().map(|e| e.1.as_str()),
+        Some("RedisUnreachable")
+    );
+}
+
+fn plan_of_unreadable(p: &WorkerPool) -> Plan {
+    plan(
+        p,
+        &observed(Some(existing_deployment(3, 3)), false),
+        &manual(1),
+        None,
+    )
+    .expect("plan")
+}
+
+#[test]
+fn a_workload_failure_is_announced_once_and_remembered() {
+    let p = pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let mut refused = existing_deployment(1, 0);
+    refused["status"]["conditions"] = json!([{"type": "ReplicaFailure", "status": "True",
+        "reason": "FailedCreate", "message": "exceeded quota: no-pods"}]);
+    let seen = observed(Some(refused), true);
+    let first = plan(&p, &seen, &manual(1), None).expect("plan");
+    assert_eq!(
+        first
+            .events
+            .iter()
+            .map(|e| e.1.as_str())
+            .collect::<Vec<_>>(),
+        ["FailedCreate"]
+    );
+    assert_eq!(first.announced.as_deref(), Some("FailedCreate"));
+    let ready = first
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(
+        (ready.reason.as_str(), ready.message.as_str()),
+        (
+            "FailedCreate",
+            "0 of 1 workers ready: exceeded quota: no-pods"
+        )
+    );
+    let again = plan(&p, &seen, &manual(1), Some("FailedCreate")).expect("plan");
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    let healthy = plan(
+        &p,
+        &observed(Some(existing_deployment(1, 1)), true),
+        &manual(1),
+        Some("FailedCreate"),
+    )
+    .expect("plan");
+    assert_eq!(healthy.announced, None, "forgotten once it clears");
+}
