@@ -18,6 +18,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use workerpool_queue::connection::{Endpoint, Pem, Tls, describe, redact};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::snapshot::{self, Snapshot};
 
@@ -89,7 +90,7 @@ pub struct Context {
     /// Operator metrics.
     pub metrics: Metrics,
     engines: Mutex<HashMap<String, Engine>>,
-    redis: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
+    redis: Mutex<HashMap<Endpoint, redis::aio::MultiplexedConnection>>,
     /// Consecutive failed reconciles per pool, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The workload problem last announced with an event, per pool: the
@@ -136,34 +137,29 @@ impl Context {
 
     async fn redis_conn(
         &self,
-        url: &str,
+        endpoint: &Endpoint,
     ) -> Result<redis::aio::MultiplexedConnection, QueueProblem> {
-        if let Some(c) = lock(&self.redis).get(url).cloned() {
+        if let Some(c) = lock(&self.redis).get(endpoint).cloned() {
             return Ok(c);
         }
-        let client = redis::Client::open(url).map_err(|e| QueueProblem {
-            reason: "InvalidRedisURL",
-            message: format!(
-                "spec.queue.redis: {e}; expected redis://[user:password@]host[:port][/db]"
-            ),
-        })?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(READ_TIMEOUT))
-            .set_response_timeout(Some(READ_TIMEOUT));
-        let c = client
-            .get_multiplexed_async_connection_with_config(&config)
+        let c = endpoint
+            .connect(READ_TIMEOUT, READ_TIMEOUT)
             .await
             .map_err(|e| unreachable_problem(&e))?;
-        lock(&self.redis).insert(url.to_string(), c.clone());
+        lock(&self.redis).insert(endpoint.clone(), c.clone());
         Ok(c)
     }
 
-    async fn read_queue(&self, url: &str, queues: &[QueueKeys]) -> Result<Snapshot, QueueProblem> {
-        let mut c = self.redis_conn(url).await?;
+    async fn read_queue(
+        &self,
+        endpoint: &Endpoint,
+        queues: &[QueueKeys],
+    ) -> Result<Snapshot, QueueProblem> {
+        let mut c = self.redis_conn(endpoint).await?;
         match snapshot::read(&mut c, queues).await {
             Ok(s) => Ok(s),
             Err(e) => {
-                lock(&self.redis).remove(url);
+                lock(&self.redis).remove(endpoint);
                 Err(unreachable_problem(&e))
             }
         }
@@ -173,7 +169,7 @@ impl Context {
 fn unreachable_problem(e: &redis::RedisError) -> QueueProblem {
     QueueProblem {
         reason: "RedisUnreachable",
-        message: format!("cannot read the queue: {e}"),
+        message: format!("cannot read the queue: {}", describe(e)),
     }
 }
 
@@ -181,49 +177,106 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Resolves the pool's Redis URL: the spec's, or the Secret's.
-async fn redis_url(pool: &WorkerPool, client: &Client) -> Result<String, QueueProblem> {
+/// Where the pool's Redis is and how to reach it: the URL from the spec or
+/// its Secret, and the TLS material from the Secrets `spec.queue.redis.tls`
+/// names.
+async fn redis_endpoint(pool: &WorkerPool, client: &Client) -> Result<Endpoint, QueueProblem> {
     let redis = &pool.spec.queue.redis;
-    if let Some(url) = &redis.url {
-        return Ok(url.clone());
-    }
-    let Some(secret_ref) = &redis.url_secret_ref else {
-        return Err(QueueProblem {
-            reason: "InvalidSpec",
-            message: "set spec.queue.redis.url or spec.queue.redis.urlSecretRef".into(),
-        });
+    let url = match (&redis.url, &redis.url_secret_ref) {
+        (Some(url), _) => url.clone(),
+        (None, Some(r)) => {
+            let bytes = secret_value(
+                pool,
+                client,
+                &r.name,
+                &r.key,
+                "spec.queue.redis.urlSecretRef",
+            )
+            .await?;
+            String::from_utf8_lossy(&bytes).trim().to_string()
+        }
+        (None, None) => {
+            return Err(QueueProblem {
+                reason: "InvalidSpec",
+                message: "set spec.queue.redis.url or spec.queue.redis.urlSecretRef".into(),
+            });
+        }
     };
-    let secrets: Api<Secret> =
-        Api::namespaced(client.clone(), &pool.namespace().unwrap_or_default());
-    let secret = secrets
-        .get_opt(&secret_ref.name)
-        .await
-        .map_err(|e| QueueProblem {
-            reason: "SecretUnreadable",
-            message: format!("cannot read Secret {:?}: {e}", secret_ref.name),
-        })?;
+    let tls = redis.tls.clone().unwrap_or_default();
+    let options = Tls {
+        insecure_skip_verify: tls.insecure_skip_verify,
+        ..Tls::default()
+    };
+    if redis.tls.is_some() && !url.starts_with("rediss://") {
+        return Err(QueueProblem {
+            reason: "InvalidRedisURL",
+            message: format!(
+                "spec.queue.redis.tls is set but the Redis URL {} is plain redis://; use rediss://",
+                redact(&url)
+            ),
+        });
+    }
+    let endpoint = Endpoint::new(url, options).map_err(|e| QueueProblem {
+        reason: "InvalidRedisURL",
+        message: format!("spec.queue.redis: {e}"),
+    })?;
+    let mut pem = Pem::default();
+    if let Some(r) = &tls.ca_secret_ref {
+        pem.ca = Some(
+            secret_value(
+                pool,
+                client,
+                &r.name,
+                &r.key,
+                "spec.queue.redis.tls.caSecretRef",
+            )
+            .await?,
+        );
+    }
+    if let Some(r) = &tls.client_certificate_secret_ref {
+        let what = "spec.queue.redis.tls.clientCertificateSecretRef";
+        let cert = secret_value(pool, client, &r.name, "tls.crt", what).await?;
+        let key = secret_value(pool, client, &r.name, "tls.key", what).await?;
+        pem.client = Some((cert, key));
+    }
+    Ok(if pem == Pem::default() {
+        endpoint
+    } else {
+        endpoint.with_pem(pem)
+    })
+}
+
+/// A key of a Secret in the pool's namespace, named in the spec at `what`.
+async fn secret_value(
+    pool: &WorkerPool,
+    client: &Client,
+    name: &str,
+    key: &str,
+    what: &str,
+) -> Result<Vec<u8>, QueueProblem> {
+    let namespace = pool.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = secrets.get_opt(name).await.map_err(|e| QueueProblem {
+        reason: "SecretUnreadable",
+        message: format!("cannot read Secret {name:?}: {e}"),
+    })?;
     let Some(secret) = secret else {
         return Err(QueueProblem {
             reason: "SecretNotFound",
             message: format!(
-                "Secret {:?} named in spec.queue.redis.urlSecretRef does not exist in namespace {:?}",
-                secret_ref.name,
-                pool.namespace().unwrap_or_default()
+                "Secret {name:?} named in {what} does not exist in namespace {namespace:?}"
             ),
         });
     };
-    let value = secret
+    secret
         .data
         .as_ref()
-        .and_then(|d| d.get(&secret_ref.key))
-        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string());
-    value.ok_or_else(|| QueueProblem {
-        reason: "SecretKeyNotFound",
-        message: format!(
-            "Secret {:?} has no key {:?}",
-            secret_ref.name, secret_ref.key
-        ),
-    })
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .ok_or_else(|| QueueProblem {
+            reason: "SecretKeyNotFound",
+            message: format!("Secret {name:?} named in {what} has no key {key:?}"),
+        })
 }
 
 /// Reconciles one WorkerPool.
@@ -326,8 +379,8 @@ async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
         None
     };
     let queues = pool.spec.queue.redis.queue_keys();
-    let reading = match redis_url(pool, &ctx.client).await {
-        Ok(url) => ctx.read_queue(&url, &queues).await,
+    let reading = match redis_endpoint(pool, &ctx.client).await {
+        Ok(endpoint) => ctx.read_queue(&endpoint, &queues).await,
         Err(problem) => Err(problem),
     };
     Ok(Observed {

@@ -88,6 +88,7 @@ pub struct QueueSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef"))]
 #[x_kube(validation = Rule::new("has(self.key) != has(self.keys)").message("set exactly one of spec.queue.redis.key (one queue) or spec.queue.redis.keys (several, in priority order)"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss://')").message("spec.queue.redis.tls needs a TLS URL: spec.queue.redis.url must start with rediss://"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisQueue {
     /// Redis URL, `redis://[user:password@]host[:port][/db]`. Use
@@ -110,6 +111,42 @@ pub struct RedisQueue {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub keys: Option<Vec<String>>,
+
+    /// TLS settings for a `rediss://` URL: a private CA and a client
+    /// certificate from Secrets in the pool's namespace. The operator uses
+    /// them for its own reads of the queue and mounts them into the worker
+    /// pods. Without this block a `rediss://` URL is verified against the
+    /// system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisTls {
+    /// A key of a Secret holding the PEM certificate of the CA that signed
+    /// Redis's certificate, for a private CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+
+    /// A Secret of type `kubernetes.io/tls` (keys `tls.crt` and `tls.key`)
+    /// holding a client certificate, for a Redis that asks for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_secret_ref: Option<SecretRef>,
+
+    /// Accept any certificate from Redis. Only for tests: anyone on the
+    /// path can read and change the jobs. Workers log a warning.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_skip_verify: bool,
+}
+
+/// A Secret in the pool's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+pub struct SecretRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
 }
 
 impl RedisQueue {

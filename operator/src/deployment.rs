@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, Probe, SeccompProfile,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, Probe, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -24,6 +24,10 @@ pub const WORKER_UID: i64 = 65532;
 /// The `emptyDir` volume mounted at `/tmp` when the root filesystem is
 /// read-only.
 pub const TMP_VOLUME: &str = "workerpool-tmp";
+/// Where the Redis CA from `spec.queue.redis.tls.caSecretRef` is mounted.
+pub const REDIS_CA_DIR: &str = "/etc/workerpool/redis-ca";
+/// Where the client certificate Secret is mounted.
+pub const REDIS_CLIENT_DIR: &str = "/etc/workerpool/redis-client";
 
 /// Why a pool's Deployment cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -89,6 +93,7 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
         None => return Err(BuildError::NoWorkerContainer),
     };
     inject(&mut pod.containers[worker], pool);
+    mount_tls(pod, worker, pool);
     let pod_security = pod.security_context.clone().unwrap_or_default();
     if secure_by_default(&mut pod.containers[worker], &pod_security) {
         let volumes = pod.volumes.get_or_insert_with(Vec::new);
@@ -120,6 +125,91 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
         }),
         status: None,
     })
+}
+
+/// Mounts the Secrets of `spec.queue.redis.tls` into the worker container
+/// (read-only, owner-readable) and points its TLS settings at them.
+fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool: &WorkerPool) {
+    let Some(tls) = &pool.spec.queue.redis.tls else {
+        return;
+    };
+    let mut env = Vec::new();
+    let mut mounts = Vec::new();
+    let mut volumes = Vec::new();
+    let secret_volume = |name: &str, secret: &str, items: Option<Vec<KeyToPath>>| Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items,
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let plain = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        value_from: None,
+    };
+    if let Some(ca) = &tls.ca_secret_ref {
+        volumes.push(secret_volume(
+            "workerpool-redis-ca",
+            &ca.name,
+            Some(vec![KeyToPath {
+                key: ca.key.clone(),
+                path: "ca.crt".into(),
+                mode: None,
+            }]),
+        ));
+        mounts.push(("workerpool-redis-ca", REDIS_CA_DIR));
+        env.push(plain(
+            "WORKERPOOL_REDIS_CA_FILE",
+            format!("{REDIS_CA_DIR}/ca.crt"),
+        ));
+    }
+    if let Some(client) = &tls.client_certificate_secret_ref {
+        volumes.push(secret_volume("workerpool-redis-client", &client.name, None));
+        mounts.push(("workerpool-redis-client", REDIS_CLIENT_DIR));
+        env.push(plain(
+            "WORKERPOOL_REDIS_CLIENT_CERT",
+            format!("{REDIS_CLIENT_DIR}/tls.crt"),
+        ));
+        env.push(plain(
+            "WORKERPOOL_REDIS_CLIENT_KEY",
+            format!("{REDIS_CLIENT_DIR}/tls.key"),
+        ));
+    }
+    if tls.insecure_skip_verify {
+        env.push(plain(
+            "WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY",
+            "true".into(),
+        ));
+    }
+    // The worker image's group can read the files whatever user runs it.
+    if !volumes.is_empty() {
+        let security = pod
+            .security_context
+            .get_or_insert_with(PodSecurityContext::default);
+        if security.fs_group.is_none() {
+            security.fs_group = Some(WORKER_UID);
+        }
+    }
+    let container = &mut pod.containers[worker];
+    let vars = container.env.get_or_insert_with(Vec::new);
+    vars.retain(|e| !env.iter().any(|o| o.name == e.name));
+    vars.extend(env);
+    let existing = container.volume_mounts.get_or_insert_with(Vec::new);
+    for (name, path) in mounts {
+        existing.push(VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    let all = pod.volumes.get_or_insert_with(Vec::new);
+    all.retain(|v| !volumes.iter().any(|o| o.name == v.name));
+    all.extend(volumes);
 }
 
 /// Gives the worker container the settings of the `restricted` Pod Security
@@ -530,6 +620,52 @@ mod tests {
         }));
         let d = build(&p, 1).expect("build");
         assert_eq!(pod_of(&d).volumes.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn tls_secrets_are_mounted_read_only_and_the_worker_pointed_at_them() {
+        let p = pool(json!({
+            "queue": {"redis": {"url": "rediss://r:6380", "key": "q", "tls": {
+                "caSecretRef": {"name": "redis-ca", "key": "ca.pem"},
+                "clientCertificateSecretRef": {"name": "redis-client"}
+            }}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w"}]}},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        let env = env_of(&d);
+        let value = |name: &str| {
+            env.as_array()
+                .and_then(|all| all.iter().find(|e| e["name"] == name))
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(
+            value("WORKERPOOL_REDIS_CA_FILE"),
+            Some(json!("/etc/workerpool/redis-ca/ca.crt"))
+        );
+        assert_eq!(
+            value("WORKERPOOL_REDIS_CLIENT_KEY"),
+            Some(json!("/etc/workerpool/redis-client/tls.key"))
+        );
+        let pod = pod_of(&d);
+        let volumes = serde_json::to_value(&pod.volumes).expect("json");
+        assert_eq!(
+            volumes[0],
+            json!({"name": "workerpool-redis-ca", "secret": {"secretName": "redis-ca",
+                   "items": [{"key": "ca.pem", "path": "ca.crt"}], "defaultMode": 288}})
+        );
+        assert_eq!(volumes[1]["secret"]["secretName"], json!("redis-client"));
+        assert_eq!(volumes[2]["name"], json!("workerpool-tmp"));
+        let worker = &pod.containers[0];
+        let mounts = serde_json::to_value(&worker.volume_mounts).expect("json");
+        assert_eq!(
+            mounts[0],
+            json!({"name": "workerpool-redis-ca", "mountPath": "/etc/workerpool/redis-ca", "readOnly": true})
+        );
+        assert_eq!(
+            pod.security_context.as_ref().and_then(|s| s.fs_group),
+            Some(65532)
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ClientTlsConfig, RedisError, RedisResult, TlsCertificates};
 
 /// TLS options beside a `rediss://` URL.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Tls {
     /// PEM file of the CA that signed the server's certificate, instead of
     /// the system's roots.
@@ -37,6 +37,25 @@ impl Tls {
             || self.client_cert.is_some()
             || self.client_key.is_some()
             || self.insecure_skip_verify
+    }
+}
+
+/// TLS material already in memory (the operator reads it from Secrets),
+/// used instead of the files of [`Tls`].
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Pem {
+    /// The CA certificate(s).
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate chain and its key.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pem")
+            .field("ca", &self.ca.as_ref().map(|_| "<pem>"))
+            .field("client", &self.client.as_ref().map(|_| "<redacted>"))
+            .finish()
     }
 }
 
@@ -69,10 +88,11 @@ pub enum EndpointError {
 }
 
 /// Where and how to reach Redis.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     url: String,
     tls: Tls,
+    pem: Option<Pem>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -118,7 +138,17 @@ impl Endpoint {
         if tls.client_cert.is_some() != tls.client_key.is_some() {
             return Err(EndpointError::HalfAClientCertificate);
         }
-        Ok(Self { url, tls })
+        Ok(Self {
+            url,
+            tls,
+            pem: None,
+        })
+    }
+
+    /// The same endpoint with TLS material given in memory instead of files.
+    pub fn with_pem(mut self, pem: Pem) -> Self {
+        self.pem = Some(pem);
+        self
     }
 
     /// The URL with its password hidden, for messages.
@@ -145,34 +175,46 @@ impl Endpoint {
             }
             url.push_str("#insecure");
         }
-        let certificates =
-            if self.is_tls() && (self.tls.ca_file.is_some() || self.tls.client_cert.is_some()) {
-                let read = |what: &str, path: &Path| {
-                    std::fs::read(path).map_err(|e| {
-                        RedisError::from(std::io::Error::new(
-                            e.kind(),
-                            format!("cannot read {what} {}: {e}", path.display()),
-                        ))
-                    })
-                };
-                let root_cert = match &self.tls.ca_file {
-                    Some(p) => Some(read("--redis-ca-file", p)?),
-                    None => None,
-                };
-                let client_tls = match (&self.tls.client_cert, &self.tls.client_key) {
-                    (Some(cert), Some(key)) => Some(ClientTlsConfig {
-                        client_cert: read("--redis-client-cert", cert)?,
-                        client_key: read("--redis-client-key", key)?,
-                    }),
-                    _ => None,
-                };
-                Some(TlsCertificates {
-                    client_tls,
-                    root_cert,
+        let in_memory = self
+            .pem
+            .as_ref()
+            .filter(|_| self.is_tls())
+            .map(|pem| TlsCertificates {
+                client_tls: pem.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+                root_cert: pem.ca.clone(),
+            });
+        let certificates = if in_memory.is_some() {
+            in_memory
+        } else if self.is_tls() && (self.tls.ca_file.is_some() || self.tls.client_cert.is_some()) {
+            let read = |what: &str, path: &Path| {
+                std::fs::read(path).map_err(|e| {
+                    RedisError::from(std::io::Error::new(
+                        e.kind(),
+                        format!("cannot read {what} {}: {e}", path.display()),
+                    ))
                 })
-            } else {
-                None
             };
+            let root_cert = match &self.tls.ca_file {
+                Some(p) => Some(read("--redis-ca-file", p)?),
+                None => None,
+            };
+            let client_tls = match (&self.tls.client_cert, &self.tls.client_key) {
+                (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                    client_cert: read("--redis-client-cert", cert)?,
+                    client_key: read("--redis-client-key", key)?,
+                }),
+                _ => None,
+            };
+            Some(TlsCertificates {
+                client_tls,
+                root_cert,
+            })
+        } else {
+            None
+        };
         let client = match certificates {
             Some(c) => redis::Client::build_with_tls(url.as_str(), c),
             None => redis::Client::open(url.as_str()),

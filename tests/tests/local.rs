@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use rustix::process::{Pid, Signal, kill_process};
 use workerpool_queue::keys::QueueKeys;
-use workerpool_tests::{TestRedis, eventually, free_port};
+use workerpool_tests::{TestRedis, TestTlsRedis, eventually, free_port};
 
 /// A handler that takes `seconds` per job.
 fn handler(seconds: &str) -> String {
@@ -450,5 +450,61 @@ fn an_unreachable_redis_at_start_exits_non_zero_naming_it() {
     assert!(
         stderr.contains(&format!("cannot reach Redis at {url}")),
         "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tls_pool_runs_locally_with_the_ca_file_standing_in_for_its_secret() {
+    let redis = TestTlsRedis::start(false);
+    let mut conn = redis.conn().await;
+    let q = QueueKeys::new("tlsq");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("pool.yaml");
+    let text = manifest("tlsq", "replicas: 2", &handler("0"), 2, 5).replace(
+        r#"url: "redis://127.0.0.1:1/0", key: tlsq"#,
+        &format!(
+            r#"url: "{}", key: tlsq, tls: {{caSecretRef: {{name: redis-ca, key: ca.crt}}}}"#,
+            redis.url()
+        ),
+    );
+    std::fs::write(&path, text).expect("write manifest");
+
+    // Local mode reads no Secrets: without the file it says which flag to pass.
+    let out = local_command(&path).output().expect("run local mode");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("spec.queue.redis.tls.caSecretRef names a Secret, which local mode cannot read: pass --redis-ca-file FILE"),
+        "{stderr}"
+    );
+
+    let mut child = local_command(&path)
+        .arg("--redis-ca-file")
+        .arg(&redis.certs.ca)
+        .arg("--plain")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start local mode");
+    let stderr = collect(child.stderr.take().expect("piped stderr"));
+    push(&mut conn, q.name(), 1, 40).await;
+    eventually(Duration::from_secs(60), "40 jobs done over TLS", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await == (40, 0, 0)).then_some(()) }
+    })
+    .await;
+    let pid = Pid::from_raw(child.id() as i32).expect("a pid");
+    let _ = kill_process(pid, Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.try_wait().ok().flatten();
+    let _ = child.kill();
+    let errors = stderr.lock().map(|l| l.join("\n")).unwrap_or_default();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exits 0 on SIGTERM: {errors}"
     );
 }

@@ -57,6 +57,7 @@ impl WorkerCommand {
         container: &Container,
         program: PathBuf,
         redis_url: &str,
+        tls: &workerpool_queue::connection::Tls,
     ) -> (Self, Vec<String>) {
         let spec = &pool.spec;
         let mut notes = Vec::new();
@@ -120,6 +121,20 @@ impl WorkerCommand {
             // Any free port: several workers share this machine.
             ("WORKERPOOL_LISTEN", "127.0.0.1:0".to_string()),
         ];
+        let files = [
+            ("WORKERPOOL_REDIS_CA_FILE", &tls.ca_file),
+            ("WORKERPOOL_REDIS_CLIENT_CERT", &tls.client_cert),
+            ("WORKERPOOL_REDIS_CLIENT_KEY", &tls.client_key),
+        ];
+        let mut ours: Vec<(&str, String)> = ours.into();
+        for (name, file) in files {
+            if let Some(path) = file {
+                ours.push((name, path.display().to_string()));
+            }
+        }
+        if tls.insecure_skip_verify {
+            ours.push(("WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY", "true".into()));
+        }
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {
@@ -589,6 +604,7 @@ spec:
             container,
             PathBuf::from("workerpool-worker"),
             "redis://127.0.0.1:7000/0",
+            &workerpool_queue::connection::Tls::default(),
         );
         assert_eq!(command.args, ["--", "python3", "handler.py"]);
         assert_eq!(command.worker_id(3), "mail-3");

@@ -286,6 +286,11 @@ spec:
             ),
             ("key: mail", "key: mail, keys: [a]", "spec.queue.redis.key"),
             (
+                "key: mail}",
+                "key: mail, tls: {insecureSkipVerify: true}}",
+                "spec.queue.redis.tls needs a TLS URL",
+            ),
+            (
                 "        args:",
                 "        arg:",
                 "spec.template.spec.containers[0].arg",

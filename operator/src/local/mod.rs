@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
-use workerpool_queue::connection::redact;
+use workerpool_queue::connection::{Endpoint, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::snapshot::{self, Snapshot};
 
@@ -53,6 +53,17 @@ pub struct LocalArgs {
     /// Print log lines even when stdout is a terminal.
     #[arg(long)]
     pub plain: bool,
+    /// PEM file of Redis's CA, for a rediss:// URL (local mode reads no
+    /// Secrets: this stands in for spec.queue.redis.tls.caSecretRef).
+    #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (stands in for
+    /// spec.queue.redis.tls.clientCertificateSecretRef, with --redis-client-key).
+    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_CERT", value_name = "FILE")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_KEY", value_name = "FILE")]
+    pub redis_client_key: Option<PathBuf>,
 }
 
 /// Why local mode could not run, named after what failed.
@@ -80,16 +91,16 @@ pub enum Error {
         "spec.queue.redis.urlSecretRef names a Secret, which local mode cannot read: pass --redis-url URL"
     )]
     NoRedisUrl,
-    /// The Redis URL does not parse.
-    #[error(
-        "{url} is not a Redis URL ({source}); expected redis://[user:password@]host[:port][/db]"
-    )]
-    InvalidRedisUrl {
-        /// The URL, password hidden.
-        url: String,
-        /// Why.
-        #[source]
-        source: redis::RedisError,
+    /// The Redis URL or the TLS settings cannot be used.
+    #[error(transparent)]
+    InvalidRedis(#[from] workerpool_queue::connection::EndpointError),
+    /// The manifest takes TLS material from a Secret and no file was given.
+    #[error("{field} names a Secret, which local mode cannot read: pass {flag} FILE")]
+    TlsFileNeeded {
+        /// The field of the manifest.
+        field: &'static str,
+        /// The flag that stands in for it.
+        flag: &'static str,
     },
     /// Redis did not answer at start.
     #[error("cannot reach Redis at {url}: {source}")]
@@ -133,10 +144,12 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
         (None, None) => return Err(Error::NoRedisUrl),
     };
     let shown_url = redact(&url);
+    let tls = local_tls(&pool, &args)?;
+    let endpoint = Endpoint::new(url.clone(), tls.clone())?;
     let program = worker_binary(args.worker_bin.as_deref())?;
     let queues = pool.spec.queue.redis.queue_keys();
 
-    let mut redis = Redis::open(&url, &shown_url)?;
+    let mut redis = Redis::open(endpoint);
     let first = redis
         .read(&queues)
         .await
@@ -150,7 +163,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(Error::Signals)?;
 
     let name = pool.metadata.name.clone().unwrap_or_default();
-    let (command, notes) = WorkerCommand::for_pool(&pool, container, program, &url);
+    let (command, notes) = WorkerCommand::for_pool(&pool, container, program, &url, &tls);
     let grace = Duration::from_secs(pool.spec.shutdown.grace_period_seconds.max(1) as u64);
     let (log_tx, mut log_rx) = mpsc::unbounded_channel();
     let mut actuator = Actuator::new(command, grace, log_tx);
@@ -343,32 +356,55 @@ pub fn worker_binary(explicit: Option<&Path>) -> Result<PathBuf, Error> {
     beside.or_else(on_path).ok_or(Error::WorkerBinaryNotFound)
 }
 
+/// The TLS settings of local mode: the manifest's, with files from the
+/// command line where the cluster would mount Secrets (made absolute, since
+/// workers may run elsewhere).
+fn local_tls(pool: &crate::crd::WorkerPool, args: &LocalArgs) -> Result<Tls, Error> {
+    let spec = pool.spec.queue.redis.tls.clone().unwrap_or_default();
+    if spec.ca_secret_ref.is_some() && args.redis_ca_file.is_none() {
+        return Err(Error::TlsFileNeeded {
+            field: "spec.queue.redis.tls.caSecretRef",
+            flag: "--redis-ca-file",
+        });
+    }
+    if spec.client_certificate_secret_ref.is_some()
+        && (args.redis_client_cert.is_none() || args.redis_client_key.is_none())
+    {
+        return Err(Error::TlsFileNeeded {
+            field: "spec.queue.redis.tls.clientCertificateSecretRef",
+            flag: "--redis-client-cert and --redis-client-key",
+        });
+    }
+    let absolute = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+    };
+    Ok(Tls {
+        ca_file: absolute(&args.redis_ca_file),
+        client_cert: absolute(&args.redis_client_cert),
+        client_key: absolute(&args.redis_client_key),
+        insecure_skip_verify: spec.insecure_skip_verify,
+    })
+}
+
 /// One Redis connection, opened again after a failed read.
 struct Redis {
-    client: redis::Client,
+    endpoint: Endpoint,
     conn: Option<redis::aio::MultiplexedConnection>,
 }
 
 impl Redis {
-    fn open(url: &str, shown: &str) -> Result<Self, Error> {
-        let client = redis::Client::open(url).map_err(|source| Error::InvalidRedisUrl {
-            url: shown.to_string(),
-            source,
-        })?;
-        Ok(Self { client, conn: None })
+    fn open(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            conn: None,
+        }
     }
 
     async fn read(&mut self, queues: &[QueueKeys]) -> redis::RedisResult<Snapshot> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => {
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(READ_TIMEOUT))
-                    .set_response_timeout(Some(READ_TIMEOUT));
-                self.client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?
-            }
+            None => self.endpoint.connect(READ_TIMEOUT, READ_TIMEOUT).await?,
         };
         let snap = snapshot::read(&mut conn, queues).await?;
         self.conn = Some(conn);
