@@ -651,3 +651,33 @@ fn a_workload_failure_is_announced_once_and_remembered() {
     .expect("plan");
     assert_eq!(healthy.announced, None, "forgotten once it clears");
 }
+
+#[tokio::test]
+async fn a_password_in_the_url_reaches_no_status_event_or_metric() {
+    const PASSWORD: &str = "s3cr3t-Pa55";
+    let port = workerpool_tests::free_port();
+    let p = pool(json!({
+        "queue": {"redis": {"url": format!("redis://admin:{PASSWORD}@127.0.0.1:{port}/0"), "key": "mail"}},
+        "template": template(),
+        "scaling": {},
+    }));
+    let (task, mut api, ctx) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("RedisUnreachable"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+    for (what, text) in [
+        ("event", event.to_string()),
+        ("status", status.to_string()),
+        ("metrics", ctx.metrics.render()),
+    ] {
+        assert!(!text.contains(PASSWORD), "{what}: {text}");
+    }
+}

@@ -200,3 +200,47 @@ fn tls_options_on_a_plain_url_are_refused_with_what_to_fix() {
         "{err}"
     );
 }
+
+#[test]
+fn a_password_in_the_url_never_reaches_logs_metrics_or_errors() {
+    const PASSWORD: &str = "s3cr3t-Pa55";
+    let url = format!("redis://admin:{PASSWORD}@127.0.0.1:{}/0", free_port());
+    let port = free_port();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+        .args(["--redis-url", &url, "--queue", "q", "--handler", "noop"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn workerpool-worker");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        if let Some((200, body)) = http_get(port, "/metrics")
+            && body.contains("workerpool_redis_errors_total")
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no /metrics with a Redis error");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = worker.kill();
+    let out = worker.wait_with_output().expect("output");
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(logs.contains("redis unreachable"), "{logs}");
+    assert!(!logs.contains(PASSWORD), "{logs}");
+    assert!(!metrics.contains(PASSWORD), "{metrics}");
+
+    let cli = Command::new(env!("CARGO_BIN_EXE_workerpool"))
+        .args(["stats", "--queue", "q", "--redis-url", &url])
+        .output()
+        .expect("run workerpool");
+    let err = String::from_utf8_lossy(&cli.stderr);
+    assert!(!cli.status.success());
+    assert!(err.contains("redis://admin:***@127.0.0.1"), "{err}");
+    assert!(!err.contains(PASSWORD), "{err}");
+}
