@@ -15,6 +15,7 @@
 mod cluster;
 mod scenarios;
 mod security;
+mod tls;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ fn main() -> ExitCode {
     let selected: Vec<&Scenario> = scenarios::ALL
         .iter()
         .chain(security::ALL)
+        .chain(tls::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();

@@ -91,12 +91,21 @@ impl Certificates {
     /// Makes a CA, a server certificate for 127.0.0.1, a client
     /// certificate, and an unrelated CA in `dir`.
     pub fn make(dir: &Path) -> Self {
+        Self::make_for(dir, &[])
+    }
+
+    /// The same, with the server certificate also valid for `ips`.
+    pub fn make_for(dir: &Path, ips: &[&str]) -> Self {
         ca(dir, "ca");
         ca(dir, "other-ca");
+        let mut names = String::from("IP:127.0.0.1,DNS:localhost");
+        for ip in ips {
+            names.push_str(&format!(",IP:{ip}"));
+        }
         signed(
             dir,
             "server",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+            &format!("subjectAltName={names}\nextendedKeyUsage=serverAuth\n"),
         );
         signed(dir, "client", "extendedKeyUsage=clientAuth\n");
         Self {

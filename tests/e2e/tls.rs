@@ -1,0 +1,166 @@
+//! A pool on a Redis that speaks only TLS and wants client certificates:
+//! the CA and the client certificate come from Secrets, the operator reads
+//! the queue with them and the worker Pods get them mounted.
+
+use std::time::Duration;
+
+use serde_json::json;
+use workerpool_tests::tls::Certificates;
+
+use crate::E2e;
+use crate::cluster::{Cluster, Namespace, eventually};
+use crate::scenarios::{condition, is_ready};
+
+pub const ALL: &[crate::Scenario] = &[(
+    "a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs",
+    a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs,
+)];
+
+fn redis_image() -> String {
+    std::env::var("WORKERPOOL_E2E_REDIS_IMAGE").unwrap_or_else(|_| "local/debian:12".into())
+}
+
+fn secret_from_files(k: &Cluster, namespace: &str, args: &[&str]) {
+    let mut all = vec!["create", "secret", "-n", namespace];
+    all.extend_from_slice(args);
+    k.kubectl(&all);
+}
+
+fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-tls");
+    // The Service first: the server certificate names its ClusterIP.
+    k.apply(
+        &ns.name,
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "redis"},
+                "spec": {"selector": {"app": "redis-tls"}, "ports": [{"port": 6379}]}})
+        .to_string(),
+    );
+    let ip = k
+        .get(&["service", "-n", &ns.name, "redis"])
+        .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
+        .expect("a ClusterIP");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let certs = Certificates::make_for(dir.path(), &[&ip]);
+    let file = |p: &std::path::Path| p.display().to_string();
+    secret_from_files(
+        k,
+        &ns.name,
+        &[
+            "generic",
+            "redis-server-tls",
+            &format!("--from-file=server.crt={}", file(&certs.server_cert)),
+            &format!("--from-file=server.key={}", file(&certs.server_key)),
+            &format!("--from-file=ca.crt={}", file(&certs.ca)),
+        ],
+    );
+    secret_from_files(
+        k,
+        &ns.name,
+        &[
+            "generic",
+            "redis-ca",
+            &format!("--from-file=ca.crt={}", file(&certs.ca)),
+        ],
+    );
+    secret_from_files(
+        k,
+        &ns.name,
+        &[
+            "tls",
+            "redis-client",
+            &format!("--cert={}", file(&certs.client_cert)),
+            &format!("--key={}", file(&certs.client_key)),
+        ],
+    );
+    let tls_cli = [
+        "redis-cli",
+        "--tls",
+        "--cacert",
+        "/tls/ca.crt",
+        "--cert",
+        "/tls/server.crt",
+        "--key",
+        "/tls/server.key",
+    ];
+    let mut probe: Vec<&str> = tls_cli.to_vec();
+    probe.push("ping");
+    k.apply(
+        &ns.name,
+        &json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "redis", "labels": {"app": "redis-tls"}},
+            "spec": {
+                "containers": [{
+                    "name": "redis", "image": redis_image(), "imagePullPolicy": "Never",
+                    "command": ["redis-server", "--port", "0", "--tls-port", "6379",
+                                "--tls-cert-file", "/tls/server.crt", "--tls-key-file", "/tls/server.key",
+                                "--tls-ca-cert-file", "/tls/ca.crt", "--tls-auth-clients", "yes",
+                                "--save", "", "--appendonly", "no", "--protected-mode", "no", "--bind", "0.0.0.0"],
+                    "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true}],
+                    "readinessProbe": {"exec": {"command": probe}, "periodSeconds": 1},
+                }],
+                "volumes": [{"name": "tls", "secret": {"secretName": "redis-server-tls"}}],
+                "terminationGracePeriodSeconds": 1,
+            },
+        })
+        .to_string(),
+    );
+    eventually(Duration::from_secs(60), "a Ready TLS Redis", |last| {
+        let pod = k.get(&["pod", "-n", &ns.name, "redis"])?;
+        *last = pod["status"].to_string();
+        is_ready(&pod).then_some(())
+    });
+    let cli = |args: &[&str]| {
+        let mut all = vec!["exec", "-n", &ns.name, "redis", "--"];
+        all.extend_from_slice(&tls_cli);
+        all.extend_from_slice(args);
+        k.kubectl(&all)
+    };
+
+    let pool = json!({
+        "apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPool",
+        "metadata": {"name": "secure"},
+        "spec": {
+            "queue": {"redis": {"url": format!("rediss://{ip}:6379/0"), "key": "secure", "tls": {
+                "caSecretRef": {"name": "redis-ca", "key": "ca.crt"},
+                "clientCertificateSecretRef": {"name": "redis-client"},
+            }}},
+            "template": {"spec": {"containers": [{
+                "name": "worker",
+                "image": format!("local/workerpool-worker:{}", crate::scenarios::IMAGE_TAG),
+                "imagePullPolicy": "Never",
+                "args": ["--", "sh", "-c", "while IFS= read -r job; do echo '{\"ok\":true}'; done"],
+            }]}},
+            "worker": {"concurrency": 2},
+            "replicas": 1,
+        },
+    });
+    k.apply(&ns.name, &pool.to_string());
+    eventually(
+        Duration::from_secs(60),
+        "QueueReachable True over TLS",
+        |last| {
+            let wp = k.get(&["wp", "-n", &ns.name, "secure"])?;
+            *last = wp["status"].to_string();
+            (condition(&wp, "QueueReachable") == Some("True")).then_some(())
+        },
+    );
+    let mut push = vec!["LPUSH", "secure"];
+    let jobs: Vec<String> = (0..20)
+        .map(|n| format!(r#"{{"data":{{"n":{n}}}}}"#))
+        .collect();
+    push.extend(jobs.iter().map(String::as_str));
+    cli(&push);
+    eventually(
+        Duration::from_secs(90),
+        "20 jobs done by a worker Pod over TLS",
+        |last| {
+            let done = cli(&["GET", "secure:stats:processed"]);
+            *last = done.clone();
+            (done.trim() == "20").then_some(())
+        },
+    );
+    let wp = k.get(&["wp", "-n", &ns.name, "secure"]).expect("the pool");
+    assert_eq!(condition(&wp, "Ready"), Some("True"), "{}", wp["status"]);
+}
