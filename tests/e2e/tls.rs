@@ -52,6 +52,8 @@ fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
             &format!("--from-file=server.crt={}", file(&certs.server_cert)),
             &format!("--from-file=server.key={}", file(&certs.server_key)),
             &format!("--from-file=ca.crt={}", file(&certs.ca)),
+            &format!("--from-file=client.crt={}", file(&certs.client_cert)),
+            &format!("--from-file=client.key={}", file(&certs.client_key)),
         ],
     );
     secret_from_files(
@@ -79,9 +81,9 @@ fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
         "--cacert",
         "/tls/ca.crt",
         "--cert",
-        "/tls/server.crt",
+        "/tls/client.crt",
         "--key",
-        "/tls/server.key",
+        "/tls/client.key",
     ];
     let mut probe: Vec<&str> = tls_cli.to_vec();
     probe.push("ping");
