@@ -59,6 +59,10 @@ pub const ALL: &[crate::Scenario] = &[
         kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployment,
     ),
     (
+        "the_video_platform_example_scales_both_pools_on_their_queues",
+        the_video_platform_example_scales_both_pools_on_their_queues,
+    ),
+    (
         "a_restarted_operator_does_not_shrink_a_busy_pool",
         a_restarted_operator_does_not_shrink_a_busy_pool,
     ),
@@ -636,6 +640,76 @@ fn kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployme
             (deployment.is_none() && left == 0).then_some(())
         },
     );
+}
+
+fn the_video_platform_example_scales_both_pools_on_their_queues(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-video");
+    let redis = Redis::start(k, &ns.name);
+    // The example as published, but on this cluster: the Redis ClusterIP,
+    // the worker image built here running the test handler, and CPU cut to
+    // fit a two-core node (requests still equal limits for the transcoder).
+    // Memory, probes, security contexts, volumes, concurrency, scaling and
+    // grace periods stay as written.
+    let path = crate::cluster::root().join("manifests/examples/video-platform.yaml");
+    let text = std::fs::read_to_string(&path).expect("read the example");
+    let mut pools = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let mut pool: Value = serde::Deserialize::deserialize(document).expect("a YAML document");
+        pool["spec"]["queue"]["redis"]["url"] = redis.url().into();
+        let container = &mut pool["spec"]["template"]["spec"]["containers"][0];
+        container["image"] = worker_image().into();
+        container["imagePullPolicy"] = "Never".into();
+        container["args"] = json!(["--", "python3", "-c", HANDLER]);
+        container["env"] = json!([{"name": "E2E_REDIS", "value": redis.ip}]);
+        let resources = &mut container["resources"];
+        for kind in ["requests", "limits"] {
+            if resources[kind]["cpu"].is_string() {
+                resources[kind]["cpu"] = "100m".into();
+            }
+        }
+        pools.push(pool);
+    }
+    let names: Vec<String> = pools
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    assert_eq!(names, ["video-transcode", "video-upload"]);
+    for pool in &pools {
+        k.apply(&ns.name, &pool.to_string());
+    }
+    // minReplicas 1: one worker each, before any job.
+    for name in &names {
+        ready_workers(k, &ns.name, name, 1);
+    }
+
+    // 250 jobs on each queue: past 100 waiting per worker, both pools grow.
+    let transcode: Vec<String> = (0..250).map(|i| format!("t-{i}")).collect();
+    let upload: Vec<String> = (0..250).map(|i| format!("u-{i}")).collect();
+    redis.push("video:transcode", &transcode, 200);
+    redis.push("video:upload", &upload, 3000);
+    let mut peak: BTreeMap<&str, i64> = BTreeMap::new();
+    eventually(Duration::from_secs(180), "every job done", |last| {
+        for name in &names {
+            let d = k.get(&["deployment", "-n", &ns.name, name])?;
+            let replicas = d["spec"]["replicas"].as_i64().unwrap_or(0);
+            let entry = peak.entry(name.as_str()).or_default();
+            *entry = (*entry).max(replicas);
+        }
+        let done = redis.done().len();
+        *last = format!("{done} done, peak sizes {peak:?}");
+        (done >= transcode.len() + upload.len()).then_some(())
+    });
+    for name in &names {
+        assert!(peak[name.as_str()] >= 2, "{name} never grew: {peak:?}");
+    }
+    let all: Vec<String> = transcode.iter().chain(&upload).cloned().collect();
+    let done = redis.done();
+    assert!(all.iter().all(|id| done.contains_key(id)), "every job ran");
+    for queue in ["video:transcode", "video:upload"] {
+        assert_eq!(redis.cli(&["LLEN", &format!("{queue}:dead")]).trim(), "0");
+    }
+    eprintln!("  peak workers {peak:?}");
 }
 
 /// The Ready operator Pods.
