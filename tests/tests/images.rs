@@ -179,4 +179,5 @@ fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint
                 "{dockerfile}: scripts/images.sh sets WORKDIR {dir}"
             );
         }
+    }
 }
