@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test lint unit tools images
+.PHONY: demo test lint unit tools images soak
 
 demo:
 	./scripts/demo.sh
@@ -26,3 +26,9 @@ lint:
 
 unit:
 	cargo test --workspace
+
+# A short chaos soak of the worker (kill -9, SIGTERM, Redis restarts, raw
+# bytes on the queue): what CI runs after the tests. scripts/soak.sh runs
+# the long one.
+soak:
+	PROFILE=debug ./scripts/soak.sh --duration 90s --kill-min 5s --kill-max 10s --redis-restart-every 20s --rate 300

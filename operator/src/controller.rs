@@ -18,13 +18,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::snapshot::{self, Snapshot};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
 use crate::metrics::Metrics;
-use crate::scaling::{Decision, Engine, Observation};
+use crate::scaling::{self, Engine, Observation, Verdict};
+use crate::workload;
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "workerpool-operator";
@@ -91,6 +92,9 @@ pub struct Context {
     redis: Mutex<HashMap<String, redis::aio::MultiplexedConnection>>,
     /// Consecutive failed reconciles per pool, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The workload problem last announced with an event, per pool: the
+    /// pool's status says it too, but may lag behind a reconcile.
+    announced: Mutex<HashMap<String, String>>,
     started: Instant,
 }
 
@@ -114,6 +118,7 @@ impl Context {
             engines: Mutex::new(HashMap::new()),
             redis: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
+            announced: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -126,6 +131,7 @@ impl Context {
     pub fn forget(&self, key: &str) {
         lock(&self.engines).remove(key);
         lock(&self.failures).remove(key);
+        lock(&self.announced).remove(key);
     }
 
     async fn redis_conn(
@@ -273,6 +279,18 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         .and_then(|d| d.status.as_ref())
         .and_then(|s| s.replicas)
         .unwrap_or(0);
+    // Workers missing: find out why, from the pods (an image that cannot
+    // be pulled, a crash loop) and the Deployment (pods refused).
+    let pods = if existing.is_some() && ready < current {
+        Some(list_pods(pool, ctx).await?)
+    } else {
+        None
+    };
+    let problem = if ready < current {
+        workload::problem(existing.as_ref(), pods.as_deref().unwrap_or_default())
+    } else {
+        None
+    };
 
     let queues = pool.spec.queue.redis.queue_keys();
     let reading = match redis_url(pool, client).await {
@@ -280,32 +298,29 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         Err(problem) => Err(problem),
     };
 
-    let now = ctx.now();
-    let (desired, decision) = match (&pool.spec.scaling, &reading) {
-        (Some(spec), Ok(snap)) => {
-            let observation = Observation::from_snapshot(snap, current, ready);
-            let d =
-                lock(&ctx.engines)
-                    .entry(key.clone())
-                    .or_default()
-                    .tick(spec, &observation, now);
-            (d.desired, Some(d))
-        }
-        (Some(spec), Err(_)) => {
-            let d = lock(&ctx.engines)
-                .entry(key.clone())
-                .or_default()
-                .tick_failed(spec, current, now);
-            (d.desired, Some(d))
-        }
-        (None, _) => (pool.spec.replicas.unwrap_or(0), None),
-    };
+    let observed = reading
+        .as_ref()
+        .ok()
+        .map(|snap| Observation::from_snapshot(snap, current, ready));
+    let verdict = scaling::decide(
+        lock(&ctx.engines).entry(key.clone()).or_default(),
+        pool.spec.scaling.as_ref(),
+        pool.spec.replicas,
+        observed.as_ref(),
+        current,
+        ctx.now(),
+    );
+    let desired = verdict.desired;
 
     if let Ok(snap) = &reading {
         ctx.metrics
             .observe_pool(&ns, &name, snap.backlog(), snap.in_flight(), desired);
         if desired < current {
-            mark_idle_pods(pool, ctx, snap).await?;
+            let pods = match pods {
+                Some(p) => p,
+                None => list_pods(pool, ctx).await?,
+            };
+            mark_idle_pods(pool, ctx, snap, pods).await?;
         }
     }
 
@@ -326,13 +341,10 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         } else {
             ("ScaledDown", "down")
         };
-        let note = match &decision {
-            Some(d) => format!(
-                "scaled {verb} from {current} to {desired}: {}",
-                d.reason.message()
-            ),
-            None => format!("scaled {verb} from {current} to {desired}: spec.replicas"),
-        };
+        let note = format!(
+            "scaled {verb} from {current} to {desired}: {}",
+            verdict.message()
+        );
         publish(ctx, &reference, EventType::Normal, reason, note).await;
     }
     if let Err(problem) = &reading {
@@ -345,16 +357,38 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         )
         .await;
     }
+    // One event when the workers start failing for a reason, not one per poll.
+    let announce = match &problem {
+        Some(p) => {
+            let mut announced = lock(&ctx.announced);
+            let new = ready_reason(pool) != Some(p.reason.as_str())
+                && announced.get(&key) != Some(&p.reason);
+            announced.insert(key.clone(), p.reason.clone());
+            new
+        }
+        None => {
+            lock(&ctx.announced).remove(&key);
+            false
+        }
+    };
+    if let Some(p) = problem.as_ref().filter(|_| announce) {
+        publish(
+            ctx,
+            &reference,
+            EventType::Warning,
+            &p.reason,
+            p.message.clone(),
+        )
+        .await;
+    }
 
-    let status = status(
-        pool,
+    let counts = Counts {
         desired,
-        status_replicas,
+        replicas: status_replicas,
         ready,
         current,
-        &reading,
-        decision.as_ref(),
-    );
+    };
+    let status = status(pool, counts, &reading, &verdict, problem.as_ref());
     let pools: Api<WorkerPool> = Api::namespaced(client.clone(), &ns);
     pools
         .patch_status(
@@ -392,16 +426,37 @@ async fn publish(
     }
 }
 
-/// Before a scale-down, sets each pod's deletion cost to its worker's
-/// in-flight jobs, so the ReplicaSet removes idle workers first.
-async fn mark_idle_pods(pool: &WorkerPool, ctx: &Context, snap: &Snapshot) -> Result<(), Error> {
+/// The reason of the pool's `Ready` condition as last written.
+fn ready_reason(pool: &WorkerPool) -> Option<&str> {
+    pool.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.reason.as_str())
+}
+
+/// The pool's pods.
+async fn list_pods(pool: &WorkerPool, ctx: &Context) -> Result<Vec<Pod>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let list = pods
         .list(&ListParams::default().labels(&deployment::selector(&pool.name_any())))
         .await
         .map_err(Error::ListPods)?;
+    Ok(list.items)
+}
+
+/// Before a scale-down, sets each pod's deletion cost to its worker's
+/// in-flight jobs, so the ReplicaSet removes idle workers first.
+async fn mark_idle_pods(
+    pool: &WorkerPool,
+    ctx: &Context,
+    snap: &Snapshot,
+    list: Vec<Pod>,
+) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let busy = snap.in_flight_by_worker_id();
-    for pod in list.items {
+    for pod in list {
         let name = pod.name_any();
         let cost = busy.get(&name).copied().unwrap_or(0).to_string();
         if pod.annotations().get(DELETION_COST) == Some(&cost) {
@@ -415,15 +470,32 @@ async fn mark_idle_pods(pool: &WorkerPool, ctx: &Context, snap: &Snapshot) -> Re
     Ok(())
 }
 
+/// Worker counts of one reconcile.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    /// What the pool should have now.
+    desired: i32,
+    /// Pods the Deployment has.
+    replicas: i32,
+    /// Pods ready.
+    ready: i32,
+    /// The Deployment's replicas before this reconcile.
+    current: i32,
+}
+
 fn status(
     pool: &WorkerPool,
-    desired: i32,
-    replicas: i32,
-    ready: i32,
-    current: i32,
+    counts: Counts,
     reading: &Result<Snapshot, QueueProblem>,
-    decision: Option<&Decision>,
+    verdict: &Verdict,
+    problem: Option<&workload::Problem>,
 ) -> WorkerPoolStatus {
+    let Counts {
+        desired,
+        replicas,
+        ready,
+        current,
+    } = counts;
     let old = pool.status.clone().unwrap_or_default();
     let generation = pool.meta().generation;
     let condition = |type_: &str, ok: bool, reason: &str, message: String| {
@@ -467,6 +539,7 @@ fn status(
             (old.backlog, old.in_flight, old.oldest_job_age_seconds)
         }
     };
+    let decision = verdict.decision.as_ref();
     match decision {
         Some(d) => {
             conditions.push(condition(
@@ -485,21 +558,22 @@ fn status(
         None => conditions.push(condition(
             "ScalingActive",
             false,
-            "ManualReplicas",
-            format!("spec.replicas fixes the pool at {desired}"),
+            verdict.code(),
+            verdict.message(),
         )),
     }
     let ready_ok = ready >= desired;
-    conditions.push(condition(
-        "Ready",
-        ready_ok,
-        if ready_ok {
-            "WorkersReady"
-        } else {
-            "WorkersStarting"
-        },
-        format!("{ready} of {desired} workers ready"),
-    ));
+    let counted = format!("{ready} of {desired} workers ready");
+    conditions.push(match problem {
+        Some(p) if !ready_ok => condition(
+            "Ready",
+            false,
+            &p.reason,
+            format!("{counted}: {}", p.message),
+        ),
+        _ if ready_ok => condition("Ready", true, "WorkersReady", counted),
+        _ => condition("Ready", false, "WorkersStarting", counted),
+    });
     WorkerPoolStatus {
         replicas,
         ready_replicas: ready,

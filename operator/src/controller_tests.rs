@@ -444,3 +444,81 @@ async fn a_failed_apply_is_an_error_named_for_the_operation() {
             .contains(r#"workerpool_operator_reconciles_total{result="apply_deployment"} 1"#)
     );
 }
+
+#[tokio::test]
+async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_event() {
+    let redis = TestRedis::start();
+    let spec = json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1});
+    let refused = || {
+        let mut d = existing_deployment(1, 0);
+        d["status"]["conditions"] = json!([{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+            "message": "pods \"mail-x\" is forbidden: violates PodSecurity \"restricted:latest\": privileged (container \"worker\" must not set securityContext.privileged=true)"}]);
+        d
+    };
+    let empty_pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
+    let (task, mut api, _) = start(pool(spec.clone()));
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &refused());
+    let (_, send) = api.expect("GET", "/api/v1/namespaces/jobs/pods").await;
+    reply(send, StatusCode::OK, &empty_pods);
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("FailedCreate"))
+    );
+    assert!(
+        event["note"]
+            .as_str()
+            .expect("note")
+            .contains("violates PodSecurity")
+    );
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let ready = condition(&status, "Ready").clone();
+    assert_eq!(
+        (ready["status"].clone(), ready["reason"].clone()),
+        (json!("False"), json!("FailedCreate"))
+    );
+    let message = ready["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("0 of 1 workers ready: pods \"mail-x\" is forbidden"),
+        "{message}"
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+
+    // The next poll finds the same failure: no second event.
+    let mut again = pool(spec);
+    again.status = serde_json::from_value(status["status"].clone()).expect("status");
+    let (task, mut api, _) = start(again);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &refused());
+    let (_, send) = api.expect("GET", "/api/v1/namespaces/jobs/pods").await;
+    reply(send, StatusCode::OK, &empty_pods);
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(condition(&status, "Ready")["reason"], json!("FailedCreate"));
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+
+    // Fixed: the condition clears by itself.
+    let mut fixed = pool(
+        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    fixed.status = serde_json::from_value(status["status"].clone()).expect("status");
+    let (task, mut api, _) = start(fixed);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(condition(&status, "Ready")["reason"], json!("WorkersReady"));
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}

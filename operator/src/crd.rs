@@ -4,6 +4,7 @@
 //! `kubectl explain workerpool.spec…` shows: they are written for users.
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::crd::CustomResourceExt;
 use kube::{CustomResource, KubeSchema};
@@ -36,7 +37,9 @@ use crate::scaling::ScalingSpec;
     printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs running"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Workers wanted"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Workers ready"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"WorkersReady, WorkersStarting, or why the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...)"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","description":"Why the pool has this size","priority":1}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","description":"The Ready condition's message","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.replicas) != has(self.scaling)").message("set exactly one of spec.replicas (a fixed number of workers) or spec.scaling (workers scaled on the queue)"))]
@@ -111,10 +114,10 @@ pub struct RedisQueue {
 
 impl RedisQueue {
     /// The queues' keys in priority order.
-    pub fn queue_keys(&self) -> Vec<workerpool_worker::keys::QueueKeys> {
+    pub fn queue_keys(&self) -> Vec<workerpool_queue::keys::QueueKeys> {
         self.queue_names()
             .into_iter()
-            .map(workerpool_worker::keys::QueueKeys::new)
+            .map(workerpool_queue::keys::QueueKeys::new)
             .collect()
     }
 
@@ -273,11 +276,67 @@ fn strip_descriptions(value: &mut serde_json::Value) {
     }
 }
 
+/// The CRD as the API server gets it: the Rust types' schema, with each
+/// description reflowed into paragraphs (doc comments wrap at 80 columns;
+/// `kubectl explain` wraps again, and would break sentences mid-line).
+pub fn crd() -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(WorkerPool::crd()).expect("a CRD always serializes");
+    reflow_descriptions(&mut value);
+    serde_json::from_value(value).expect("reflowing keeps the CRD valid")
+}
+
 /// The CRD as YAML, as `workerpool-operator crd` prints it and
 /// `manifests/crd.yaml` holds it.
 pub fn crd_yaml() -> String {
-    let crd = WorkerPool::crd();
-    serde_yaml_ng::to_string(&crd).expect("a CRD always serializes")
+    serde_yaml_ng::to_string(&crd()).expect("a CRD always serializes")
+}
+
+fn reflow_descriptions(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                match v {
+                    serde_json::Value::String(text) if key == "description" => {
+                        *text = reflow(text);
+                    }
+                    _ => reflow_descriptions(v),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(reflow_descriptions),
+        _ => {}
+    }
+}
+
+/// Joins wrapped lines into paragraphs; blank lines between paragraphs and
+/// list items (`- `, `* `, `1. `) keep their line breaks.
+pub fn reflow(text: &str) -> String {
+    let starts_item = |line: &str| {
+        let line = line.trim_start();
+        line.starts_with("- ")
+            || line.starts_with("* ")
+            || line
+                .split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
+    text.split("\n\n")
+        .map(|paragraph| {
+            let mut out = String::new();
+            for line in paragraph.lines() {
+                if out.is_empty() {
+                    out.push_str(line.trim_end());
+                } else if starts_item(line) {
+                    out.push('\n');
+                    out.push_str(line.trim_end());
+                } else {
+                    out.push(' ');
+                    out.push_str(line.trim());
+                }
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 #[cfg(test)]
@@ -321,8 +380,26 @@ mod tests {
     }
 
     #[test]
+    fn descriptions_read_as_paragraphs_with_their_lists_kept() {
+        assert_eq!(
+            reflow(
+                "The fewest workers to run. 0 (the default)\nlets an idle pool scale.\n\nSecond paragraph\nhere.\n- one\n- two\n1. first"
+            ),
+            "The fewest workers to run. 0 (the default) lets an idle pool scale.\n\nSecond paragraph here.\n- one\n- two\n1. first"
+        );
+        let crd = serde_json::to_value(crd()).expect("json");
+        let scaling = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["scaling"]["properties"];
+        let text = scaling["activationBacklog"]["description"]
+            .as_str()
+            .expect("description");
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains("Defaults to 1."), "{text}");
+    }
+
+    #[test]
     fn the_crd_has_status_scale_short_name_and_printer_columns() {
-        let crd = serde_json::to_value(WorkerPool::crd()).expect("json");
+        let crd = serde_json::to_value(crd()).expect("json");
         let version = &crd["spec"]["versions"][0];
         assert_eq!(crd["spec"]["names"]["shortNames"], json!(["wp"]));
         assert_eq!(version["subresources"]["status"], json!({}));
@@ -338,7 +415,16 @@ mod tests {
             .collect();
         assert_eq!(
             columns,
-            ["Backlog", "In-Flight", "Desired", "Ready", "Reason", "Age"]
+            [
+                "Backlog",
+                "In-Flight",
+                "Desired",
+                "Ready",
+                "Status",
+                "Reason",
+                "Message",
+                "Age"
+            ]
         );
         let yaml = crd_yaml();
         assert!(
@@ -350,7 +436,7 @@ mod tests {
 
     #[test]
     fn defaults_are_in_the_schema_so_the_api_server_fills_them_in() {
-        let crd = serde_json::to_value(WorkerPool::crd()).expect("json");
+        let crd = serde_json::to_value(crd()).expect("json");
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
         assert_eq!(
             spec["worker"]["properties"]["concurrency"]["default"],

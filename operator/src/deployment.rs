@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Probe,
-    SecretKeySelector,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, Probe, SeccompProfile,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -18,6 +19,11 @@ use crate::crd::WorkerPool;
 pub const POOL_LABEL: &str = "workerpool.dev/pool";
 /// Port of the worker's `/healthz`, `/readyz` and `/metrics`.
 pub const WORKER_PORT: i32 = 8080;
+/// The worker image's non-root user and group.
+pub const WORKER_UID: i64 = 65532;
+/// The `emptyDir` volume mounted at `/tmp` when the root filesystem is
+/// read-only.
+pub const TMP_VOLUME: &str = "workerpool-tmp";
 
 /// Why a pool's Deployment cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,6 +89,17 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
         None => return Err(BuildError::NoWorkerContainer),
     };
     inject(&mut pod.containers[worker], pool);
+    let pod_security = pod.security_context.clone().unwrap_or_default();
+    if secure_by_default(&mut pod.containers[worker], &pod_security) {
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        if !volumes.iter().any(|v| v.name == TMP_VOLUME) {
+            volumes.push(Volume {
+                name: TMP_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            });
+        }
+    }
 
     Ok(Deployment {
         metadata: ObjectMeta {
@@ -103,6 +120,72 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
         }),
         status: None,
     })
+}
+
+/// Gives the worker container the settings of the `restricted` Pod Security
+/// Standard wherever the template leaves them unset: non-root (as the
+/// worker image's user when no user is given), no privilege escalation, no
+/// capabilities, the runtime's default seccomp profile, and a read-only root
+/// filesystem with an `emptyDir` at `/tmp`. What the template says, on the
+/// container or the pod, wins; other containers are left alone. Returns
+/// whether the `/tmp` volume is needed.
+///
+/// See <https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted>.
+pub fn secure_by_default(container: &mut Container, pod: &PodSecurityContext) -> bool {
+    let sc = container
+        .security_context
+        .get_or_insert_with(SecurityContext::default);
+    let non_root = sc.run_as_non_root.or(pod.run_as_non_root);
+    if non_root.is_none() {
+        sc.run_as_non_root = Some(true);
+    }
+    // A user is needed to prove non-root when the image names its user by
+    // name (or is root); one given anywhere is kept, and so is an explicit
+    // `runAsNonRoot: false` (run as the image says).
+    if non_root != Some(false) && sc.run_as_user.is_none() && pod.run_as_user.is_none() {
+        sc.run_as_user = Some(WORKER_UID);
+        if sc.run_as_group.is_none() && pod.run_as_group.is_none() {
+            sc.run_as_group = Some(WORKER_UID);
+        }
+    }
+    // The API server refuses `allowPrivilegeEscalation: false` beside
+    // `privileged: true` or the SYS_ADMIN capability.
+    let adds_sys_admin = sc
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.as_ref())
+        .is_some_and(|a| a.iter().any(|c| c == "SYS_ADMIN" || c == "CAP_SYS_ADMIN"));
+    if sc.allow_privilege_escalation.is_none() && sc.privileged != Some(true) && !adds_sys_admin {
+        sc.allow_privilege_escalation = Some(false);
+    }
+    let caps = sc.capabilities.get_or_insert_with(Capabilities::default);
+    if caps.drop.is_none() {
+        caps.drop = Some(vec!["ALL".into()]);
+    }
+    if sc.seccomp_profile.is_none() && pod.seccomp_profile.is_none() {
+        sc.seccomp_profile = Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        });
+    }
+    let read_only = *sc.read_only_root_filesystem.get_or_insert(true);
+    let has_tmp = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/tmp");
+    let needs_tmp = read_only && !has_tmp;
+    if needs_tmp {
+        container
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: TMP_VOLUME.into(),
+                mount_path: "/tmp".into(),
+                ..VolumeMount::default()
+            });
+    }
+    needs_tmp
 }
 
 /// Adds the queue settings, the worker id, the port and the probes to the
@@ -332,6 +415,121 @@ mod tests {
             "replicas": 1
         }));
         assert_eq!(build(&p, 1), Err(BuildError::NoWorkerContainer));
+    }
+
+    fn pod_of(d: &Deployment) -> &k8s_openapi::api::core::v1::PodSpec {
+        d.spec
+            .as_ref()
+            .expect("spec")
+            .template
+            .spec
+            .as_ref()
+            .expect("pod")
+    }
+
+    fn security(d: &Deployment, container: &str) -> serde_json::Value {
+        let c = pod_of(d)
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .expect("container");
+        serde_json::to_value(&c.security_context).expect("json")
+    }
+
+    #[test]
+    fn the_worker_gets_the_restricted_profile_and_a_tmp_volume_by_default() {
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {"containers": [
+                {"name": "worker", "image": "w"},
+                {"name": "sidecar", "image": "s"}
+            ]}},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        assert_eq!(
+            security(&d, "worker"),
+            json!({
+                "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"}, "readOnlyRootFilesystem": true
+            })
+        );
+        assert_eq!(
+            security(&d, "sidecar"),
+            json!(null),
+            "other containers are left alone"
+        );
+        let pod = pod_of(&d);
+        assert_eq!(
+            serde_json::to_value(&pod.volumes).expect("json"),
+            json!([{"name": "workerpool-tmp", "emptyDir": {}}])
+        );
+        let worker = pod
+            .containers
+            .iter()
+            .find(|c| c.name == "worker")
+            .expect("worker");
+        assert_eq!(
+            serde_json::to_value(&worker.volume_mounts).expect("json"),
+            json!([{"name": "workerpool-tmp", "mountPath": "/tmp"}])
+        );
+    }
+
+    #[test]
+    fn what_the_template_says_about_security_wins_field_by_field() {
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {
+                "securityContext": {"runAsUser": 1000, "seccompProfile": {"type": "Unconfined"}},
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "containers": [{"name": "worker", "image": "w",
+                    "securityContext": {"readOnlyRootFilesystem": false,
+                                        "capabilities": {"add": ["NET_BIND_SERVICE"]}},
+                    "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}]}]
+            }},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        assert_eq!(
+            security(&d, "worker"),
+            json!({
+                "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_BIND_SERVICE"], "drop": ["ALL"]},
+                "readOnlyRootFilesystem": false
+            }),
+            "the pod's user and seccomp profile are kept, not overridden per container"
+        );
+        assert_eq!(pod_of(&d).volumes.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn privileged_or_root_on_request_is_built_as_asked() {
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w",
+                "securityContext": {"privileged": true, "runAsNonRoot": false}}]}},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        let sc = security(&d, "worker");
+        assert_eq!(sc["privileged"], json!(true));
+        assert_eq!(sc["runAsNonRoot"], json!(false));
+        assert!(
+            sc.get("allowPrivilegeEscalation").is_none(),
+            "the API server refuses it beside privileged: {sc}"
+        );
+        assert!(sc.get("runAsUser").is_none(), "the image's user: {sc}");
+        // A /tmp mounted by the user is not mounted twice.
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w",
+                "volumeMounts": [{"name": "t", "mountPath": "/tmp"}]}],
+                "volumes": [{"name": "t", "emptyDir": {"medium": "Memory"}}]}},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        assert_eq!(pod_of(&d).volumes.as_ref().map(Vec::len), Some(1));
     }
 
     #[test]

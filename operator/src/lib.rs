@@ -9,3 +9,4 @@ pub mod rbac;
 pub mod run;
 pub mod scaling;
 pub mod simulate;
+pub mod workload;

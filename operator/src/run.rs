@@ -105,7 +105,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let identity = args
         .identity
         .clone()
-        .unwrap_or_else(workerpool_worker::config::default_worker_id);
+        .unwrap_or_else(workerpool_queue::keys::host_name);
     let mut leadership = None;
     if !args.no_leader_election {
         let manager =

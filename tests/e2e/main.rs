@@ -14,6 +14,7 @@
 
 mod cluster;
 mod scenarios;
+mod security;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
     let (filters, skips, list) = arguments();
     let mut selected: Vec<&Scenario> = scenarios::ALL
         .iter()
+        .chain(security::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();

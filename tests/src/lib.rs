@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod tls;
+pub use tls::TestTlsRedis;
+
 /// A `redis-server` process owned by one test, killed on drop.
 #[derive(Debug)]
 pub struct TestRedis {

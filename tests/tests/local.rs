@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use rustix::process::{Pid, Signal, kill_process};
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestRedis, eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
 
 /// A handler that takes `seconds` per job.
 fn handler(seconds: &str) -> String {

@@ -5,12 +5,12 @@ use std::io::BufRead;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Map, Value, json};
 
 use crate::admin::{self, Snapshot, WorkerInfo};
 use crate::keys::QueueKeys;
+use workerpool_queue::connection::{Endpoint, describe};
 
 /// Enqueue jobs and inspect workerpool queues.
 ///
@@ -115,7 +115,8 @@ pub enum DeadAction {
 /// Which Redis and which queue.
 #[derive(Debug, Clone, Args)]
 pub struct Target {
-    /// Redis URL, redis://[user:password@]host[:port][/db].
+    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
+    /// for TLS.
     #[arg(
         long,
         env = "WORKERPOOL_REDIS_URL",
@@ -123,6 +124,9 @@ pub struct Target {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// TLS options.
+    #[command(flatten)]
+    pub tls: crate::config::TlsArgs,
     /// The queue.
     #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME")]
     pub queue: String,
@@ -139,25 +143,16 @@ pub struct Select {
 /// Why a command failed; each says what to check.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// The URL does not parse.
-    #[error(
-        "--redis-url {url:?} is not a Redis URL ({source}); expected redis://[user:password@]host[:port][/db]"
-    )]
-    BadUrl {
-        /// The URL, password hidden.
-        url: String,
-        /// Why.
-        #[source]
-        source: redis::RedisError,
-    },
+    /// The URL or the TLS options cannot be used.
+    #[error(transparent)]
+    BadEndpoint(#[from] workerpool_queue::connection::EndpointError),
     /// Redis could not be reached.
-    #[error("cannot reach Redis at {url}: {source}")]
+    #[error("cannot reach Redis at {url}: {reason}")]
     Connect {
         /// The URL, password hidden.
         url: String,
-        /// Why.
-        #[source]
-        source: redis::RedisError,
+        /// Why, certificate problems named.
+        reason: String,
     },
     /// No key of the queue exists.
     #[error(
@@ -276,21 +271,19 @@ async fn connect(
     target: &Target,
     must_exist: bool,
 ) -> Result<(MultiplexedConnection, QueueKeys), CliError> {
-    let url = redact(&target.redis_url);
-    let client =
-        redis::Client::open(target.redis_url.as_str()).map_err(|source| CliError::BadUrl {
-            url: url.clone(),
-            source,
-        })?;
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(3)))
-        .set_response_timeout(Some(Duration::from_secs(10)));
-    let mut c = client
-        .get_multiplexed_async_connection_with_config(&config)
+    let endpoint = Endpoint::new(target.redis_url.clone(), target.tls.clone().into())?;
+    let url = endpoint.redacted();
+    if endpoint.tls().insecure_skip_verify {
+        eprintln!(
+            "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
+        );
+    }
+    let mut c = endpoint
+        .connect(Duration::from_secs(3), Duration::from_secs(10))
         .await
-        .map_err(|source| CliError::Connect {
+        .map_err(|e| CliError::Connect {
             url: url.clone(),
-            source,
+            reason: describe(&e),
         })?;
     let q = QueueKeys::new(target.queue.clone());
     if must_exist && !admin::exists(&mut c, &q).await? {
@@ -300,21 +293,6 @@ async fn connect(
         });
     }
     Ok((c, q))
-}
-
-/// The URL with its password replaced, for messages.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((credentials, host)) => {
-            let user = credentials.split_once(':').map_or("", |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}{path}")
-        }
-        None => url.to_string(),
-    }
 }
 
 fn read_jobs(input: impl BufRead) -> Result<Vec<Map<String, Value>>, CliError> {
@@ -463,7 +441,10 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
     if json {
         let values: Vec<Value> = entries
             .iter()
-            .map(|e| serde_json::from_str(&e.raw).unwrap_or_else(|_| Value::from(e.raw.clone())))
+            .map(|e| {
+                serde_json::from_slice(&e.raw)
+                    .unwrap_or_else(|_| Value::from(crate::text::escaped(&e.raw, usize::MAX)))
+            })
             .collect();
         return Value::Array(values).to_string() + "\n";
     }
@@ -491,7 +472,7 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
                 "unreadable".into(),
                 "-".into(),
                 "-".into(),
-                one_line(&e.raw, 60),
+                one_line(&crate::text::escaped(&e.raw, 60), 60),
             ],
         })
         .collect();
@@ -564,16 +545,6 @@ fn plural(n: u64) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(
-            redact("redis://user:secret@host:6379/0"),
-            "redis://user:***@host:6379/0"
-        );
-        assert_eq!(redact("redis://:secret@host"), "redis://:***@host");
-        assert_eq!(redact("redis://host:6379/2"), "redis://host:6379/2");
-    }
 
     #[test]
     fn a_bad_job_is_reported_by_position_and_nothing_is_enqueued() {

@@ -5,14 +5,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use workerpool_queue::connection::{Endpoint, Tls};
 
-use crate::exec::ExecCommand;
+use crate::handlers::exec_pool::ExecCommand;
 
 /// Settings of the worker runtime.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Redis connection URL.
+    /// Redis connection URL (`redis://`, or `rediss://` for TLS).
     pub redis_url: String,
+    /// TLS options for a `rediss://` URL.
+    pub tls: Tls,
     /// Queues in priority order, the first served first.
     pub queues: Vec<String>,
     /// Jobs run at once.
@@ -42,6 +45,7 @@ impl Config {
     pub fn new(redis_url: impl Into<String>, queues: Vec<String>) -> Self {
         Self {
             redis_url: redis_url.into(),
+            tls: Tls::default(),
             queues,
             concurrency: 1,
             max_attempts: 5,
@@ -74,12 +78,7 @@ impl Config {
                 "--queue {q:?}: a queue name must be non-empty and without spaces"
             ));
         }
-        if let Err(e) = redis::Client::open(self.redis_url.as_str()) {
-            return fail(format!(
-                "--redis-url {:?} is not a Redis URL ({e}); expected redis://[user:password@]host[:port][/db]",
-                self.redis_url
-            ));
-        }
+        self.endpoint()?;
         if self.concurrency == 0 {
             return fail("--concurrency must be at least 1".into());
         }
@@ -110,6 +109,46 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Where Redis is, checked (no I/O).
+    pub fn endpoint(&self) -> Result<Endpoint, ConfigError> {
+        Endpoint::new(self.redis_url.clone(), self.tls.clone())
+            .map_err(|e| ConfigError(e.to_string()))
+    }
+}
+
+/// TLS flags for a `rediss://` URL, shared by the worker and every
+/// `workerpool` subcommand.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// PEM file of the CA that signed Redis's certificate, instead of the
+    /// system's roots (rediss:// only).
+    #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
+    /// PEM file of a client certificate for mutual TLS (with
+    /// --redis-client-key).
+    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_CERT", value_name = "FILE")]
+    pub redis_client_cert: Option<std::path::PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_KEY", value_name = "FILE")]
+    pub redis_client_key: Option<std::path::PathBuf>,
+    /// Accept any certificate from Redis. Dangerous: anyone on the path can
+    /// read and change the jobs; logs a warning at start.
+    #[arg(long, env = "WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY")]
+    pub redis_tls_insecure_skip_verify: bool,
+}
+
+impl From<TlsArgs> for Tls {
+    fn from(a: TlsArgs) -> Self {
+        Tls {
+            ca_file: a.redis_ca_file,
+            client_cert: a.redis_client_cert,
+            client_key: a.redis_client_key,
+            insecure_skip_verify: a.redis_tls_insecure_skip_verify,
+        }
+    }
+}
+
 /// A configuration that cannot run, with what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -117,12 +156,7 @@ pub struct ConfigError(pub String);
 
 /// The host name, which is the pod name in Kubernetes.
 pub fn default_worker_id() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "worker".to_string())
+    workerpool_queue::keys::host_name()
 }
 
 /// Which handler runs the jobs.
@@ -170,9 +204,14 @@ pub enum HandlerChoice {
     workerpool-worker --redis-url redis://localhost:6379 --queue emails -- python3 handler.py\n  \
     workerpool-worker --redis-url redis://localhost:6379 --queue high --queue low --handler sleep --concurrency 10")]
 pub struct Args {
-    /// Redis URL, redis://[user:password@]host[:port][/db].
+    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
+    /// for TLS.
     #[arg(long, env = "WORKERPOOL_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
+
+    /// TLS options.
+    #[command(flatten)]
+    pub tls: TlsArgs,
 
     /// Queue to take jobs from; repeat for several, served in strict
     /// priority order (the first named first). The environment variable
@@ -315,7 +354,7 @@ impl Args {
             (Some(HandlerKind::Sleep), None) => HandlerChoice::Sleep,
             (Some(HandlerKind::Http), None) => match &self.http_url {
                 Some(url) => {
-                    HandlerChoice::Http(crate::http_handler::parse_url(url).map_err(ConfigError)?)
+                    HandlerChoice::Http(crate::handlers::http::parse_url(url).map_err(ConfigError)?)
                 }
                 None => {
                     return Err(ConfigError(
@@ -326,6 +365,7 @@ impl Args {
         };
         let config = Config {
             redis_url,
+            tls: self.tls.into(),
             queues: self.queues,
             concurrency: self.concurrency,
             max_attempts: self.max_attempts,

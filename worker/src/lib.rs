@@ -4,25 +4,23 @@
 //! [`Handler`] with bounded concurrency, retries failures with exponential
 //! backoff and full jitter, dead-letters what never succeeds, returns the
 //! jobs of lost workers to their queue, and drains gracefully on SIGTERM.
-//! The queue contract (key layout, job envelope) is in [`keys`] and [`job`]
-//! and documented in `docs/queue-contract.md`.
+//! The queue contract (key layout, job envelope, scripts) is the
+//! `workerpool-queue` crate, re-exported here as [`keys`], [`job`],
+//! [`queue`] and friends, and documented in `docs/queue-contract.md`.
 
-pub mod admin;
+// The queue contract lives in `workerpool-queue`; these keep the paths the
+// runtime and its users have always had.
+pub use workerpool_queue::ops as queue;
+pub use workerpool_queue::{admin, job, keys, scripts, snapshot, text};
+
 pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod exec;
-pub mod exec_per_job;
 pub mod handler;
-pub mod http;
-pub mod http_handler;
-pub mod job;
-pub mod keys;
+pub mod handlers;
 pub mod metrics;
-pub mod queue;
+pub mod probes;
 mod runtime;
-pub mod scripts;
-pub mod snapshot;
 
 pub use config::{Config, HandlerChoice};
 pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};
@@ -39,16 +37,18 @@ pub fn build_handler(
     choice: HandlerChoice,
     config: &Config,
     metrics: &Metrics,
-) -> Result<Arc<dyn Handler>, exec::SpawnError> {
+) -> Result<Arc<dyn Handler>, handlers::exec_pool::SpawnError> {
     Ok(match choice {
-        HandlerChoice::Exec(command) => Arc::new(exec::ExecPool::start(
+        HandlerChoice::Exec(command) => Arc::new(handlers::exec_pool::ExecPool::start(
             command,
             config.concurrency,
             metrics.child_restarts.clone(),
         )?),
         HandlerChoice::Noop => Arc::new(Noop),
         HandlerChoice::Sleep => Arc::new(Sleep),
-        HandlerChoice::Http(url) => Arc::new(http_handler::HttpHandler::new(url)),
-        HandlerChoice::ExecPerJob(command) => Arc::new(exec_per_job::ExecPerJob::new(command)?),
+        HandlerChoice::Http(url) => Arc::new(handlers::http::HttpHandler::new(url)),
+        HandlerChoice::ExecPerJob(command) => {
+            Arc::new(handlers::exec_per_job::ExecPerJob::new(command)?)
+        }
     })
 }

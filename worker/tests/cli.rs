@@ -11,7 +11,7 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use workerpool_tests::{TestRedis, eventually, free_port};
-use workerpool_worker::job::{DeadLetter, DeadReason};
+use workerpool_worker::job::{DeadLetter, DeadReason, Intake, intake};
 use workerpool_worker::keys::QueueKeys;
 use workerpool_worker::{Config, Job, Outcome, handler_fn, queue, run_until};
 
@@ -72,6 +72,7 @@ fn letter(id: &str, reason: DeadReason, error: &str, died_at: u64) -> String {
         died_at,
         worker: "w~1".into(),
         job: json!({"task": "t", "id": id, "attempt": 3, "error": error}),
+        encoding: None,
     }
     .to_json()
 }
@@ -442,4 +443,57 @@ async fn an_unreachable_redis_and_an_unknown_queue_are_clear_errors() {
         assert!(err.contains("queue \"nope\" not found"), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+}
+
+#[tokio::test]
+async fn dead_letters_of_any_bytes_are_listed_skipped_by_retry_and_purged() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("raw");
+    let mut c = redis.conn().await;
+    let Intake::Dead(letter) = intake(b"\xff\xfe{\"task\":1}", 5, 5, "w~1") else {
+        panic!("bytes that are not UTF-8 are dead");
+    };
+    let _: () = c.lpush(q.dead(), letter.to_json()).await.expect("lpush");
+    // An entry someone pushed by hand that is not even a dead letter.
+    let _: () = c
+        .lpush(q.dead(), b"\xfa not a letter".as_slice())
+        .await
+        .expect("lpush");
+
+    let table = ok(workerpool(&url, &["dead", "list", "--queue", "raw"], None));
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(
+        lines[1].contains("unreadable") && lines[1].contains(r"\xfa not a letter"),
+        "{table}"
+    );
+    assert!(
+        lines[2].contains("malformed") && lines[2].contains("payload is not UTF-8"),
+        "{table}"
+    );
+
+    let listed = json_of(workerpool(
+        &url,
+        &["dead", "list", "--queue", "raw", "--json"],
+        None,
+    ));
+    assert_eq!(listed[0], json!(r"\xfa not a letter"));
+    assert_eq!(listed[1]["encoding"], json!("base64"));
+    let kept: DeadLetter = serde_json::from_value(listed[1].clone()).expect("a dead letter");
+    assert_eq!(
+        kept.raw_payload().as_deref(),
+        Some(b"\xff\xfe{\"task\":1}".as_slice())
+    );
+
+    let retried = ok(workerpool(&url, &["dead", "retry", "--queue", "raw"], None));
+    assert!(retried.contains("retried 0"), "{retried}");
+    assert_eq!(dead_len(&mut c, &q.dead()).await, 2);
+    let purged = ok(workerpool(&url, &["dead", "purge", "--queue", "raw"], None));
+    assert!(purged.contains("purged 2"), "{purged}");
+    assert_eq!(dead_len(&mut c, &q.dead()).await, 0);
+}
+
+async fn dead_len(c: &mut MultiplexedConnection, key: &str) -> usize {
+    c.llen(key).await.expect("llen")
 }

@@ -2,7 +2,6 @@
 //! children, kill -9, SIGTERM drain, Redis restarts, the HTTP endpoints.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +13,7 @@ use workerpool_tests::{TestRedis, eventually, free_port};
 use workerpool_worker::keys::QueueKeys;
 
 mod common;
-use common::{counter, processing_total, push};
+use common::{counter, http_get, processing_total, push};
 
 const WAIT: Duration = Duration::from_secs(20);
 const FAST: [&str; 4] = ["--heartbeat-interval", "200ms", "--dead-after", "1s"];
@@ -76,19 +75,6 @@ impl Drop for Worker {
 }
 
 /// A bare HTTP/1.0 GET: status code and body.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
 async fn wait_processed(c: &MultiplexedConnection, q: &QueueKeys, n: u64) {
     eventually(WAIT, &format!("{n} jobs processed"), || {
         let mut c = c.clone();

@@ -1,98 +1,22 @@
 //! The queue contract, end to end through the library's `run`, against a
 //! real `redis-server` started by each test.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use workerpool_tests::{TestRedis, eventually};
 
 mod common;
-use common::{counter, dead_letters, len, processing_total, push, server_time_ms};
+use common::{
+    Recorder, config, counter, dead_letters, len, processing_total, push, server_time_ms, start,
+};
 use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, queue, run};
+use workerpool_worker::{Job, Outcome, queue};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// Records every attempt, then answers as `decide` says.
-struct Recorder {
-    seen: Mutex<Vec<Job>>,
-    decide: fn(&Job) -> Outcome,
-    gate: Option<Arc<Semaphore>>,
-}
-
-impl Recorder {
-    fn new(decide: fn(&Job) -> Outcome) -> Arc<Self> {
-        Arc::new(Self {
-            seen: Mutex::new(Vec::new()),
-            decide,
-            gate: None,
-        })
-    }
-
-    /// Each attempt waits for a permit of `gate` before answering.
-    fn gated(gate: Arc<Semaphore>) -> Arc<Self> {
-        Arc::new(Self {
-            seen: Mutex::new(Vec::new()),
-            decide: |_| Outcome::Done,
-            gate: Some(gate),
-        })
-    }
-
-    fn seen(&self) -> Vec<Job> {
-        self.seen.lock().expect("lock").clone()
-    }
-}
-
-impl Handler for Recorder {
-    fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome> {
-        self.seen.lock().expect("lock").push(job.clone());
-        Box::pin(async move {
-            if let Some(gate) = &self.gate {
-                gate.acquire().await.expect("open").forget();
-            }
-            (self.decide)(job)
-        })
-    }
-}
-
-struct Running {
-    shutdown: Shutdown,
-    handle: tokio::task::JoinHandle<Result<(), workerpool_worker::Error>>,
-    metrics: Metrics,
-}
-
-impl Running {
-    async fn stop(self) {
-        self.shutdown.drain();
-        self.handle.await.expect("worker task").expect("clean exit");
-    }
-}
-
-fn config(redis: &TestRedis, queues: &[&str], worker_id: &str) -> Config {
-    let mut c = Config::new(redis.url(), queues.iter().map(|q| q.to_string()).collect());
-    c.heartbeat_interval = Duration::from_millis(100);
-    c.dead_after = Duration::from_millis(600);
-    c.backoff_base = Duration::from_millis(20);
-    c.backoff_max = Duration::from_millis(80);
-    c.shutdown_timeout = Duration::from_secs(2);
-    c.worker_id = worker_id.into();
-    c
-}
-
-fn start(config: Config, handler: Arc<dyn Handler>) -> Running {
-    let shutdown = Shutdown::new();
-    let metrics = Metrics::new();
-    let handle = tokio::spawn(run(config, handler, metrics.clone(), shutdown.clone()));
-    Running {
-        shutdown,
-        handle,
-        metrics,
-    }
-}
 
 #[tokio::test]
 async fn every_job_completes_exactly_once_in_fifo_order_with_one_slot() {
@@ -525,10 +449,19 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
     let _: () = c.lpush(low.name(), "low-1").await.expect("lpush");
     let _: () = c.lpush(high.name(), "high-1").await.expect("lpush");
 
-    let first = queue::ack_and_take(&mut c, &queues, 0, "w~1", "done-job")
+    let first = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"done-job")
         .await
         .expect("script");
-    assert_eq!(first, (true, Some((0, "high-1".to_string()))));
+    assert_eq!(
+        first,
+        (
+            true,
+            Some(queue::Fetched {
+                queue: 0,
+                payload: b"high-1".to_vec()
+            })
+        )
+    );
     assert_eq!(counter(&mut c, high.stats_processed()).await, 1);
     let held: Vec<String> = c
         .lrange(high.processing("w~1"), 0, -1)
@@ -540,12 +473,21 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         "the completed job is gone, the next one is held"
     );
 
-    let second = queue::ack_and_take(&mut c, &queues, 0, "w~1", "high-1")
+    let second = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"high-1")
         .await
         .expect("script");
-    assert_eq!(second, (true, Some((1, "low-1".to_string()))));
+    assert_eq!(
+        second,
+        (
+            true,
+            Some(queue::Fetched {
+                queue: 1,
+                payload: b"low-1".to_vec()
+            })
+        )
+    );
     // A job a reaper already returned is not counted again; nothing left to take.
-    let third = queue::ack_and_take(&mut c, &queues, 0, "w~1", "not-held")
+    let third = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"not-held")
         .await
         .expect("script");
     assert_eq!(third, (false, None));

@@ -7,7 +7,6 @@
 use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::Container;
-use kube::core::crd::CustomResourceExt;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -122,7 +121,7 @@ pub fn worker_container(pool: &WorkerPool) -> Option<&Container> {
 /// decoding does not catch: unknown fields, numeric bounds, string and list
 /// lengths, enums. Messages follow the API server's wording.
 fn schema_problems(raw: &Value, problems: &mut Vec<String>) {
-    let crd = WorkerPool::crd();
+    let crd = crate::crd::crd();
     let schema = crd
         .spec
         .versions

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
-use workerpool_worker::cli::redact;
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::snapshot::{self, Snapshot};
+use workerpool_queue::connection::redact;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot::{self, Snapshot};
 
-use crate::scaling::{Engine, Observation};
+use crate::scaling::{self, Engine, Observation};
 use actuator::{Actuator, WorkerCommand};
 use view::{Frame, QueueFigures, Summary, View};
 
@@ -210,32 +210,30 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
         if now >= next_decision {
             next_decision = now + poll;
             let current = i32::try_from(actuator.replicas()).unwrap_or(i32::MAX);
-            let decision = match (&pool.spec.scaling, &reading) {
-                (Some(spec), Ok(snap)) => {
-                    let running = actuator.running_ids();
-                    let registered = snap.in_flight_by_worker_id();
-                    let ready = running
-                        .iter()
-                        .filter(|id| registered.contains_key(*id))
-                        .count();
-                    let ready = i32::try_from(ready).unwrap_or(i32::MAX);
-                    let observation = Observation::from_snapshot(snap, current, ready);
-                    let d = engine.tick(spec, &observation, started.elapsed());
-                    (d.desired, d.reason.code().to_string(), d.reason.message())
-                }
-                (Some(spec), Err(_)) => {
-                    let d = engine.tick_failed(spec, current, started.elapsed());
-                    (d.desired, d.reason.code().to_string(), d.reason.message())
-                }
-                (None, _) => {
-                    let n = pool.spec.replicas.unwrap_or(0);
-                    (
-                        n,
-                        "ManualReplicas".into(),
-                        format!("spec.replicas fixes the pool at {n}"),
-                    )
-                }
-            };
+            // Ready: a running worker that has registered with the queue.
+            let observed = reading.as_ref().ok().map(|snap| {
+                let registered = snap.in_flight_by_worker_id();
+                let ready = actuator
+                    .running_ids()
+                    .iter()
+                    .filter(|id| registered.contains_key(*id))
+                    .count();
+                let ready = i32::try_from(ready).unwrap_or(i32::MAX);
+                Observation::from_snapshot(snap, current, ready)
+            });
+            let verdict = scaling::decide(
+                &mut engine,
+                pool.spec.scaling.as_ref(),
+                pool.spec.replicas,
+                observed.as_ref(),
+                current,
+                started.elapsed(),
+            );
+            let decision = (
+                verdict.desired,
+                verdict.code().to_string(),
+                verdict.message(),
+            );
             if decision.0 != current {
                 view.note(
                     elapsed(),

@@ -258,7 +258,7 @@ impl Observation {
     /// What a queue snapshot says, with the workload's current and ready replicas: the
     /// one translation the controller and local mode share.
     pub fn from_snapshot(
-        snapshot: &workerpool_worker::snapshot::Snapshot,
+        snapshot: &workerpool_queue::snapshot::Snapshot,
         current_replicas: i32,
         ready_replicas: i32,
     ) -> Self {
@@ -466,6 +466,61 @@ pub struct Decision {
     pub arrival_rate: Option<f64>,
     /// Smoothed jobs per second one saturated replica completes, once known.
     pub per_replica_throughput: Option<f64>,
+}
+
+/// How many workers a pool runs now, and why: the one decision the
+/// controller and local mode both apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// Replicas to run.
+    pub desired: i32,
+    /// The engine's decision; `None` when `spec.replicas` fixes the size.
+    pub decision: Option<Decision>,
+}
+
+/// The manual-size rule's code, beside the engine's rule codes.
+pub const MANUAL_REPLICAS: &str = "ManualReplicas";
+
+impl Verdict {
+    /// The CamelCase code of the rule that decided.
+    pub fn code(&self) -> &'static str {
+        self.decision
+            .as_ref()
+            .map_or(MANUAL_REPLICAS, |d| d.reason.code())
+    }
+
+    /// The reason as a sentence.
+    pub fn message(&self) -> String {
+        match &self.decision {
+            Some(d) => d.reason.message(),
+            None => format!("spec.replicas fixes the pool at {}", self.desired),
+        }
+    }
+}
+
+/// Decides a pool's size the one way both actuators share: scaled on a
+/// queue that was read (`observed`), scaled on a queue that could not be
+/// read (`observed` is `None`: hold, then fall back), or fixed by
+/// `replicas` when there is no `scaling`.
+pub fn decide(
+    engine: &mut Engine,
+    scaling: Option<&ScalingSpec>,
+    replicas: Option<i32>,
+    observed: Option<&Observation>,
+    current: i32,
+    now: Duration,
+) -> Verdict {
+    let decision = match (scaling, observed) {
+        (Some(spec), Some(observation)) => Some(engine.tick(spec, observation, now)),
+        (Some(spec), None) => Some(engine.tick_failed(spec, current, now)),
+        (None, _) => None,
+    };
+    Verdict {
+        desired: decision
+            .as_ref()
+            .map_or(replicas.unwrap_or(0), |d| d.desired),
+        decision,
+    }
 }
 
 /// The scaling engine's state between ticks. One per pool.

@@ -719,3 +719,27 @@ fn wait_target_never_proposes_shrinking_while_jobs_wait_too_long() {
     assert_eq!(decision.proposals.wait, Some(8));
     assert_eq!(decision.desired, 8);
 }
+
+#[test]
+fn one_decision_path_covers_a_read_queue_an_unreadable_one_and_manual_replicas() {
+    let mut engine = Engine::new();
+    let spec = plain();
+    let read = decide(
+        &mut engine,
+        Some(&spec),
+        None,
+        Some(&obs(12, 0, 1)),
+        1,
+        at(0),
+    );
+    assert_eq!((read.desired, read.code()), (3, "BacklogTarget"));
+    let unreadable = decide(&mut engine, Some(&spec), None, None, 3, at(5));
+    assert_eq!(
+        (unreadable.desired, unreadable.code()),
+        (3, "MetricsUnavailable")
+    );
+    let manual = decide(&mut engine, None, Some(4), Some(&obs(500, 0, 1)), 1, at(10));
+    assert_eq!((manual.desired, manual.code()), (4, MANUAL_REPLICAS));
+    assert_eq!(manual.message(), "spec.replicas fixes the pool at 4");
+    assert!(manual.decision.is_none());
+}

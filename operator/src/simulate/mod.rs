@@ -6,6 +6,7 @@
 //! they hold before they go. Both policies see the same arrivals and the same job
 //! durations. [`run`] is pure and deterministic for a seed.
 
+pub mod cli;
 mod dist;
 mod keda;
 mod trace;

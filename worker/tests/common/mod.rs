@@ -2,10 +2,17 @@
 // Each test binary uses a different subset.
 #![allow(dead_code)]
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::Value;
+use tokio::sync::Semaphore;
+use workerpool_tests::TestRedis;
 use workerpool_worker::keys::QueueKeys;
+use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, run};
 
 /// Pushes jobs as producers do (`LPUSH`), in order.
 pub async fn push<J: ToString>(
@@ -52,4 +59,101 @@ pub async fn server_time_ms(c: &mut MultiplexedConnection) -> u64 {
     workerpool_worker::admin::server_time_ms(c)
         .await
         .expect("time")
+}
+
+/// Records every attempt, then answers as `decide` says.
+pub struct Recorder {
+    seen: Mutex<Vec<Job>>,
+    decide: fn(&Job) -> Outcome,
+    gate: Option<Arc<Semaphore>>,
+}
+
+impl Recorder {
+    pub fn new(decide: fn(&Job) -> Outcome) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::new(Vec::new()),
+            decide,
+            gate: None,
+        })
+    }
+
+    /// Each attempt waits for a permit of `gate` before answering.
+    pub fn gated(gate: Arc<Semaphore>) -> Arc<Self> {
+        Arc::new(Self {
+            seen: Mutex::new(Vec::new()),
+            decide: |_| Outcome::Done,
+            gate: Some(gate),
+        })
+    }
+
+    pub fn seen(&self) -> Vec<Job> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+impl Handler for Recorder {
+    fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome> {
+        self.seen.lock().expect("lock").push(job.clone());
+        Box::pin(async move {
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.expect("open").forget();
+            }
+            (self.decide)(job)
+        })
+    }
+}
+
+pub struct Running {
+    pub shutdown: Shutdown,
+    pub handle: tokio::task::JoinHandle<Result<(), workerpool_worker::Error>>,
+    pub metrics: Metrics,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        self.shutdown.drain();
+        self.handle.await.expect("worker task").expect("clean exit");
+    }
+}
+
+/// A worker configuration with short timings for tests.
+pub fn config(redis: &TestRedis, queues: &[&str], worker_id: &str) -> Config {
+    let mut c = Config::new(redis.url(), queues.iter().map(|q| q.to_string()).collect());
+    c.heartbeat_interval = Duration::from_millis(100);
+    c.dead_after = Duration::from_millis(600);
+    c.backoff_base = Duration::from_millis(20);
+    c.backoff_max = Duration::from_millis(80);
+    c.shutdown_timeout = Duration::from_secs(2);
+    c.worker_id = worker_id.into();
+    c
+}
+
+/// Runs a worker in a task of the test's runtime.
+pub fn start(config: Config, handler: Arc<dyn Handler>) -> Running {
+    let shutdown = Shutdown::new();
+    let metrics = Metrics::new();
+    let handle = tokio::spawn(run(config, handler, metrics.clone(), shutdown.clone()));
+    Running {
+        shutdown,
+        handle,
+        metrics,
+    }
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status and the body.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    std::io::Write::write_fmt(
+        &mut s,
+        format_args!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"),
+    )
+    .ok()?;
+    let mut response = String::new();
+    std::io::Read::read_to_string(&mut s, &mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())?;
+    Some((status, body))
 }

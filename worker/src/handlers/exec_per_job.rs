@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::exec::{ExecCommand, SpawnError};
+use super::exec_pool::{ExecCommand, SpawnError};
 use crate::handler::{Handler, Outcome};
 use crate::job::Job;
 
@@ -131,7 +131,8 @@ impl Tail {
             Ok(_) => {
                 // A line at a time to the worker's own stderr, as a log.
                 let _ = std::io::Write::write_all(&mut std::io::stderr(), &self.buf);
-                let line = String::from_utf8_lossy(&self.buf).trim_end().to_string();
+                // Escaped, not lossy: bytes that are not UTF-8 show as `\xNN`.
+                let line = crate::text::escaped(self.buf.trim_ascii_end(), TAIL_CHARS);
                 if !line.is_empty() {
                     if self.lines.len() == TAIL_LINES {
                         self.lines.pop_front();
@@ -209,6 +210,17 @@ mod tests {
                     !error.contains("line 4\n"),
                     "only the last 10 lines: {error}"
                 );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn stderr_that_is_not_utf8_shows_its_bytes_escaped() {
+        let h = sh(r#"printf 'bad \377\376 bytes\n' >&2; exit 4"#);
+        match h.handle(&job("{}")).await {
+            Outcome::Failed { error, .. } => {
+                assert!(error.ends_with(r"bad \xff\xfe bytes"), "{error}")
             }
             other => panic!("{other:?}"),
         }

@@ -1,5 +1,10 @@
 //! Queue operations on Redis: thin async wrappers over the scripts in
 //! [`crate::scripts`], shared by the worker runtime and the tools.
+//!
+//! Payloads are bytes here, as Redis stores them: a producer can push
+//! anything, and only intake decides whether it is a job. Reading them as
+//! text would fail on the first payload that is not UTF-8, after the fetch
+//! had already moved it.
 
 use std::time::Duration;
 
@@ -11,25 +16,37 @@ use crate::scripts;
 
 pub use redis::RedisResult;
 
+/// A payload exactly as stored in Redis.
+pub type Payload = Vec<u8>;
+
+/// A payload taken from a queue into the instance's processing list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// Index of its queue in the list given to the fetch (priority order).
+    pub queue: usize,
+    /// The payload as the processing list holds it.
+    pub payload: Payload,
+}
+
 /// What to do with one freshly fetched payload (see [`settle_intake`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IntakeAction {
     /// Replace the raw payload with its stamped form before running it.
-    Run { raw: String, stamped: String },
+    Run { raw: Payload, stamped: String },
     /// Park the payload in the scheduled set until `run_at`.
-    Schedule { raw: String, run_at: u64 },
+    Schedule { raw: Payload, run_at: u64 },
     /// Dead-letter the payload with this envelope.
-    Dead { raw: String, envelope: String },
+    Dead { raw: Payload, envelope: String },
 }
 
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
-/// processing lists, in one round trip. Returns (queue index, payload).
+/// processing lists, in one round trip.
 pub async fn fetch(
     conn: &mut MultiplexedConnection,
     queues: &[QueueKeys],
     instance: &str,
     n: usize,
-) -> RedisResult<Vec<(usize, String)>> {
+) -> RedisResult<Vec<Fetched>> {
     let mut invocation = scripts::FETCH.prepare_invoke();
     for q in queues {
         invocation.key(q.waiting()).key(q.processing(instance));
@@ -39,8 +56,11 @@ pub async fn fetch(
     let mut out = Vec::with_capacity(flat.len() / 2);
     for pair in flat.chunks_exact(2) {
         let index: usize = redis::from_redis_value_ref(&pair[0])?;
-        let payload: String = redis::from_redis_value_ref(&pair[1])?;
-        out.push((index - 1, payload));
+        let payload: Payload = redis::from_redis_value_ref(&pair[1])?;
+        out.push(Fetched {
+            queue: index - 1,
+            payload,
+        });
     }
     Ok(out)
 }
@@ -53,7 +73,7 @@ pub async fn wait_for_job(
     queue: &QueueKeys,
     instance: &str,
     timeout: Duration,
-) -> RedisResult<Option<String>> {
+) -> RedisResult<Option<Payload>> {
     redis::cmd("BLMOVE")
         .arg(queue.waiting())
         .arg(queue.processing(instance))
@@ -95,7 +115,7 @@ pub async fn ack(
     conn: &mut MultiplexedConnection,
     queue: &QueueKeys,
     instance: &str,
-    payload: &str,
+    payload: &[u8],
 ) -> RedisResult<bool> {
     scripts::ACK
         .key(queue.processing(instance))
@@ -107,14 +127,14 @@ pub async fn ack(
 
 /// Completes a job and takes the next one from `queues` (priority order)
 /// into the slot it frees, in one round trip. Returns whether the job was
-/// still ours and the job taken, if any: (queue index, payload).
+/// still ours and the job taken, if any.
 pub async fn ack_and_take(
     conn: &mut MultiplexedConnection,
     queues: &[QueueKeys],
     acked: usize,
     instance: &str,
-    payload: &str,
-) -> RedisResult<(bool, Option<(usize, String)>)> {
+    payload: &[u8],
+) -> RedisResult<(bool, Option<Fetched>)> {
     let mut invocation = scripts::ACK_AND_TAKE.prepare_invoke();
     invocation
         .key(queues[acked].processing(instance))
@@ -131,7 +151,10 @@ pub async fn ack_and_take(
     let next = match (reply.get(1), reply.get(2)) {
         (Some(index), Some(job)) => {
             let index: usize = redis::from_redis_value_ref(index)?;
-            Some((index - 1, redis::from_redis_value_ref(job)?))
+            Some(Fetched {
+                queue: index - 1,
+                payload: redis::from_redis_value_ref(job)?,
+            })
         }
         _ => None,
     };
@@ -143,7 +166,7 @@ pub async fn retry_later(
     conn: &mut MultiplexedConnection,
     queue: &QueueKeys,
     instance: &str,
-    payload: &str,
+    payload: &[u8],
     next: &str,
     delay: Duration,
 ) -> RedisResult<bool> {
@@ -163,7 +186,7 @@ pub async fn bury(
     conn: &mut MultiplexedConnection,
     queue: &QueueKeys,
     instance: &str,
-    payload: &str,
+    payload: &[u8],
     envelope: &str,
 ) -> RedisResult<bool> {
     scripts::BURY
@@ -184,7 +207,7 @@ pub async fn give_back(
     conn: &mut MultiplexedConnection,
     queue: &QueueKeys,
     instance: &str,
-    pairs: &[(&str, &str)],
+    pairs: &[(&[u8], &[u8])],
 ) -> RedisResult<usize> {
     if pairs.is_empty() {
         return Ok(0);
@@ -313,6 +336,6 @@ pub async fn processing(
     conn: &mut MultiplexedConnection,
     queue: &QueueKeys,
     instance: &str,
-) -> RedisResult<Vec<String>> {
+) -> RedisResult<Vec<Payload>> {
     conn.lrange(queue.processing(instance), 0, -1).await
 }

@@ -131,6 +131,17 @@ impl Instance {
     }
 }
 
+/// The host name (the pod name in Kubernetes): the default worker id, and
+/// the operator's identity for its Lease.
+pub fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

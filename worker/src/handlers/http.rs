@@ -119,12 +119,9 @@ pub fn classify(status: StatusCode, body: &[u8]) -> Outcome {
     if status.is_success() {
         return Outcome::Done;
     }
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    let excerpt = match text.char_indices().nth(ERROR_BODY_CHARS) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.to_string(),
-    };
+    // Any bytes at all: what is not UTF-8 shows escaped (`\xff`), not as
+    // replacement characters that would hide what the receiver sent.
+    let excerpt = crate::text::escaped(body.trim_ascii(), ERROR_BODY_CHARS);
     let error = if excerpt.is_empty() {
         format!("HTTP {status}")
     } else {
@@ -216,6 +213,14 @@ mod tests {
         assert_eq!(
             classify(StatusCode::BAD_GATEWAY, b""),
             Outcome::retry("HTTP 502 Bad Gateway")
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_shows_its_bytes_escaped() {
+        assert_eq!(
+            classify(StatusCode::BAD_REQUEST, b"  bad \xff\xfe input\n"),
+            Outcome::permanent("HTTP 400 Bad Request: bad \\xff\\xfe input")
         );
     }
 

@@ -4,8 +4,15 @@
 //! A job is one JSON object. The worker reads and writes only the fields
 //! below and keeps every other field as it came (key order included).
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+use crate::text;
+
+/// How much of a malformed payload an error message quotes.
+const QUOTE_CHARS: usize = 80;
 
 /// Field names of the envelope.
 pub mod field {
@@ -141,14 +148,36 @@ pub struct DeadLetter {
     pub died_at: u64,
     /// The worker instance that dead-lettered it.
     pub worker: String,
-    /// The job: its JSON object, or for a malformed payload the raw text.
+    /// The job: its JSON object; for a malformed payload the raw text, or
+    /// with `encoding` the raw bytes encoded that way.
     pub job: Value,
+    /// How `job` encodes a payload that was not UTF-8 (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<Encoding>,
+}
+
+/// How a dead letter keeps a payload that is not text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// Standard base64 with padding (RFC 4648).
+    Base64,
 }
 
 impl DeadLetter {
     /// The entry as stored.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a DeadLetter always serializes")
+    }
+
+    /// The payload exactly as it was pushed, for a malformed one (its raw
+    /// text or decoded bytes); `None` for a job that was read as an object.
+    pub fn raw_payload(&self) -> Option<Vec<u8>> {
+        let text = self.job.as_str()?;
+        match self.encoding {
+            None => Some(text.as_bytes().to_vec()),
+            Some(Encoding::Base64) => BASE64.decode(text).ok(),
+        }
     }
 }
 
@@ -165,9 +194,12 @@ pub enum Intake {
 }
 
 /// Decides what to do with a raw payload taken from the queue at `now_ms`
-/// (Redis server clock), given the pool's attempt limit.
-pub fn intake(raw: &str, now_ms: u64, max_attempts: u32, worker: &str) -> Intake {
-    let dead = |reason, error: String, attempts, job| {
+/// (Redis server clock), given the pool's attempt limit. Any bytes at all
+/// are accepted: what is not a UTF-8 JSON object is dead-lettered as
+/// malformed, with the payload kept so nothing is lost.
+pub fn intake(raw: impl AsRef<[u8]>, now_ms: u64, max_attempts: u32, worker: &str) -> Intake {
+    let raw = raw.as_ref();
+    let dead = |reason, error: String, attempts, job, encoding| {
         Intake::Dead(DeadLetter {
             reason,
             error,
@@ -175,21 +207,36 @@ pub fn intake(raw: &str, now_ms: u64, max_attempts: u32, worker: &str) -> Intake
             died_at: now_ms,
             worker: worker.to_string(),
             job,
+            encoding,
         })
     };
-    let mut fields = match serde_json::from_str::<Value>(raw) {
+    let Ok(text) = std::str::from_utf8(raw) else {
+        let problem = text::utf8_problem(raw).unwrap_or_default();
+        let error = format!(
+            "payload is not UTF-8 ({problem}), so it cannot be JSON: \"{}\"",
+            text::escaped(raw, QUOTE_CHARS)
+        );
+        let job = Value::from(BASE64.encode(raw));
+        return dead(DeadReason::Malformed, error, 0, job, Some(Encoding::Base64));
+    };
+    let malformed = |error: String| dead(DeadReason::Malformed, error, 0, Value::from(text), None);
+    if text.trim().is_empty() {
+        return malformed("empty payload: expected a JSON object".into());
+    }
+    let mut fields = match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(fields)) => fields,
         Ok(other) => {
-            let error = format!("expected a JSON object, got {}", json_kind(&other));
-            return dead(DeadReason::Malformed, error, 0, Value::from(raw));
+            return malformed(format!("expected a JSON object, got {}", json_kind(&other)));
         }
         Err(e) => {
-            let error = format!("not valid JSON: {e}");
-            return dead(DeadReason::Malformed, error, 0, Value::from(raw));
+            return malformed(format!(
+                "not valid JSON: {e}: \"{}\"",
+                text::escaped(raw, QUOTE_CHARS)
+            ));
         }
     };
     if let Err(error) = check_types(&fields) {
-        return dead(DeadReason::Malformed, error, 0, Value::Object(fields));
+        return dead(DeadReason::Malformed, error, 0, Value::Object(fields), None);
     }
     if let Some(run_at) = read_u64(&fields, field::RUN_AT)
         && run_at > now_ms
@@ -205,7 +252,13 @@ pub fn intake(raw: &str, now_ms: u64, max_attempts: u32, worker: &str) -> Intake
             .unwrap_or_else(|| {
                 format!("attempt {previous} did not finish: the worker running it was lost")
             });
-        return dead(DeadReason::Lost, error, previous, Value::Object(fields));
+        return dead(
+            DeadReason::Lost,
+            error,
+            previous,
+            Value::Object(fields),
+            None,
+        );
     }
     if !fields.contains_key(field::ID) {
         fields.insert(field::ID.into(), Value::from(new_id()));
@@ -318,10 +371,40 @@ mod tests {
     }
 
     #[test]
+    fn bytes_that_are_not_utf8_are_dead_lettered_as_base64_with_the_bad_byte_named() {
+        let raw = b"{\"task\":\"caf\xe9\"}";
+        let Intake::Dead(d) = intake(raw, NOW, 5, "w~1") else {
+            panic!("must be dead");
+        };
+        assert_eq!(d.reason, DeadReason::Malformed);
+        assert_eq!(d.encoding, Some(Encoding::Base64));
+        assert!(
+            d.error
+                .contains("not UTF-8 (invalid byte 0xe9 at offset 12)"),
+            "{}",
+            d.error
+        );
+        assert!(d.error.contains(r#"{"task":"caf\xe9"}"#), "{}", d.error);
+        assert_eq!(d.raw_payload().as_deref(), Some(raw.as_slice()));
+        let v: Value = serde_json::from_str(&d.to_json()).expect("json");
+        assert_eq!(v["encoding"], json!("base64"));
+        assert_eq!(v["job"], json!("eyJ0YXNrIjoiY2Fm6SJ9"));
+    }
+
+    #[test]
+    fn an_empty_payload_is_malformed_and_says_so() {
+        for raw in ["", " \n"] {
+            let d = dead(raw, 5);
+            assert_eq!(d.error, "empty payload: expected a JSON object");
+            assert_eq!(d.raw_payload().as_deref(), Some(raw.as_bytes()));
+        }
+    }
+
+    #[test]
     fn a_future_run_at_schedules_the_job_and_a_past_one_runs_it() {
         let later = NOW + 60_000;
         assert_eq!(
-            intake(&format!(r#"{{"run_at":{later}}}"#), NOW, 5, "w"),
+            intake(format!(r#"{{"run_at":{later}}}"#), NOW, 5, "w"),
             Intake::Schedule { run_at: later }
         );
         run(&format!(r#"{{"run_at":{}}}"#, NOW - 1));

@@ -14,11 +14,21 @@ use std::sync::Mutex;
 use futures::future::BoxFuture;
 use prometheus::IntCounter;
 use serde::Deserialize;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::handler::{Handler, Outcome};
 use crate::job::Job;
+use crate::text;
+
+/// The longest answer line a child may write; a longer one is a protocol
+/// break (the child is replaced) rather than memory the worker never gets
+/// back.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// How long a child whose pipes closed gets to exit before it is replaced.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How much of a broken answer an error message quotes.
+const QUOTE_CHARS: usize = 200;
 
 /// The command the pool runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,36 +188,34 @@ impl Lease<'_> {
             .expect("a lease holds its child until released");
         let mut line = job.to_json();
         line.push('\n');
-        let mut reply = String::new();
+        let mut reply = Vec::new();
         let read = async {
             proc.stdin.write_all(line.as_bytes()).await?;
             proc.stdin.flush().await?;
-            proc.stdout.read_line(&mut reply).await
+            // Bytes, not text: an answer that is not UTF-8 is a protocol
+            // break to report, not a read error to wait out.
+            let limit = MAX_ANSWER_BYTES as u64 + 1;
+            (&mut proc.stdout)
+                .take(limit)
+                .read_until(b'\n', &mut reply)
+                .await
         }
         .await;
         match read {
             Ok(0) | Err(_) => {
-                let status = match proc.child.wait().await {
-                    Ok(status) => status.to_string(),
-                    Err(e) => e.to_string(),
-                };
-                Err(format!("handler process exited during the job ({status})"))
+                // Its stdout closed or a pipe broke: it has exited, or is
+                // about to. One that lingers is replaced all the same.
+                let waited = tokio::time::timeout(EXIT_WAIT, proc.child.wait()).await;
+                Err(match (waited, read) {
+                    (Ok(Ok(status)), _) => {
+                        format!("handler process exited during the job ({status})")
+                    }
+                    (Ok(Err(e)), _) => format!("handler process lost during the job: {e}"),
+                    (Err(_), Err(e)) => format!("talking to the handler process failed: {e}"),
+                    (Err(_), Ok(_)) => "handler process closed its stdout during the job".into(),
+                })
             }
-            Ok(_) => match serde_json::from_str::<Reply>(reply.trim_end()) {
-                Ok(Reply { ok: true, .. }) => Ok(Outcome::Done),
-                Ok(Reply {
-                    ok: false,
-                    error,
-                    retry,
-                }) => Ok(Outcome::Failed {
-                    error: error.unwrap_or_else(|| "handler reported failure".into()),
-                    retry,
-                }),
-                Err(e) => Err(format!(
-                    "handler broke the protocol: expected a line like {{\"ok\":true}}, got {:?} ({e})",
-                    truncate(reply.trim_end(), 200)
-                )),
-            },
+            Ok(_) => parse_answer(&reply),
         }
     }
 
@@ -232,6 +240,45 @@ impl Drop for Lease<'_> {
     }
 }
 
+/// Reads a child's answer line. `Err` is a protocol break: the attempt
+/// fails and the child is replaced, whatever the bytes were.
+pub fn parse_answer(line: &[u8]) -> Result<Outcome, String> {
+    let broken = |why: String| {
+        Err(format!(
+            "handler broke the protocol: expected a line like {{\"ok\":true}}, {why}"
+        ))
+    };
+    if line.len() > MAX_ANSWER_BYTES {
+        return broken(format!(
+            "got more than {MAX_ANSWER_BYTES} bytes without a newline: \"{}\"",
+            text::escaped(line, QUOTE_CHARS)
+        ));
+    }
+    let trimmed = line.trim_ascii_end();
+    let Ok(answer) = std::str::from_utf8(trimmed) else {
+        return broken(format!(
+            "got bytes that are not UTF-8 ({}): \"{}\"",
+            text::utf8_problem(trimmed).unwrap_or_default(),
+            text::escaped(trimmed, QUOTE_CHARS)
+        ));
+    };
+    match serde_json::from_str::<Reply>(answer) {
+        Ok(Reply { ok: true, .. }) => Ok(Outcome::Done),
+        Ok(Reply {
+            ok: false,
+            error,
+            retry,
+        }) => Ok(Outcome::Failed {
+            error: error.unwrap_or_else(|| "handler reported failure".into()),
+            retry,
+        }),
+        Err(e) => broken(format!(
+            "got \"{}\" ({e})",
+            text::escaped(trimmed, QUOTE_CHARS)
+        )),
+    }
+}
+
 fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
     let err = |source| SpawnError {
         program: command.program.clone(),
@@ -253,13 +300,6 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
         stdin,
         stdout: BufReader::new(stdout),
     })
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
 }
 
 #[cfg(test)]
@@ -296,6 +336,7 @@ mod tests {
         *'"soft"'*) echo '{"ok":false,"error":"try again"}' ;;
         *'"die"'*) exit 3 ;;
         *'"garbage"'*) echo 'not json' ;;
+        *'"binary"'*) printf '\377\376{"ok":true}\n' ;;
         *'"hang"'*) sleep 30 ;;
         *) echo '{"ok":true}' ;;
       esac
@@ -342,6 +383,26 @@ mod tests {
         match p.handle(&job(r#"{"task":"garbage"}"#)).await {
             Outcome::Failed { error, retry: true } => {
                 assert!(error.contains("protocol"), "{error}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.restarts.get(), 1);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_is_not_utf8_fails_at_once_with_the_bytes_escaped() {
+        let p = pool(ECHO_HANDLER, 1);
+        let answered = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            p.handle(&job(r#"{"task":"binary"}"#)),
+        )
+        .await
+        .expect("no wait for the job timeout");
+        match answered {
+            Outcome::Failed { error, retry: true } => {
+                assert!(error.contains("not UTF-8"), "{error}");
+                assert!(error.contains(r#"\xff\xfe{"ok":true}"#), "{error}");
             }
             other => panic!("{other:?}"),
         }

@@ -134,7 +134,7 @@ pub async fn workers(
     q: &QueueKeys,
     now_ms: u64,
 ) -> RedisResult<Vec<WorkerInfo>> {
-    let registered = crate::queue::workers(conn, q).await?;
+    let registered = crate::ops::workers(conn, q).await?;
     if registered.is_empty() {
         return Ok(Vec::new());
     }
@@ -147,7 +147,7 @@ pub async fn workers(
     let mut out = Vec::with_capacity(registered.len());
     for ((instance, beat), pair) in registered.into_iter().zip(replies.chunks_exact(2)) {
         let hash: HashMap<String, String> = redis::from_redis_value_ref(&pair[0])?;
-        let held: Vec<String> = redis::from_redis_value_ref(&pair[1])?;
+        let held: Vec<Vec<u8>> = redis::from_redis_value_ref(&pair[1])?;
         let number = |k: &str| hash.get(k).and_then(|v| v.parse::<u64>().ok());
         let dead_after_ms = number("dead_after_ms").unwrap_or(DEFAULT_DEAD_AFTER_MS);
         let age = now_ms.saturating_sub(beat);
@@ -166,8 +166,8 @@ pub async fn workers(
     Ok(out)
 }
 
-fn job_id(raw: &str) -> String {
-    serde_json::from_str::<Value>(raw)
+fn job_id(raw: &[u8]) -> String {
+    serde_json::from_slice::<Value>(raw)
         .ok()
         .and_then(|v| v.get(field::ID).and_then(Value::as_str).map(str::to_string))
         .unwrap_or_else(|| "?".to_string())
@@ -176,8 +176,9 @@ fn job_id(raw: &str) -> String {
 /// An entry of the dead list: as stored, and decoded when it decodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadEntry {
-    /// The entry exactly as stored (needed to remove it).
-    pub raw: String,
+    /// The entry exactly as stored (needed to remove it): bytes, since
+    /// anything can be pushed onto a list.
+    pub raw: Vec<u8>,
     /// The decoded envelope.
     pub letter: Option<DeadLetter>,
 }
@@ -198,11 +199,11 @@ pub async fn dead_letters(
     q: &QueueKeys,
     id: Option<&str>,
 ) -> RedisResult<Vec<DeadEntry>> {
-    let raw: Vec<String> = conn.lrange(q.dead(), 0, -1).await?;
+    let raw: Vec<Vec<u8>> = conn.lrange(q.dead(), 0, -1).await?;
     Ok(raw
         .into_iter()
         .map(|raw| DeadEntry {
-            letter: serde_json::from_str(&raw).ok(),
+            letter: serde_json::from_slice(&raw).ok(),
             raw,
         })
         .filter(|e| id.is_none() || e.job_id() == id)
@@ -347,6 +348,7 @@ mod tests {
             worker: "w~1".into(),
             job: json!({"task": "t", "id": "j", "attempt": 5, "error": "boom",
                         "run_at": 3, "enqueued_at": 2, "extra": [1]}),
+            encoding: None,
         };
         assert_eq!(
             fresh_start(&letter, 99).as_deref(),

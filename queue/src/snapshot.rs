@@ -10,47 +10,7 @@ use redis::{RedisResult, Script, Value};
 use crate::job::field;
 use crate::keys::QueueKeys;
 
-static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local out = {now}
-local per = 9
-for i = 1, #KEYS, per do
-  local q = (i - 1) / per
-  local processing, details = ARGV[2 * q + 1], ARGV[2 * q + 2]
-  local workers = redis.call('ZRANGE', KEYS[i + 4], 0, -1, 'WITHSCORES')
-  local w = {}
-  for j = 1, #workers, 2 do
-    w[#w + 1] = workers[j]
-    w[#w + 1] = workers[j + 1]
-    w[#w + 1] = redis.call('LLEN', processing .. workers[j])
-    local window = redis.call('HGET', details .. workers[j], 'dead_after_ms')
-    if not window then
-      window = redis.call('EXISTS', details .. workers[j]) == 1 and '-' or ''
-    end
-    w[#w + 1] = window
-  end
-  out[#out + 1] = {
-    redis.call('LLEN', KEYS[i]),
-    redis.call('ZCOUNT', KEYS[i + 1], '-inf', now),
-    redis.call('ZCARD', KEYS[i + 1]),
-    redis.call('ZCOUNT', KEYS[i + 2], '-inf', now),
-    redis.call('ZCARD', KEYS[i + 2]),
-    redis.call('LLEN', KEYS[i + 3]),
-    tonumber(redis.call('GET', KEYS[i + 5]) or '0'),
-    tonumber(redis.call('GET', KEYS[i + 6]) or '0'),
-    redis.call('LINDEX', KEYS[i], -1) or '',
-    w,
-    tonumber(redis.call('GET', KEYS[i + 7]) or '0'),
-    tonumber(redis.call('GET', KEYS[i + 8]) or '0'),
-  }
-end
-return out
-"#,
-    )
-});
+static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/snapshot.lua")));
 
 /// One registered worker instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,8 +169,9 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
         if f.len() != 12 {
             return None;
         }
-        let head = string(&f[8])?;
-        let oldest = serde_json::from_str::<serde_json::Value>(&head)
+        // The head is whatever a producer pushed: read it as bytes.
+        let head: Vec<u8> = redis::from_redis_value_ref(&f[8]).ok()?;
+        let oldest = serde_json::from_slice::<serde_json::Value>(&head)
             .ok()
             .and_then(|j| {
                 j.get(field::ENQUEUED_AT)

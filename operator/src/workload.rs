@@ -1,0 +1,225 @@
+//! Why a pool's workers are not running, read from its Deployment and pods.
+//! Pure code: the controller passes in what it read.
+//!
+//! The reasons users meet most sit where `kubectl get wp` never looks: the
+//! Deployment's `ReplicaFailure` condition (Pod Security, a quota, a missing
+//! ServiceAccount: the ReplicaSet cannot create pods) and the pods' container
+//! statuses (an image that cannot be pulled, a worker that keeps crashing).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+/// The longest message carried into a condition or event.
+const MAX_MESSAGE: usize = 1024;
+
+/// Container waiting reasons that will not go away by waiting.
+const STUCK: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Why the workers are not running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// CamelCase reason for the `Ready` condition and the event: the
+    /// Deployment's (`FailedCreate`) or the container's (`ImagePullBackOff`).
+    pub reason: String,
+    /// The API server's or the kubelet's message, with the object it is about.
+    pub message: String,
+}
+
+/// The first problem that keeps the pool's workers from running, if any.
+pub fn problem(deployment: Option<&Deployment>, pods: &[Pod]) -> Option<Problem> {
+    let conditions = deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.conditions.as_ref());
+    if let Some(failure) = conditions
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+    {
+        return Some(Problem {
+            reason: failure
+                .reason
+                .clone()
+                .unwrap_or_else(|| "ReplicaFailure".into()),
+            message: cut(failure
+                .message
+                .as_deref()
+                .unwrap_or("pods cannot be created")),
+        });
+    }
+    for pod in pods {
+        let name = pod.metadata.name.as_deref().unwrap_or("?");
+        let Some(status) = pod.status.as_ref() else {
+            continue;
+        };
+        let containers = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten());
+        for c in containers {
+            if let Some(p) = stuck(name, c) {
+                return Some(p);
+            }
+        }
+        if let Some(unschedulable) = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+        {
+            return Some(Problem {
+                reason: "Unschedulable".into(),
+                message: cut(&format!(
+                    "pod {name}: {}",
+                    unschedulable
+                        .message
+                        .as_deref()
+                        .unwrap_or("cannot be scheduled")
+                )),
+            });
+        }
+    }
+    conditions
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        })
+        .map(|c| Problem {
+            reason: "ProgressDeadlineExceeded".into(),
+            message: cut(c.message.as_deref().unwrap_or("the rollout is stuck")),
+        })
+}
+
+fn stuck(pod: &str, c: &ContainerStatus) -> Option<Problem> {
+    let waiting = c.state.as_ref()?.waiting.as_ref()?;
+    let reason = waiting.reason.as_deref()?;
+    if !STUCK.contains(&reason) {
+        return None;
+    }
+    let mut message = format!("pod {pod}, container {}: {reason}", c.name);
+    if let Some(m) = waiting.message.as_deref().filter(|m| !m.is_empty()) {
+        message.push_str(": ");
+        message.push_str(m);
+    }
+    if let Some(last) = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
+        message.push_str(&format!("; last exit code {}", last.exit_code));
+        if let Some(r) = &last.reason {
+            message.push_str(&format!(" ({r})"));
+        }
+    }
+    Some(Problem {
+        reason: reason.into(),
+        message: cut(&message),
+    })
+}
+
+fn cut(message: &str) -> String {
+    match message.char_indices().nth(MAX_MESSAGE) {
+        Some((i, _)) => format!("{}…", &message[..i]),
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(conditions: serde_json::Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "mail"},
+            "status": {"conditions": conditions},
+        }))
+        .expect("deployment")
+    }
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "mail-abc"}, "status": status}))
+            .expect("pod")
+    }
+
+    #[test]
+    fn a_replica_failure_of_the_deployment_is_the_problem_with_the_api_servers_message() {
+        let d = deployment(json!([
+            {"type": "Available", "status": "False"},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+             "message": "pods \"mail-x\" is forbidden: violates PodSecurity \"restricted:latest\": privileged"}
+        ]));
+        let p = problem(Some(&d), &[]).expect("a problem");
+        assert_eq!(p.reason, "FailedCreate");
+        assert!(p.message.contains("violates PodSecurity"), "{}", p.message);
+    }
+
+    #[test]
+    fn pods_that_cannot_pull_or_keep_crashing_are_the_problem_with_the_kubelets_message() {
+        let pull = pod(json!({"containerStatuses": [{
+            "name": "worker", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope:1\""}}
+        }]}));
+        let p = problem(None, &[pull]).expect("a problem");
+        assert_eq!(p.reason, "ImagePullBackOff");
+        assert_eq!(
+            p.message,
+            "pod mail-abc, container worker: ImagePullBackOff: Back-off pulling image \"nope:1\""
+        );
+        let crash = pod(json!({"containerStatuses": [{
+            "name": "worker", "image": "w", "imageID": "", "ready": false, "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+            "lastState": {"terminated": {"exitCode": 2, "reason": "Error"}}
+        }]}));
+        let p = problem(None, &[crash]).expect("a problem");
+        assert_eq!(p.reason, "CrashLoopBackOff");
+        assert!(
+            p.message.ends_with("last exit code 2 (Error)"),
+            "{}",
+            p.message
+        );
+    }
+
+    #[test]
+    fn starting_pods_and_healthy_deployments_are_no_problem() {
+        let starting = pod(json!({"containerStatuses": [{
+            "name": "worker", "image": "w", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}
+        }]}));
+        let d = deployment(
+            json!([{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]),
+        );
+        assert_eq!(problem(Some(&d), &[starting, pod(json!({}))]), None);
+        assert_eq!(problem(None, &[]), None);
+    }
+
+    #[test]
+    fn unschedulable_pods_and_stuck_rollouts_are_problems() {
+        let pending = pod(
+            json!({"conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available: 1 Insufficient cpu."}]}),
+        );
+        let p = problem(None, &[pending]).expect("a problem");
+        assert_eq!(p.reason, "Unschedulable");
+        assert!(p.message.contains("Insufficient cpu"));
+        let d = deployment(json!([{"type": "Progressing", "status": "False",
+            "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"mail-1\" has timed out progressing."}]));
+        assert_eq!(
+            problem(Some(&d), &[]).map(|p| p.reason),
+            Some("ProgressDeadlineExceeded".into())
+        );
+        let long = "x".repeat(5000);
+        let d = deployment(json!([{"type": "ReplicaFailure", "status": "True", "message": long}]));
+        let p = problem(Some(&d), &[]).expect("a problem");
+        assert_eq!(p.reason, "ReplicaFailure");
+        assert_eq!(p.message.chars().count(), MAX_MESSAGE + 1);
+    }
+}

@@ -1,0 +1,23 @@
+-- Returns a lost worker's jobs to the head of the queue, oldest taken at
+-- the very head, and forgets the worker. KEYS: workers, its processing
+-- list, queue, its hash, stats:recovered. ARGV: instance, silence in
+-- milliseconds after which it counts as lost (-1: lost regardless, for a
+-- worker's own earlier incarnations). The silence is checked again here,
+-- so a worker that has just beaten is left alone and concurrent reapers
+-- move each job once. Returns the number of jobs moved, or -1 if the
+-- worker was not lost.
+local limit = tonumber(ARGV[2])
+local beat = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if limit >= 0 and beat and tonumber(beat) > now - limit then
+  return -1
+end
+local n = 0
+while redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT') do
+  n = n + 1
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[4])
+if n > 0 then
+  redis.call('INCRBY', KEYS[5], n)
+end
+return n

@@ -1,0 +1,12 @@
+-- Moves dead letters back onto the queue for a fresh start. KEYS: dead,
+-- queue. ARGV: pairs of the dead-letter entry as stored and the payload to
+-- push. An entry is moved only if it is still in the dead list, so two
+-- operators retrying at once move each job once. Returns how many moved.
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
+    redis.call('LPUSH', KEYS[2], ARGV[i + 1])
+    n = n + 1
+  end
+end
+return n

@@ -1,0 +1,43 @@
+-- Everything a queue's readers need, for each queue, in one round trip.
+-- KEYS: per queue, 9 keys: queue, retry, scheduled, dead, workers,
+-- stats:processed, stats:failed, stats:dead, stats:recovered.
+-- ARGV: per queue, the processing-list and worker-hash key prefixes.
+-- Returns {now, per queue: {waiting, due retries, retries, due scheduled,
+-- scheduled, dead, processed, failed, head payload or '', workers as
+-- {instance, beat, held, dead_after_ms or '-' or ''}..., dead total,
+-- recovered total}}.
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local out = {now}
+local per = 9
+for i = 1, #KEYS, per do
+  local q = (i - 1) / per
+  local processing, details = ARGV[2 * q + 1], ARGV[2 * q + 2]
+  local workers = redis.call('ZRANGE', KEYS[i + 4], 0, -1, 'WITHSCORES')
+  local w = {}
+  for j = 1, #workers, 2 do
+    w[#w + 1] = workers[j]
+    w[#w + 1] = workers[j + 1]
+    w[#w + 1] = redis.call('LLEN', processing .. workers[j])
+    local window = redis.call('HGET', details .. workers[j], 'dead_after_ms')
+    if not window then
+      window = redis.call('EXISTS', details .. workers[j]) == 1 and '-' or ''
+    end
+    w[#w + 1] = window
+  end
+  out[#out + 1] = {
+    redis.call('LLEN', KEYS[i]),
+    redis.call('ZCOUNT', KEYS[i + 1], '-inf', now),
+    redis.call('ZCARD', KEYS[i + 1]),
+    redis.call('ZCOUNT', KEYS[i + 2], '-inf', now),
+    redis.call('ZCARD', KEYS[i + 2]),
+    redis.call('LLEN', KEYS[i + 3]),
+    tonumber(redis.call('GET', KEYS[i + 5]) or '0'),
+    tonumber(redis.call('GET', KEYS[i + 6]) or '0'),
+    redis.call('LINDEX', KEYS[i], -1) or '',
+    w,
+    tonumber(redis.call('GET', KEYS[i + 7]) or '0'),
+    tonumber(redis.call('GET', KEYS[i + 8]) or '0'),
+  }
+end
+return out

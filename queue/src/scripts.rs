@@ -1,0 +1,96 @@
+//! Lua scripts that make each queue transition atomic.
+//!
+//! Every script that settles a job first removes that exact payload from the
+//! worker's processing list and does its write only when the removal
+//! happened. A job that a reaper has already returned to the queue is
+//! therefore never completed, retried or dead-lettered a second time, and
+//! two workers doing the same maintenance at once cannot both move a job.
+//! Due times and heartbeats use the Redis server's clock (`TIME`).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Server time in unix milliseconds as `now`, prepended to every script.
+const NOW_MS: &str = include_str!("lua/now.lua");
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{NOW_MS}{body}"))
+}
+
+/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (pairs of queue and
+/// processing list, highest priority first), each moved atomically.
+/// Returns a flat list: queue index (1-based), payload, …
+pub static FETCH: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/fetch.lua")));
+
+/// Settles freshly fetched payloads. KEYS: processing, scheduled, dead,
+/// stats:dead. ARGV: triples of action, raw payload, argument:
+/// `R` replaces the raw payload with the stamped one (argument),
+/// `S` parks it in the scheduled set at score `argument`,
+/// `D` dead-letters it with the envelope `argument`.
+/// Returns 1 or 0 per triple: whether the payload was still ours.
+pub static SETTLE_INTAKE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/settle_intake.lua")));
+
+/// Completes a job. KEYS: processing, stats:processed. ARGV: payload.
+pub static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/ack.lua")));
+
+/// Completes a job and, in the same round trip, takes the next one into
+/// the freed slot. KEYS: processing and stats:processed of the completed
+/// job's queue, then pairs of queue and processing list, highest priority
+/// first. ARGV: the completed payload. Returns {1 or 0 (whether the job was
+/// still ours), then queue index (1-based) and payload when one was taken}.
+pub static ACK_AND_TAKE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/ack_and_take.lua")));
+
+/// Schedules the next attempt of a failed job. KEYS: processing, retry,
+/// stats:failed. ARGV: payload, next payload, delay in milliseconds.
+pub static RETRY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/retry.lua")));
+
+/// Dead-letters a job after a failed attempt. KEYS: processing, dead,
+/// stats:failed, stats:dead. ARGV: payload, dead-letter envelope.
+pub static BURY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/bury.lua")));
+
+/// Puts jobs back at the head of the queue (they run next). KEYS:
+/// processing, queue. ARGV: pairs of payload as held, payload to push.
+/// Pairs are pushed in order, so the last pair ends up at the very head.
+/// Returns how many were still ours.
+pub static GIVE_BACK: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/give_back.lua")));
+
+/// Moves due entries of the retry and scheduled sets to the tail of the
+/// queue. KEYS: retry, scheduled, queue. ARGV: the most to move per set.
+/// Returns how many moved.
+pub static PROMOTE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/promote.lua")));
+
+/// Records a heartbeat. KEYS: workers, worker hash. ARGV: instance,
+/// hash TTL in milliseconds, then field/value pairs for the hash.
+/// Returns {1 if the instance was not registered (new, or reaped), now}.
+pub static HEARTBEAT: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/heartbeat.lua")));
+
+/// Returns a lost worker's jobs to the head of the queue, oldest taken at
+/// the very head, and forgets the worker. KEYS: workers, its processing
+/// list, queue, its hash, stats:recovered. ARGV: instance, silence in
+/// milliseconds after which it counts as lost (-1: lost regardless, for a
+/// worker's own earlier incarnations). The silence is checked again here,
+/// so a worker that has just beaten is left alone and concurrent reapers
+/// move each job once. Returns the number of jobs moved, or -1 if the
+/// worker was not lost.
+pub static REAP: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/reap.lua")));
+
+/// Removes a worker from the registry when it holds no jobs. KEYS:
+/// workers, its processing list, its hash. ARGV: instance.
+pub static DEREGISTER: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/deregister.lua")));
+
+/// Moves dead letters back onto the queue for a fresh start. KEYS: dead,
+/// queue. ARGV: pairs of the dead-letter entry as stored and the payload to
+/// push. An entry is moved only if it is still in the dead list, so two
+/// operators retrying at once move each job once. Returns how many moved.
+pub static RESURRECT: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/resurrect.lua")));
+
+/// Removes the given entries from a list. KEYS: the list. ARGV: entries
+/// as stored. Returns how many were removed.
+pub static REMOVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/remove.lua")));

@@ -1,0 +1,92 @@
+//! The graceful drain: in-flight jobs get the shutdown timeout, then every
+//! unfinished job goes back to the head of its queue and the worker leaves
+//! the registry.
+
+use super::*;
+
+impl Worker {
+    /// Lets in-flight jobs finish until the shutdown timeout (or a second
+    /// signal), then gives every unfinished job back to the head of its
+    /// queue without counting the attempt, and leaves the registry.
+    pub(super) async fn drain(&self) {
+        let tracker = &self.tracker;
+        self.health.set_draining();
+        let running = self.metrics.in_flight.get();
+        tracing::info!(running, timeout = ?self.config.shutdown_timeout, "draining");
+        tracker.close();
+        tokio::select! {
+            _ = tracker.wait() => {}
+            _ = tokio::time::sleep(self.config.shutdown_timeout) => {
+                tracing::warn!("shutdown timeout reached; returning unfinished jobs to the queue");
+            }
+            _ = self.shutdown.now.cancelled() => {}
+        }
+        self.give_up.cancel();
+        tracker.wait().await;
+
+        let window = CancellationToken::new();
+        let timer = {
+            let window = window.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(GIVE_BACK_WINDOW).await;
+                window.cancel();
+            })
+        };
+        for (qi, q) in self.queues.iter().enumerate() {
+            let unfinished: HashMap<Arc<str>, Arc<Job>> = self.ledger().queues[qi]
+                .values()
+                .map(|h| (h.payload.clone(), h.job.clone()))
+                .collect();
+            let returned = self
+                .redis
+                .persist("give_back", &window, |mut c| {
+                    let unfinished = &unfinished;
+                    async move {
+                        let listed = queue::processing(&mut c, q, &self.instance).await?;
+                        // Only jobs this process started are pushed changed;
+                        // anything else (even bytes that are no job) goes
+                        // back exactly as it was.
+                        let pushed: Vec<Payload> = listed
+                            .iter()
+                            .map(|p| {
+                                std::str::from_utf8(p)
+                                    .ok()
+                                    .and_then(|p| unfinished.get(p))
+                                    .map_or_else(|| p.clone(), |j| j.unstarted().into_bytes())
+                            })
+                            .collect();
+                        let pairs: Vec<(&[u8], &[u8])> = listed
+                            .iter()
+                            .map(Vec::as_slice)
+                            .zip(pushed.iter().map(Vec::as_slice))
+                            .collect();
+                        let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
+                        queue::deregister(&mut c, q, &self.instance).await?;
+                        Ok(n)
+                    }
+                })
+                .await;
+            match returned {
+                Some(n) => {
+                    if n > 0 {
+                        tracing::info!(
+                            queue = q.name(),
+                            jobs = n,
+                            "unfinished jobs returned to the head of the queue"
+                        );
+                    }
+                    self.metrics
+                        .jobs
+                        .with_label_values(&[q.name(), "requeued"])
+                        .inc_by(n as u64);
+                }
+                None => tracing::error!(
+                    queue = q.name(),
+                    error = %self.redis.last_error(),
+                    "could not return unfinished jobs at shutdown: they stay in this worker's processing list and are recovered when it is taken for lost or restarts"
+                ),
+            }
+        }
+        timer.abort();
+    }
+}

@@ -1,0 +1,173 @@
+//! Taking jobs while slots are free: a batch script when the queues have
+//! jobs, else a blocking wait on every queue at once (Sidekiq's fetch).
+
+use super::*;
+
+impl Worker {
+    /// Takes jobs while slots are free, until the drain starts.
+    pub(super) async fn fetch_loop(self: Arc<Self>) {
+        let slots = &self.slots;
+        let drain = self.shutdown.drain.clone();
+        let mut blockers: Vec<Option<(MultiplexedConnection, i64)>> =
+            self.queues.iter().map(|_| None).collect();
+        let mut backoff = Reconnect::new();
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = drain.cancelled() => break,
+                permit = slots.clone().acquire_owned() => permit.expect("the slot semaphore is never closed"),
+            };
+            let mut permits = vec![first];
+            while permits.len() < MAX_BATCH {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let round = self.fetch_round(&mut permits, &mut blockers).await;
+            match round {
+                Ok(()) => backoff.reset(),
+                Err(RedisFailure { operation, error }) => {
+                    self.redis.failed(operation, &error);
+                    drop(permits);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                        _ = drain.cancelled() => break,
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn fetch_round(
+        self: &Arc<Self>,
+        permits: &mut Vec<OwnedSemaphorePermit>,
+        blockers: &mut [Option<(MultiplexedConnection, i64)>],
+    ) -> Result<(), RedisFailure> {
+        if self.reconcile.swap(false, Ordering::Relaxed)
+            && let Err(e) = self.reconcile().await
+        {
+            self.suspect_lost_reply();
+            return Err(RedisFailure::new("reconcile", e));
+        }
+        let mut c = self
+            .redis
+            .conn()
+            .await
+            .map_err(|e| RedisFailure::new("connect", e))?;
+        let started = Instant::now();
+        let fetched = match queue::fetch(&mut c, &self.queues, &self.instance, permits.len()).await
+        {
+            Ok(f) => f,
+            Err(e) => {
+                // The script may have moved jobs before the reply was lost.
+                self.suspect_lost_reply();
+                return Err(RedisFailure::new("fetch", e));
+            }
+        };
+        self.redis.ok();
+        if !fetched.is_empty() {
+            self.metrics
+                .fetch_duration
+                .observe(started.elapsed().as_secs_f64());
+            self.dispatch(fetched, permits).await;
+            return Ok(());
+        }
+        permits.truncate(1);
+        let arrived = self.wait_for_jobs(blockers).await?;
+        self.dispatch(arrived, permits).await;
+        Ok(())
+    }
+
+    /// Blocks on every queue at once (one connection each) until a job
+    /// arrives or the wait times out; when one queue delivers, the others
+    /// are unblocked, and everything they delivered meanwhile is returned.
+    pub(super) async fn wait_for_jobs(
+        &self,
+        blockers: &mut [Option<(MultiplexedConnection, i64)>],
+    ) -> Result<Vec<Fetched>, RedisFailure> {
+        for b in blockers.iter_mut() {
+            if b.is_none() {
+                *b = Some(
+                    self.redis
+                        .blocking_conn()
+                        .await
+                        .map_err(|e| RedisFailure::new("connect", e))?,
+                );
+            }
+        }
+        let ids: Vec<i64> = blockers.iter().flatten().map(|(_, id)| *id).collect();
+        let drain = self.shutdown.drain.clone();
+        let mut waits: FuturesUnordered<_> = blockers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_mut().map(|(c, _)| (i, c)))
+            .map(|(i, c)| {
+                let q = &self.queues[i];
+                let instance = self.instance.as_str();
+                async move { (i, queue::wait_for_job(c, q, instance, BLOCK).await) }
+            })
+            .collect();
+        let mut arrived = Vec::new();
+        let mut broken = Vec::new();
+        let mut unblocked = false;
+        loop {
+            tokio::select! {
+                next = waits.next() => match next {
+                    None => break,
+                    Some((i, Ok(Some(job)))) => {
+                        arrived.push(Fetched { queue: i, payload: job });
+                        if !unblocked && ids.len() > 1 {
+                            unblocked = true;
+                            self.unblock(&ids).await;
+                        }
+                    }
+                    Some((_, Ok(None))) => {}
+                    Some((i, Err(e))) => {
+                        self.redis.failed("wait", &e);
+                        self.suspect_lost_reply();
+                        broken.push(i);
+                    }
+                },
+                _ = drain.cancelled(), if !unblocked => {
+                    unblocked = true;
+                    self.unblock(&ids).await;
+                }
+            }
+        }
+        drop(waits);
+        for i in broken {
+            blockers[i] = None;
+        }
+        Ok(arrived)
+    }
+
+    pub(super) async fn unblock(&self, ids: &[i64]) {
+        let Ok(mut c) = self.redis.conn().await else {
+            return;
+        };
+        for id in ids {
+            let unblocked: RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async(&mut c)
+                .await;
+            if let Err(e) = unblocked {
+                // The blocked command then ends at its own timeout instead.
+                tracing::debug!(error = %e, "client unblock failed");
+            }
+        }
+    }
+}
+
+/// A failed Redis call of a fetch round: which operation, and why.
+pub(super) struct RedisFailure {
+    operation: &'static str,
+    error: RedisError,
+}
+
+impl RedisFailure {
+    fn new(operation: &'static str, error: RedisError) -> Self {
+        Self { operation, error }
+    }
+}

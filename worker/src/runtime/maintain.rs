@@ -1,0 +1,118 @@
+//! Registration and the maintenance loop: heartbeats, promotion of due
+//! retries and delayed jobs, reaping of lost workers (Sidekiq's launcher
+//! and scheduler).
+
+use super::*;
+
+impl Worker {
+    pub(super) fn beat_details(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("id", self.config.worker_id.clone()),
+            ("pid", std::process::id().to_string()),
+            ("concurrency", self.config.concurrency.to_string()),
+            ("in_flight", self.metrics.in_flight.get().to_string()),
+            ("queues", self.queue_names().join(",")),
+            // Lets readers (the CLI) tell live workers from lost ones.
+            (
+                "dead_after_ms",
+                self.config.dead_after.as_millis().to_string(),
+            ),
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ]
+    }
+
+    /// Returns the jobs of this worker id's earlier incarnations (a
+    /// restarted container keeps its pod name) and registers this one.
+    /// Keeps trying while Redis is unreachable; `false` if shut down first.
+    pub(super) async fn start(&self) -> bool {
+        let ttl = self.config.dead_after * 2;
+        let stop = self.shutdown.drain.clone();
+        let done = self
+            .redis
+            .persist("register", &stop, |mut c| async move {
+                for q in &self.queues {
+                    for (name, _) in queue::workers(&mut c, q).await? {
+                        let earlier = name != self.instance
+                            && Instance::id_of(&name) == Some(self.config.worker_id.as_str());
+                        if earlier && let Some(n) = queue::reap(&mut c, q, &name, None).await? {
+                            tracing::info!(queue = q.name(), earlier = %name, jobs = n, "returned the jobs of an earlier incarnation");
+                            self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
+                        }
+                    }
+                    let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
+                    self.note_server_time(beat.server_time_ms);
+                }
+                Ok(())
+            })
+            .await;
+        done.is_some()
+    }
+
+    /// Heartbeats, promotes due retries and delayed jobs, returns the jobs
+    /// of lost workers; until `stop`.
+    pub(super) async fn maintain(self: Arc<Self>, stop: CancellationToken) {
+        let ttl = self.config.dead_after * 2;
+        let tick = self.config.heartbeat_interval.min(PROMOTE_EVERY);
+        let mut last_beat: Option<Instant> = None;
+        loop {
+            self.health.tick();
+            let beat =
+                last_beat.is_none_or(|t| t.elapsed() + tick / 2 >= self.config.heartbeat_interval);
+            match self.maintenance_round(ttl, beat).await {
+                Ok(()) if beat => last_beat = Some(Instant::now()),
+                Ok(()) => {}
+                Err(e) => self.redis.failed("maintenance", &e),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(tick) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Promotes due jobs; with `beat`, also heartbeats and reaps.
+    pub(super) async fn maintenance_round(&self, ttl: Duration, beat: bool) -> RedisResult<()> {
+        let mut c = self.redis.conn().await?;
+        for q in &self.queues {
+            let promoted = queue::promote_due(&mut c, q, 1000).await?;
+            if promoted > 0 {
+                tracing::debug!(queue = q.name(), promoted, "due jobs promoted");
+            }
+        }
+        self.redis.ok();
+        if !beat {
+            return Ok(());
+        }
+        let details = self.beat_details();
+        for q in &self.queues {
+            let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
+            self.note_server_time(beat.server_time_ms);
+            if beat.registered_anew {
+                tracing::warn!(
+                    queue = q.name(),
+                    "this worker was taken for lost and its jobs were returned to the queue; re-registered"
+                );
+                self.suspect_lost_reply();
+            }
+        }
+        for q in &self.queues {
+            let cutoff = self
+                .now_ms()
+                .saturating_sub(self.config.dead_after.as_millis() as u64);
+            for lost in queue::silent_workers(&mut c, q, cutoff).await? {
+                if lost == self.instance {
+                    continue;
+                }
+                if let Some(n) = queue::reap(&mut c, q, &lost, Some(self.config.dead_after)).await?
+                {
+                    tracing::warn!(queue = q.name(), lost = %lost, jobs = n, "worker lost; its jobs are back at the head of the queue");
+                    self.metrics
+                        .recovered
+                        .with_label_values(&[q.name()])
+                        .inc_by(n);
+                }
+            }
+        }
+        Ok(())
+    }
+}

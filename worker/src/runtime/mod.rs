@@ -1,0 +1,248 @@
+//! The worker runtime, read top to bottom in [`run`]: register
+//! ([`maintain`]), take jobs while slots are free ([`fetch`]), stamp and
+//! start them ([`intake`]), run and settle each ([`settle`]), keep the
+//! registry and the queues healthy meanwhile ([`maintain`]), and on
+//! shutdown ([`shutdown`]) give back what is unfinished ([`drain`]). Every
+//! Redis call goes through [`connection`]; what this process holds is in
+//! its [`ledger`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError, RedisResult};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backoff::{self, Reconnect};
+use crate::config::Config;
+use crate::handler::{Handler, Outcome};
+use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
+use crate::keys::{Instance, QueueKeys};
+use crate::metrics::Metrics;
+use crate::probes::Health;
+use crate::queue::{self, Fetched, IntakeAction, Payload};
+
+mod connection;
+mod drain;
+mod fetch;
+mod intake;
+mod ledger;
+mod maintain;
+mod settle;
+mod shutdown;
+
+use self::connection::Redis;
+use self::ledger::{Held, Ledger};
+pub use self::shutdown::Shutdown;
+
+/// Most jobs taken in one fetch round trip.
+const MAX_BATCH: usize = 100;
+/// How long one blocking wait for a job lasts on the server. A killed
+/// worker's blocked command can still move a job for this long, which is
+/// far below any allowed `--dead-after`, so the reaper always sees it.
+const BLOCK: Duration = Duration::from_secs(2);
+/// Time allowed for the final give-back of unfinished jobs at shutdown.
+const GIVE_BACK_WINDOW: Duration = Duration::from_secs(3);
+/// How often due retries and delayed jobs are moved to their queue (at
+/// most; a shorter heartbeat interval makes it more often).
+const PROMOTE_EVERY: Duration = Duration::from_secs(1);
+
+struct Worker {
+    config: Config,
+    instance: String,
+    queues: Vec<QueueKeys>,
+    handler: Arc<dyn Handler>,
+    redis: Redis,
+    metrics: Metrics,
+    health: Arc<Health>,
+    ledger: Mutex<Ledger>,
+    /// Unix ms of the Redis server minus this host's clock.
+    clock_offset_ms: AtomicI64,
+    /// Set when a reply may have been lost after Redis moved jobs for us:
+    /// the processing lists are then checked against the ledger.
+    reconcile: AtomicBool,
+    shutdown: Shutdown,
+    /// Fires at the shutdown deadline: running attempts are abandoned.
+    give_up: CancellationToken,
+    /// One permit per job this process may hold.
+    slots: Arc<Semaphore>,
+    /// The running jobs' tasks.
+    tracker: TaskTracker,
+}
+
+/// Errors that stop the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The settings are invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The HTTP address could not be bound.
+    #[error("cannot listen on --listen {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs a worker until `shutdown` completes its drain. Returns `Ok` after a
+/// clean drain: every job finished or was given back to its queue (or, if
+/// Redis was unreachable at the end, stays recorded for recovery).
+pub async fn run(
+    config: Config,
+    handler: Arc<dyn Handler>,
+    metrics: Metrics,
+    shutdown: Shutdown,
+) -> Result<(), Error> {
+    config.validate()?;
+    let health = Arc::new(Health::new(config.heartbeat_interval));
+    let endpoint = config.endpoint()?;
+    if endpoint.tls().insecure_skip_verify {
+        tracing::warn!(
+            url = %endpoint.redacted(),
+            "--redis-tls-insecure-skip-verify: Redis's certificate is not checked; anyone on the path can read and change jobs"
+        );
+    }
+    let stop_http = CancellationToken::new();
+    let http = match config.listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Listen { addr, source })?;
+            let app = crate::probes::app(health.clone(), metrics.clone());
+            let stop = stop_http.clone();
+            Some(tokio::spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "http server failed");
+                }
+            }))
+        }
+        None => None,
+    };
+    let instance = Instance::new(config.worker_id.clone());
+    let queues: Vec<_> = config.queues.iter().map(QueueKeys::new).collect();
+    let worker = Arc::new(Worker {
+        instance: instance.name(),
+        ledger: Mutex::new(Ledger {
+            next: 0,
+            queues: queues.iter().map(|_| HashMap::new()).collect(),
+        }),
+        queues,
+        handler,
+        redis: Redis {
+            endpoint,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            health: health.clone(),
+            metrics: metrics.clone(),
+            last_error: Mutex::new(None),
+        },
+        metrics,
+        health: health.clone(),
+        clock_offset_ms: AtomicI64::new(0),
+        reconcile: AtomicBool::new(false),
+        shutdown: shutdown.clone(),
+        give_up: CancellationToken::new(),
+        slots: Arc::new(Semaphore::new(config.concurrency)),
+        tracker: TaskTracker::new(),
+        config,
+    });
+    tracing::info!(
+        instance = %worker.instance,
+        queues = ?worker.queue_names(),
+        concurrency = worker.config.concurrency,
+        "worker starting"
+    );
+
+    let stop_maintenance = CancellationToken::new();
+    if worker.start().await {
+        health.set_registered();
+        tracing::info!("worker ready");
+        let maintenance = tokio::spawn(worker.clone().maintain(stop_maintenance.clone()));
+
+        worker.clone().fetch_loop().await;
+        health.fetch_loop_ended();
+        worker.drain().await;
+        stop_maintenance.cancel();
+        let _ = maintenance.await;
+    }
+    health.set_draining();
+    stop_http.cancel();
+    if let Some(http) = http {
+        let _ = http.await;
+    }
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Runs `handler` as a worker until `shutdown` completes, then drains
+/// (in-flight jobs get `config.shutdown_timeout`, the rest go back to the
+/// head of their queue). The entry point for handlers written in Rust: the
+/// same runtime, and so the same guarantees, as the `workerpool-worker`
+/// binary. Serves `/healthz`, `/readyz` and `/metrics` when
+/// `config.listen` is set.
+///
+/// ```no_run
+/// use workerpool_worker::{Config, Job, Outcome, handler_fn, run_until};
+///
+/// # async fn example() -> Result<(), workerpool_worker::Error> {
+/// let config = Config::new("redis://localhost:6379", vec!["emails".into()]);
+/// let handler = handler_fn(|job: Job| async move { Outcome::Done });
+/// run_until(config, handler, async {
+///     tokio::signal::ctrl_c().await.ok();
+/// })
+/// .await
+/// # }
+/// ```
+pub async fn run_until<H, F>(config: Config, handler: H, shutdown: F) -> Result<(), Error>
+where
+    H: Handler,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let shutdown = Shutdown::when(shutdown);
+    let result = run(config, Arc::new(handler), Metrics::new(), shutdown.clone()).await;
+    // Ends the task watching `shutdown` when `run` stopped on its own.
+    shutdown.drain();
+    result
+}
+
+impl Worker {
+    /// Notes that a reply may have been lost after Redis moved jobs for
+    /// this process: the next fetch round checks the processing lists
+    /// against the ledger first.
+    pub(super) fn suspect_lost_reply(&self) {
+        self.reconcile.store(true, Ordering::Relaxed);
+    }
+
+    /// The queues' names, in priority order.
+    pub(super) fn queue_names(&self) -> Vec<&str> {
+        self.queues.iter().map(QueueKeys::name).collect()
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
+        let local = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        (local + self.clock_offset_ms.load(Ordering::Relaxed)).max(0) as u64
+    }
+
+    pub(super) fn note_server_time(&self, server_ms: u64) {
+        let local = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        self.clock_offset_ms
+            .store(server_ms as i64 - local, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,202 @@
+//! Redis over TLS (`rediss://`), against a real `redis-server` listening
+//! only on a TLS port, with certificates made by `openssl` in the test:
+//! the worker and the CLI with a private CA, mutual TLS, and a certificate
+//! that is not trusted.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use workerpool_tests::{TestTlsRedis, eventually, free_port};
+use workerpool_worker::keys::QueueKeys;
+
+mod common;
+use common::{counter, http_get, len};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn cli(redis: &TestTlsRedis, ca: &Path, client: bool, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_workerpool"));
+    cmd.args(args)
+        .env("WORKERPOOL_REDIS_URL", redis.url())
+        .env("WORKERPOOL_REDIS_CA_FILE", ca)
+        .env_remove("WORKERPOOL_QUEUE")
+        .stdin(Stdio::null());
+    if client {
+        cmd.env("WORKERPOOL_REDIS_CLIENT_CERT", &redis.certs.client_cert)
+            .env("WORKERPOOL_REDIS_CLIENT_KEY", &redis.certs.client_key);
+    }
+    cmd.output().expect("run workerpool")
+}
+
+fn worker(redis: &TestTlsRedis, ca: &Path, client: bool, port: u16) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"));
+    cmd.args([
+        "--redis-url",
+        &redis.url(),
+        "--queue",
+        "secure",
+        "--handler",
+        "noop",
+    ])
+    .args([
+        "--concurrency",
+        "4",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .arg("--redis-ca-file")
+    .arg(ca)
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    if client {
+        cmd.arg("--redis-client-cert")
+            .arg(&redis.certs.client_cert)
+            .arg("--redis-client-key")
+            .arg(&redis.certs.client_key);
+    }
+    cmd.spawn().expect("spawn workerpool-worker")
+}
+
+fn stop(mut child: Child) -> String {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
+async fn drains_over_tls(mutual: bool) {
+    let redis = TestTlsRedis::start(mutual);
+    let q = QueueKeys::new("secure");
+    let jobs: Vec<String> = (0..50)
+        .map(|n| format!(r#"{{"data":{{"n":{n}}}}}"#))
+        .collect();
+    let mut args = vec!["enqueue", "--queue", "secure"];
+    args.extend(jobs.iter().map(String::as_str));
+    let out = cli(&redis, &redis.certs.ca, mutual, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let port = free_port();
+    let w = worker(&redis, &redis.certs.ca, mutual, port);
+    let c = redis.conn().await;
+    eventually(WAIT, "50 jobs done over TLS", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 50).then_some(()) }
+    })
+    .await;
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+    let stats = cli(
+        &redis,
+        &redis.certs.ca,
+        mutual,
+        &["stats", "--queue", "secure", "--json", "--no-rate"],
+    );
+    assert!(
+        stats.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stats.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&stats.stdout).expect("json");
+    assert_eq!(stats["processed_total"], Value::from(50), "{stats}");
+    let log = stop(w);
+    assert!(!log.contains("WARN") && !log.contains("ERROR"), "{log}");
+}
+
+#[tokio::test]
+async fn the_worker_and_the_cli_work_over_tls_with_a_private_ca() {
+    drains_over_tls(false).await;
+}
+
+#[tokio::test]
+async fn the_worker_and_the_cli_work_with_mutual_tls() {
+    drains_over_tls(true).await;
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_named_and_the_worker_keeps_trying_unready() {
+    let redis = TestTlsRedis::start(false);
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("secure");
+    let _: () = redis::cmd("LPUSH")
+        .arg(q.name())
+        .arg("{}")
+        .query_async(&mut c)
+        .await
+        .expect("lpush");
+    let port = free_port();
+    let mut w = worker(&redis, &redis.certs.other_ca, false, port);
+    eventually(WAIT, "the worker serves /readyz", || async move {
+        http_get(port, "/readyz").map(|r| r.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(503));
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+    assert!(matches!(w.try_wait(), Ok(None)), "it keeps retrying");
+    assert_eq!(len(&mut c, q.name()).await, 1, "nothing ran");
+    let log = stop(w);
+    assert!(
+        log.contains("TLS: the server's certificate is not signed by a trusted CA"),
+        "{log}"
+    );
+
+    // The CLI says the same, and exits 1.
+    let out = cli(
+        &redis,
+        &redis.certs.other_ca,
+        false,
+        &["stats", "--queue", "secure"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not signed by a trusted CA"), "{err}");
+    // Without its client certificate, a mutual-TLS server refuses the CLI.
+    let mutual = TestTlsRedis::start(true);
+    let out = cli(
+        &mutual,
+        &mutual.certs.ca,
+        false,
+        &["stats", "--queue", "secure"],
+    );
+    assert!(!out.status.success());
+}
+
+#[test]
+fn tls_options_on_a_plain_url_are_refused_with_what_to_fix() {
+    let out = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+        .args([
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--queue",
+            "q",
+            "--handler",
+            "noop",
+        ])
+        .args(["--redis-ca-file", "/nonexistent/ca.pem"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--redis-ca-file is a TLS option but --redis-url redis://127.0.0.1:1 is plain redis://; use rediss://"),
+        "{err}"
+    );
+}
