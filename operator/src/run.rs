@@ -107,6 +107,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(workerpool_queue::keys::host_name);
     let mut leadership = None;
+    let mut lease_task = None;
     if !args.no_leader_election {
         let manager =
             kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
@@ -115,7 +116,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .build()
                 .await
                 .context("cannot set up leader election")?;
-        let (mut rx, _task) = manager.watch().await;
+        let (mut rx, task) = manager.watch().await;
+        lease_task = Some(task);
         ready.store(true, Ordering::Relaxed);
         tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
         while !*rx.borrow_and_update() {
@@ -158,13 +160,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     match leadership {
         Some(mut rx) => {
-            tokio::select! {
+            let outcome = tokio::select! {
                 _ = controller => Ok(()),
                 lost = async { while rx.changed().await.is_ok() { if !*rx.borrow() { break; } } } => {
                     let () = lost;
-                    anyhow::bail!("lost leadership of the Lease; exiting so that one leader runs")
+                    Err(anyhow::anyhow!("lost leadership of the Lease; exiting so that one leader runs"))
+                }
+            };
+            // Hand the Lease over now rather than let it expire: with the
+            // channel closed the lease manager releases it, so a standby
+            // (or the replacement Pod) leads within seconds instead of
+            // after the Lease duration.
+            drop(rx);
+            if let Some(task) = lease_task {
+                match tokio::time::timeout(std::time::Duration::from_secs(5), task).await {
+                    Ok(Ok(Ok(_))) => tracing::info!("released the Lease"),
+                    Ok(Ok(Err(e))) => tracing::warn!(error = %e, "cannot release the Lease"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "the lease task failed"),
+                    Err(_) => tracing::warn!("releasing the Lease took too long"),
                 }
             }
+            outcome
         }
         None => {
             controller.await;

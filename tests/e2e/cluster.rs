@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -39,13 +40,15 @@ impl Source {
     }
 }
 
-/// A started (or borrowed) cluster; a started one is stopped on drop, so
-/// the cluster goes down however the run ends short of a SIGKILL.
+/// A started (or borrowed) cluster; a started one is stopped on drop, or
+/// on SIGINT or SIGTERM, so the cluster goes down however the run ends
+/// short of a SIGKILL.
 #[derive(Debug)]
 pub struct Cluster {
     pub kubeconfig: PathBuf,
     kubectl: OsString,
-    down: Option<PathBuf>,
+    /// `down.sh`, taken by whichever runs it first: the drop or a signal.
+    down: Arc<Mutex<Option<PathBuf>>>,
 }
 
 impl Cluster {
@@ -55,7 +58,7 @@ impl Cluster {
             Source::Kubeconfig(file) => Cluster {
                 kubeconfig: file.clone(),
                 kubectl,
-                down: None,
+                down: Arc::default(),
             },
             Source::Scripts(dir) => {
                 let up = dir.join("up.sh");
@@ -68,8 +71,9 @@ impl Cluster {
                 let mut cluster = Cluster {
                     kubeconfig: PathBuf::new(),
                     kubectl,
-                    down: Some(dir.join("down.sh")),
+                    down: Arc::new(Mutex::new(Some(dir.join("down.sh")))),
                 };
+                stop_on_signal(cluster.down.clone());
                 let out = Command::new(&up)
                     .stderr(Stdio::inherit())
                     .output()
@@ -185,14 +189,51 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if let Some(down) = self.down.take() {
-            eprintln!("e2e: stopping the cluster ({})", down.display());
-            match Command::new(&down).stdout(Stdio::null()).status() {
-                Ok(s) if s.success() => {}
-                other => eprintln!("e2e: {} failed: {other:?}", down.display()),
-            }
+        stop(&self.down);
+    }
+}
+
+/// Runs `down.sh` unless it ran already.
+fn stop(down: &Mutex<Option<PathBuf>>) {
+    let mut down = down.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(script) = down.take() {
+        eprintln!("e2e: stopping the cluster ({})", script.display());
+        match Command::new(&script).stdout(Stdio::null()).status() {
+            Ok(s) if s.success() => {}
+            other => eprintln!("e2e: {} failed: {other:?}", script.display()),
         }
     }
+}
+
+/// An interrupted run (Ctrl-C, or CI's SIGTERM at a timeout) stops the
+/// cluster before it exits, instead of leaving the node running.
+fn stop_on_signal(down: Arc<Mutex<Option<PathBuf>>>) {
+    std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        let signalled = runtime.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut interrupt), Ok(mut terminate)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return false;
+            };
+            tokio::select! {
+                _ = interrupt.recv() => true,
+                _ = terminate.recv() => true,
+            }
+        });
+        if signalled {
+            eprintln!("e2e: interrupted");
+            stop(&down);
+            std::process::exit(130);
+        }
+    });
 }
 
 /// helm: `HELM`, else the one `scripts/install-helm.sh` puts in

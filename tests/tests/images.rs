@@ -118,3 +118,66 @@ fn the_build_context_leaves_out_build_output_and_git() {
         );
     }
 }
+
+/// The value of the last `INSTRUCTION ` of the final stage, if any.
+fn last(dockerfile: &str, instruction: &str) -> Option<String> {
+    let all = instructions(&read(dockerfile));
+    final_stage(&all)
+        .iter()
+        .rev()
+        .find_map(|i| i.strip_prefix(instruction))
+        .map(|v| v.trim().to_string())
+}
+
+/// The exec-form list `["a", "b"]` as its words.
+fn words(exec_form: &str) -> Vec<String> {
+    exec_form
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|w| w.trim().trim_matches('"').to_string())
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+#[test]
+fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint_and_command() {
+    let script = read("scripts/images.sh");
+    let (operator, worker) = script
+        .split_once("# The worker:")
+        .expect("scripts/images.sh builds the operator, then the worker");
+    for (dockerfile, part) in [
+        ("images/operator/Dockerfile", operator),
+        ("images/worker/Dockerfile", worker),
+    ] {
+        let user = last(dockerfile, "USER ").expect("USER");
+        assert!(
+            part.contains(&format!("--config.user {user}")),
+            "{dockerfile}: scripts/images.sh sets USER {user}"
+        );
+        let entrypoint = words(&last(dockerfile, "ENTRYPOINT ").expect("ENTRYPOINT"));
+        assert!(
+            part.contains(&format!("--config.entrypoint {}", entrypoint.join(" "))),
+            "{dockerfile}: scripts/images.sh sets ENTRYPOINT {entrypoint:?}"
+        );
+        match last(dockerfile, "CMD ") {
+            Some(cmd) => {
+                for word in words(&cmd) {
+                    assert!(
+                        part.contains(&format!("--config.cmd {word}")),
+                        "{dockerfile}: scripts/images.sh sets CMD {cmd}"
+                    );
+                }
+            }
+            None => assert!(
+                part.contains("--clear=config.cmd"),
+                "{dockerfile} has no CMD: scripts/images.sh clears the base image's"
+            ),
+        }
+        if let Some(dir) = last(dockerfile, "WORKDIR ") {
+            assert!(
+                part.contains(&format!("--config.workingdir {dir}")),
+                "{dockerfile}: scripts/images.sh sets WORKDIR {dir}"
+            );
+        }
+    }
+}
