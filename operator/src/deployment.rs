@@ -127,6 +127,15 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
     })
 }
 
+/// An environment variable with a plain value.
+fn plain(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value),
+        value_from: None,
+    }
+}
+
 /// Mounts the Secrets of `spec.queue.redis.tls` into the worker container
 /// (read-only, owner-readable) and points its TLS settings at them.
 fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool: &WorkerPool) {
@@ -145,11 +154,6 @@ fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool:
             ..SecretVolumeSource::default()
         }),
         ..Volume::default()
-    };
-    let plain = |name: &str, value: String| EnvVar {
-        name: name.into(),
-        value: Some(value),
-        value_from: None,
     };
     if let Some(ca) = &tls.ca_secret_ref {
         volumes.push(secret_volume(
@@ -284,11 +288,6 @@ pub fn secure_by_default(container: &mut Container, pod: &PodSecurityContext) ->
 fn inject(container: &mut Container, pool: &WorkerPool) {
     let spec = &pool.spec;
     let redis = &spec.queue.redis;
-    let plain = |name: &str, value: String| EnvVar {
-        name: name.into(),
-        value: Some(value),
-        value_from: None,
-    };
     let url = match (&redis.url, &redis.url_secret_ref) {
         (_, Some(secret)) => EnvVar {
             name: "WORKERPOOL_REDIS_URL".into(),
@@ -386,15 +385,7 @@ mod tests {
     }
 
     fn env_of(d: &Deployment) -> serde_json::Value {
-        let c = &d
-            .spec
-            .as_ref()
-            .expect("spec")
-            .template
-            .spec
-            .as_ref()
-            .expect("pod")
-            .containers;
+        let c = &pod_of(d).containers;
         let worker = c.iter().find(|c| c.name == "worker").expect("worker");
         serde_json::to_value(&worker.env).expect("json")
     }
