@@ -20,7 +20,42 @@ pub const ALL: &[crate::Scenario] = &[
         "an_image_that_cannot_be_pulled_and_a_quota_that_forbids_pods_show_on_the_pool",
         an_image_that_cannot_be_pulled_and_a_quota_that_forbids_pods_show_on_the_pool,
     ),
+    (
+        "kubectl_explain_shows_the_fields_docs_as_paragraphs",
+        kubectl_explain_shows_the_fields_docs_as_paragraphs,
+    ),
 ];
+
+/// `kubectl explain` wraps descriptions itself: a description that kept its
+/// source's line breaks shows sentences broken mid-line ("Defaults" / "to 1.").
+fn kubectl_explain_shows_the_fields_docs_as_paragraphs(e2e: &E2e) {
+    let k = &e2e.cluster;
+    for field in [
+        "wp.spec.scaling.activationBacklog",
+        "wp.spec.scaling.targetDrainSeconds",
+        "wp.spec.queue.redis.tls",
+    ] {
+        let text = k.kubectl(&["explain", field]);
+        let description: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("DESCRIPTION:"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("FIELDS:"))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert!(!description.is_empty(), "{field}: {text}");
+        // Every line but a paragraph's last is filled to kubectl's width.
+        for pair in description.windows(2) {
+            let ends_sentence = pair[0].ends_with('.') || pair[0].ends_with(':');
+            assert!(
+                pair[0].len() >= 50 || ends_sentence,
+                "{field}: a sentence broken mid-line at {:?}:\n{text}",
+                pair[0]
+            );
+        }
+    }
+}
 
 /// A pool's manifest with `change` applied to its spec.
 fn edited(pool: &Pool, change: impl FnOnce(&mut Value)) -> String {
