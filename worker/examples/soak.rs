@@ -492,37 +492,56 @@ async fn main() {
         "worker RSS:      max {:.1} MB",
         tally.max_rss_kb.load(Ordering::Relaxed) as f64 / 1024.0
     );
-    let mut failures = Vec::new();
-    if !drained {
-        failures.push("the queue did not drain within 120 s".to_string());
-    }
-    if !missing.is_empty() {
-        let first: Vec<String> = missing.iter().take(10).map(|n| format!("s-{n}")).collect();
-        failures.push(format!(
-            "{} jobs never ran, first: {first:?}",
-            missing.len()
-        ));
-    }
+    // Each check: what it guards, and what went wrong when it failed.
+    let mut checks: Vec<(&str, Option<String>)> = Vec::new();
+    checks.push((
+        "the queue drained",
+        (!drained).then(|| "the queue did not drain within 120 s".to_string()),
+    ));
+    checks.push((
+        "every job ran",
+        (!missing.is_empty()).then(|| {
+            let first: Vec<String> = missing.iter().take(10).map(|n| format!("s-{n}")).collect();
+            format!("{} jobs never ran, first: {first:?}", missing.len())
+        }),
+    ));
     // More dead than pushed only when a push whose reply was lost to a Redis
     // restart was repeated; fewer means payloads were lost.
-    if dead_malformed < malformed {
-        failures.push(format!(
-            "{malformed} malformed payloads pushed, only {dead_malformed} dead-lettered as malformed"
-        ));
+    checks.push((
+        "every malformed payload dead-lettered",
+        (dead_malformed < malformed).then(|| {
+            format!(
+                "{malformed} malformed payloads pushed, only {dead_malformed} dead-lettered as malformed"
+            )
+        }),
+    ));
+    checks.push((
+        "no valid job dead",
+        dead.keys()
+            .any(|r| r != "malformed")
+            .then(|| format!("valid jobs in the dead list: {dead:?}")),
+    ));
+    checks.push((
+        "workers exited only when told, cleanly on SIGTERM",
+        (!exits.is_empty()).then(|| exits.join("; ")),
+    ));
+    let failed: Vec<(&str, String)> = checks
+        .iter()
+        .filter_map(|(what, problem)| problem.clone().map(|p| (*what, p)))
+        .collect();
+    for (what, problem) in &failed {
+        println!("FAILED {what}: {problem}");
     }
-    if dead.keys().any(|r| r != "malformed") {
-        failures.push(format!("valid jobs in the dead list: {dead:?}"));
-    }
-    failures.extend(exits);
-    if failures.is_empty() {
-        println!("result:          PASS");
-    } else {
-        println!("result:          FAIL");
-        for f in &failures {
-            println!("  - {f}");
-        }
+    if !failed.is_empty() {
         let kept = dir.keep();
-        println!("  worker logs kept in {}", kept.display());
+        println!("worker logs kept in {}", kept.display());
+    }
+    println!(
+        "soak: {} passed, {} failed",
+        checks.len() - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() {
         std::process::exit(1);
     }
 }
