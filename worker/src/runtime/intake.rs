@@ -168,11 +168,12 @@ pub(super) fn plan(
     instance: &str,
 ) -> Plan {
     let mut plan = Plan::default();
+    let mut running = 0;
     for raw in raws {
         match intake(&raw, now_ms, max_attempts, instance) {
             Intake::Run { job, stamped } => {
-                let running = plan.runs.iter().flatten().count();
                 if running < free {
+                    running += 1;
                     plan.runs
                         .push(Some((Arc::new(job), Arc::<str>::from(stamped.as_str()))));
                     plan.actions.push(IntakeAction::Run { raw, stamped });
