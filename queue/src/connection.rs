@@ -168,13 +168,14 @@ impl Endpoint {
 
     /// A client for this endpoint, reading the certificate files now.
     pub fn client(&self) -> RedisResult<redis::Client> {
-        let mut url = self.url.clone();
-        if self.tls.insecure_skip_verify && !url.ends_with("#insecure") {
-            if !url.contains('/') || url.matches('/').count() < 3 {
-                url.push('/');
+        // redis-rs reads the opt-out as the URL fragment `#insecure`.
+        let url = match redis::parse_redis_url(&self.url) {
+            Some(mut parsed) if self.tls.insecure_skip_verify => {
+                parsed.set_fragment(Some("insecure"));
+                parsed.to_string()
             }
-            url.push_str("#insecure");
-        }
+            _ => self.url.clone(),
+        };
         let in_memory = self
             .pem
             .as_ref()
@@ -359,6 +360,38 @@ mod tests {
         let e = Endpoint::new("http://u:pw@h", Tls::default()).expect_err("not redis");
         assert!(!e.to_string().contains("pw@"), "{e}");
         assert!(Endpoint::new("redis://h:6379/0", Tls::default()).is_ok());
+    }
+
+    #[test]
+    fn skipping_verification_reaches_the_client_as_its_insecure_flag() {
+        for url in ["rediss://h:6380", "rediss://h:6380/2"] {
+            let tls = Tls {
+                insecure_skip_verify: true,
+                ..Tls::default()
+            };
+            let client = Endpoint::new(url, tls)
+                .expect("valid")
+                .client()
+                .expect("client");
+            assert!(
+                matches!(
+                    client.get_connection_info().addr(),
+                    redis::ConnectionAddr::TcpTls { insecure: true, .. }
+                ),
+                "{url}"
+            );
+        }
+        let client = Endpoint::new("rediss://h:6380/2", Tls::default())
+            .expect("valid")
+            .client()
+            .expect("client");
+        assert!(matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls {
+                insecure: false,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -15,10 +15,10 @@ pub const IMAGE_TAG: &str = "e2e";
 const OPERATOR_NAMESPACE: &str = "workerpool-system";
 const RELEASE: &str = "workerpool-operator";
 /// The cluster's Debian image with redis-server (the one-node kit's base image).
-fn redis_image() -> String {
+pub fn redis_image() -> String {
     std::env::var("WORKERPOOL_E2E_REDIS_IMAGE").unwrap_or_else(|_| "local/debian:12".into())
 }
-fn worker_image() -> String {
+pub fn worker_image() -> String {
     format!("local/workerpool-worker:{IMAGE_TAG}")
 }
 

@@ -9,16 +9,12 @@ use workerpool_tests::tls::Certificates;
 
 use crate::E2e;
 use crate::cluster::{Cluster, Namespace, eventually};
-use crate::scenarios::{condition, is_ready};
+use crate::scenarios::{condition, is_ready, redis_image, worker_image};
 
 pub const ALL: &[crate::Scenario] = &[(
     "a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs",
     a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs,
 )];
-
-fn redis_image() -> String {
-    std::env::var("WORKERPOOL_E2E_REDIS_IMAGE").unwrap_or_else(|_| "local/debian:12".into())
-}
 
 fn secret_from_files(k: &Cluster, namespace: &str, args: &[&str]) {
     let mut all = vec!["create", "secret", "-n", namespace];
@@ -130,7 +126,7 @@ fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
             }}},
             "template": {"spec": {"containers": [{
                 "name": "worker",
-                "image": format!("local/workerpool-worker:{}", crate::scenarios::IMAGE_TAG),
+                "image": worker_image(),
                 "imagePullPolicy": "Never",
                 "args": ["--", "sh", "-c", "while IFS= read -r job; do echo '{\"ok\":true}'; done"],
             }]}},

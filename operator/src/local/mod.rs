@@ -242,25 +242,21 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
                 current,
                 started.elapsed(),
             );
-            let decision = (
-                verdict.desired,
-                verdict.code().to_string(),
-                verdict.message(),
-            );
-            if decision.0 != current {
+            let message = verdict.message();
+            if verdict.desired != current {
                 view.note(
                     elapsed(),
-                    &format!("scaling from {current} to {}: {}", decision.0, decision.2),
+                    &format!("scaling from {current} to {}: {message}", verdict.desired),
                 );
             }
             let busy = reading
                 .as_ref()
                 .map(Snapshot::in_flight_by_worker_id)
                 .unwrap_or_default();
-            for event in actuator.scale_to(decision.0.max(0) as usize, &busy, now) {
+            for event in actuator.scale_to(verdict.desired.max(0) as usize, &busy, now) {
                 view.note(elapsed(), &event.to_string());
             }
-            decided = decision;
+            decided = (verdict.desired, verdict.code().to_string(), message);
         }
         peak = peak.max(actuator.running());
         let queue = reading.as_ref().map(|snap| {

@@ -70,19 +70,16 @@ impl Redis {
             .with_label_values(&[operation])
             .inc();
         self.health.set_redis_ok(false);
-        let unreachable = unreachable(error);
+        let lost = unreachable(error);
         let error = workerpool_queue::connection::describe(error);
-        if unreachable {
+        let what = if lost {
             *self.slot() = None;
             tracing::warn!(operation, %error, "redis unreachable");
+            "redis unreachable"
         } else {
             // The server answered: an error reply, or a reply this worker
             // could not read. Reconnecting would not change it.
             tracing::error!(operation, %error, "redis command failed");
-        }
-        let what = if unreachable {
-            "redis unreachable"
-        } else {
             "redis command failed"
         };
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
