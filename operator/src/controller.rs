@@ -18,7 +18,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use workerpool_queue::connection::{Endpoint, Pem, Tls, describe, redact};
+use workerpool_queue::connection::{Connection, Endpoint, Pem, Tls, describe, redact};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::snapshot::{self, Snapshot};
 
@@ -90,7 +90,7 @@ pub struct Context {
     /// Operator metrics.
     pub metrics: Metrics,
     engines: Mutex<HashMap<String, Engine>>,
-    redis: Mutex<HashMap<Endpoint, redis::aio::MultiplexedConnection>>,
+    redis: Mutex<HashMap<Endpoint, Connection>>,
     /// Consecutive failed reconciles per pool, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The workload problem last announced with an event, per pool: the
@@ -135,10 +135,7 @@ impl Context {
         lock(&self.announced).remove(key);
     }
 
-    async fn redis_conn(
-        &self,
-        endpoint: &Endpoint,
-    ) -> Result<redis::aio::MultiplexedConnection, QueueProblem> {
+    async fn redis_conn(&self, endpoint: &Endpoint) -> Result<Connection, QueueProblem> {
         if let Some(c) = lock(&self.redis).get(endpoint).cloned() {
             return Ok(c);
         }
@@ -156,6 +153,14 @@ impl Context {
         queues: &[QueueKeys],
     ) -> Result<Snapshot, QueueProblem> {
         let mut c = self.redis_conn(endpoint).await?;
+        if c.is_cluster()
+            && let Some(problem) = workerpool_queue::keys::cluster_problem(queues)
+        {
+            return Err(QueueProblem {
+                reason: "QueueNamesSpanSlots",
+                message: format!("spec.queue.redis: {problem}"),
+            });
+        }
         match snapshot::read(&mut c, queues).await {
             Ok(s) => Ok(s),
             Err(e) => {
@@ -216,10 +221,12 @@ async fn redis_endpoint(pool: &WorkerPool, client: &Client) -> Result<Endpoint, 
             ),
         });
     }
-    let endpoint = Endpoint::new(url, options).map_err(|e| QueueProblem {
-        reason: "InvalidRedisURL",
-        message: format!("spec.queue.redis: {e}"),
-    })?;
+    let endpoint = Endpoint::new(url, options)
+        .map_err(|e| QueueProblem {
+            reason: "InvalidRedisURL",
+            message: format!("spec.queue.redis: {e}"),
+        })?
+        .with_mode(redis.mode.unwrap_or_default().into());
     let mut pem = Pem::default();
     if let Some(r) = &tls.ca_secret_ref {
         pem.ca = Some(

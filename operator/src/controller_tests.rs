@@ -681,3 +681,72 @@ async fn a_password_in_the_url_reaches_no_status_event_or_metric() {
         assert!(!text.contains(PASSWORD), "{what}: {text}");
     }
 }
+
+#[tokio::test]
+async fn on_a_redis_cluster_queue_names_without_one_slot_show_how_to_name_them() {
+    let cluster = workerpool_tests::TestRedisCluster::start(3, 0);
+    let url = cluster.url(cluster.primary_not_owning(workerpool_queue::keys::slot("{mail}")));
+    let p = pool(json!({
+        "queue": {"redis": {"url": url, "keys": ["mail:high", "mail:low"]}},
+        "template": template(),
+        "scaling": {},
+    }));
+    let (task, mut api, _) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(2, 2));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(applied["spec"]["replicas"], json!(2), "unreadable: hold");
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("QueueNamesSpanSlots"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let queue = condition(&status, "QueueReachable");
+    assert_eq!(queue["status"], json!("False"));
+    assert_eq!(queue["reason"], json!("QueueNamesSpanSlots"));
+    let message = queue["message"].as_str().expect("message");
+    assert!(
+        message.contains("queue mail:high, mail:low has no hash tag")
+            && message.contains("{mail}:high, {mail}:low"),
+        "{message}"
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+
+    // Named with one hash tag, the same pool reads its queues through a
+    // node that does not own their slot.
+    let mut c = cluster.conn().await;
+    for i in 0..30 {
+        let _: () = c
+            .lpush("{mail}:low", json!({"data": {"n": i}}).to_string())
+            .await
+            .expect("lpush");
+    }
+    let p = pool(json!({
+        "queue": {"redis": {"url": url, "keys": ["{mail}:high", "{mail}:low"]}},
+        "template": template(),
+        "scaling": {"targetBacklogPerReplica": 10, "maxReplicas": 10},
+    }));
+    let (task, mut api, _) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(
+        applied["spec"]["replicas"],
+        json!(3),
+        "30 waiting at 10 each"
+    );
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(
+        condition(&status, "QueueReachable")["status"],
+        json!("True")
+    );
+    assert_eq!(status["status"]["backlog"], json!(30), "{status}");
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}

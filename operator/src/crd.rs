@@ -89,6 +89,7 @@ pub struct QueueSpec {
 #[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef"))]
 #[x_kube(validation = Rule::new("has(self.key) != has(self.keys)").message("set exactly one of spec.queue.redis.key (one queue) or spec.queue.redis.keys (several, in priority order)"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss://')").message("spec.queue.redis.tls needs a TLS URL: spec.queue.redis.url must start with rediss://"))]
+#[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || (has(self.key) ? self.key.matches('[{][^}]+[}]') : self.keys.all(k, k.matches('[{][^}]+[}]')))").message("spec.queue.redis.mode is Cluster: queue names need a hash tag so each queue's keys share one slot, for example {mail}, or {mail}:high and {mail}:low for several queues"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisQueue {
     /// Redis URL, `redis://[user:password@]host[:port][/db]`. Use
@@ -119,6 +120,38 @@ pub struct RedisQueue {
     /// system's roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<RedisTls>,
+
+    /// One Redis node or a Redis Cluster; see [`RedisMode`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<RedisMode>,
+}
+
+/// `Auto` (the default) asks the server whether it is a Redis Cluster;
+/// `Standalone` or `Cluster` say so. On a cluster the URL names any of its
+/// nodes, and queue names need a hash tag so that each queue's keys share
+/// one slot: `{mail}`, or `{mail}:high` and `{mail}:low` for several queues
+/// (they must share one slot too).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum RedisMode {
+    /// Ask the server (`INFO cluster`).
+    #[default]
+    Auto,
+    /// One node.
+    Standalone,
+    /// A Redis Cluster.
+    Cluster,
+}
+
+impl From<RedisMode> for workerpool_queue::connection::Mode {
+    fn from(m: RedisMode) -> Self {
+        match m {
+            RedisMode::Auto => Self::Auto,
+            RedisMode::Standalone => Self::Standalone,
+            RedisMode::Cluster => Self::Cluster,
+        }
+    }
 }
 
 /// TLS to Redis.

@@ -303,7 +303,7 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
         },
         (url, None) => plain("WORKERPOOL_REDIS_URL", url.clone().unwrap_or_default()),
     };
-    let ours = vec![
+    let mut ours = vec![
         url,
         plain("WORKERPOOL_QUEUE", redis.queue_names().join(",")),
         plain(
@@ -338,6 +338,10 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
             }),
         },
     ];
+    if let Some(mode) = redis.mode {
+        let mode: workerpool_queue::connection::Mode = mode.into();
+        ours.push(plain("WORKERPOOL_REDIS_MODE", mode.to_string()));
+    }
     let env = container.env.get_or_insert_with(Vec::new);
     env.retain(|e| !ours.iter().any(|o| o.name == e.name));
     env.extend(ours);
@@ -456,6 +460,30 @@ mod tests {
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("WorkerPool", "u-1", Some(true))
         );
+    }
+
+    #[test]
+    fn a_redis_mode_in_the_spec_reaches_the_worker_and_none_leaves_it_asking() {
+        let with = |mode: serde_json::Value| {
+            let mut redis = json!({"url": "redis://r:6379", "key": "{q}"});
+            if !mode.is_null() {
+                redis["mode"] = mode;
+            }
+            let p = pool(json!({
+                "queue": {"redis": redis},
+                "template": {"spec": {"containers": [{"name": "worker", "image": "x"}]}},
+                "replicas": 1
+            }));
+            let env = env_of(&build(&p, 1).expect("build"));
+            env.as_array()
+                .expect("env")
+                .iter()
+                .find(|v| v["name"] == "WORKERPOOL_REDIS_MODE")
+                .map(|v| v["value"].clone())
+        };
+        assert_eq!(with(json!("Cluster")), Some(json!("cluster")));
+        assert_eq!(with(json!("Standalone")), Some(json!("standalone")));
+        assert_eq!(with(serde_json::Value::Null), None);
     }
 
     #[test]

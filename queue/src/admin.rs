@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use crate::connection::Conn;
 use redis::{AsyncCommands, RedisResult};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -20,14 +20,14 @@ pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_D
 const BATCH: usize = 500;
 
 /// The Redis server's clock, unix milliseconds.
-pub async fn server_time_ms(conn: &mut MultiplexedConnection) -> RedisResult<u64> {
+pub async fn server_time_ms(conn: &mut impl Conn) -> RedisResult<u64> {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
     Ok(secs * 1000 + micros / 1000)
 }
 
 /// Whether any key of the queue exists: a queue nobody has pushed to,
 /// served or counted has none.
-pub async fn exists(conn: &mut MultiplexedConnection, q: &QueueKeys) -> RedisResult<bool> {
+pub async fn exists(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<bool> {
     let n: u64 = redis::cmd("EXISTS")
         .arg(q.waiting())
         .arg(q.retry())
@@ -77,7 +77,7 @@ pub struct Snapshot {
 }
 
 /// Takes a [`Snapshot`] of `q` in one round trip.
-pub async fn snapshot(conn: &mut MultiplexedConnection, q: &QueueKeys) -> RedisResult<Snapshot> {
+pub async fn snapshot(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<Snapshot> {
     let read = crate::snapshot::read(conn, std::slice::from_ref(q)).await?;
     let now = read.server_time_ms;
     let f = read.queues.into_iter().next().unwrap_or_default();
@@ -130,7 +130,7 @@ pub struct WorkerInfo {
 
 /// Every registered worker of `q`, as of `now_ms` (Redis clock).
 pub async fn workers(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     q: &QueueKeys,
     now_ms: u64,
 ) -> RedisResult<Vec<WorkerInfo>> {
@@ -195,7 +195,7 @@ impl DeadEntry {
 
 /// The dead letters of `q`, newest first; with `id`, only that job's.
 pub async fn dead_letters(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     q: &QueueKeys,
     id: Option<&str>,
 ) -> RedisResult<Vec<DeadEntry>> {
@@ -238,7 +238,7 @@ pub struct Resurrected {
 /// fresh start (see [`fresh_start`]). Each entry moves atomically and at
 /// most once, even with several of these running at once.
 pub async fn retry_dead(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     q: &QueueKeys,
     id: Option<&str>,
 ) -> RedisResult<Resurrected> {
@@ -267,11 +267,7 @@ pub async fn retry_dead(
 
 /// Removes dead letters (all, or those of job `id`) that are there now;
 /// entries added meanwhile stay. Returns how many were removed.
-pub async fn purge_dead(
-    conn: &mut MultiplexedConnection,
-    q: &QueueKeys,
-    id: Option<&str>,
-) -> RedisResult<u64> {
+pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -> RedisResult<u64> {
     let entries = dead_letters(conn, q, id).await?;
     let mut removed = 0;
     for chunk in entries.chunks(BATCH) {
@@ -291,7 +287,7 @@ pub async fn purge_dead(
 /// the scheduled set with `run_at` that far ahead (Redis clock). Returns
 /// the ids.
 pub async fn enqueue(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     q: &QueueKeys,
     jobs: Vec<Map<String, Value>>,
     delay: Option<Duration>,

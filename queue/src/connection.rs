@@ -8,12 +8,145 @@
 //! - Files are read at each connection attempt, not at start: a Secret
 //!   mounted a moment after the container started is picked up by the next
 //!   retry.
+//! - One node or a Redis Cluster: [`Mode::Auto`] asks the server which it
+//!   is (`INFO cluster`), so the same URL and flags work for both. On a
+//!   cluster the URL names any node; slots are discovered, `MOVED` and
+//!   `ASK` followed, and the topology refreshed after a failover or a
+//!   resharding by redis-rs's cluster client.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ClientTlsConfig, RedisError, RedisResult, TlsCertificates};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsCertificates, Value,
+};
+
+/// Anything the queue operations can send commands on: a [`Connection`],
+/// or a plain redis-rs connection to one node.
+pub trait Conn: ConnectionLike + Send + Sync {}
+
+impl<T: ConnectionLike + Send + Sync> Conn for T {}
+
+/// Whether Redis is one node or a cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Ask the server (`INFO cluster`) at each connection.
+    #[default]
+    Auto,
+    /// One node (or a primary with replicas behind one address).
+    Standalone,
+    /// A Redis Cluster; the URL names any of its nodes.
+    Cluster,
+}
+
+impl Mode {
+    /// The name used in flags and in the WorkerPool resource.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Standalone => "standalone",
+            Mode::Cluster => "cluster",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Mode::Auto),
+            "standalone" => Ok(Mode::Standalone),
+            "cluster" => Ok(Mode::Cluster),
+            other => Err(format!(
+                "unknown Redis mode {other:?}: expected auto, standalone or cluster"
+            )),
+        }
+    }
+}
+
+/// A connection to one Redis node or to a Redis Cluster. Cloning is cheap;
+/// clones share the underlying sockets (both kinds are multiplexed).
+#[derive(Clone)]
+pub enum Connection {
+    /// One node.
+    Node(MultiplexedConnection),
+    /// A cluster: each command goes to the node that owns its keys' slot.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Connection::Node(_) => "Connection::Node",
+            Connection::Cluster(_) => "Connection::Cluster",
+        })
+    }
+}
+
+impl Connection {
+    /// Whether this is a cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Connection::Cluster(_))
+    }
+
+    /// Sends `cmd` to the node that owns `key`'s slot (on one node: to
+    /// it). For commands about the connection itself, which name no key:
+    /// `CLIENT ID` of the socket a blocking command on `key` uses, and
+    /// `CLIENT UNBLOCK` on that node.
+    pub async fn on_node_of<T: FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Connection::Node(c) => cmd.query_async(c).await,
+            Connection::Cluster(c) => {
+                let slot = crate::keys::slot(key);
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
+                let value = c.route_command(cmd.clone(), route).await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Node(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Node(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// TLS options beside a `rediss://` URL.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -93,6 +226,7 @@ pub struct Endpoint {
     url: String,
     tls: Tls,
     pem: Option<Pem>,
+    mode: Mode,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -100,6 +234,7 @@ impl std::fmt::Debug for Endpoint {
         f.debug_struct("Endpoint")
             .field("url", &redact(&self.url))
             .field("tls", &self.tls)
+            .field("mode", &self.mode)
             .finish()
     }
 }
@@ -142,7 +277,20 @@ impl Endpoint {
             url,
             tls,
             pem: None,
+            mode: Mode::Auto,
         })
+    }
+
+    /// The same endpoint, known to be one node or a cluster instead of
+    /// asking the server.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// One node, a cluster, or ask.
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The same endpoint with TLS material given in memory instead of files.
@@ -166,75 +314,125 @@ impl Endpoint {
         self.url.starts_with("rediss://")
     }
 
-    /// A client for this endpoint, reading the certificate files now.
-    pub fn client(&self) -> RedisResult<redis::Client> {
-        // redis-rs reads the opt-out as the URL fragment `#insecure`.
-        let url = match redis::parse_redis_url(&self.url) {
+    /// The URL as redis-rs reads it: the opt-out of verification is its
+    /// fragment `#insecure`.
+    fn client_url(&self) -> String {
+        match redis::parse_redis_url(&self.url) {
             Some(mut parsed) if self.tls.insecure_skip_verify => {
                 parsed.set_fragment(Some("insecure"));
                 parsed.to_string()
             }
             _ => self.url.clone(),
-        };
-        let in_memory = self
-            .pem
-            .as_ref()
-            .filter(|_| self.is_tls())
-            .map(|pem| TlsCertificates {
+        }
+    }
+
+    /// The CA and client certificate to use, read from their files now.
+    fn certificates(&self) -> RedisResult<Option<TlsCertificates>> {
+        if !self.is_tls() {
+            return Ok(None);
+        }
+        if let Some(pem) = &self.pem {
+            return Ok(Some(TlsCertificates {
                 client_tls: pem.client.as_ref().map(|(cert, key)| ClientTlsConfig {
                     client_cert: cert.clone(),
                     client_key: key.clone(),
                 }),
                 root_cert: pem.ca.clone(),
-            });
-        let certificates = if in_memory.is_some() {
-            in_memory
-        } else if self.is_tls() && (self.tls.ca_file.is_some() || self.tls.client_cert.is_some()) {
-            let read = |what: &str, path: &Path| {
-                std::fs::read(path).map_err(|e| {
-                    RedisError::from(std::io::Error::new(
-                        e.kind(),
-                        format!("cannot read {what} {}: {e}", path.display()),
-                    ))
-                })
-            };
-            let root_cert = match &self.tls.ca_file {
-                Some(p) => Some(read("--redis-ca-file", p)?),
-                None => None,
-            };
-            let client_tls = match (&self.tls.client_cert, &self.tls.client_key) {
-                (Some(cert), Some(key)) => Some(ClientTlsConfig {
-                    client_cert: read("--redis-client-cert", cert)?,
-                    client_key: read("--redis-client-key", key)?,
-                }),
-                _ => None,
-            };
-            Some(TlsCertificates {
-                client_tls,
-                root_cert,
+            }));
+        }
+        if self.tls.ca_file.is_none() && self.tls.client_cert.is_none() {
+            return Ok(None);
+        }
+        let read = |what: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| {
+                RedisError::from(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot read {what} {}: {e}", path.display()),
+                ))
             })
-        } else {
-            None
         };
-        let client = match certificates {
+        let root_cert = match &self.tls.ca_file {
+            Some(p) => Some(read("--redis-ca-file", p)?),
+            None => None,
+        };
+        let client_tls = match (&self.tls.client_cert, &self.tls.client_key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read("--redis-client-cert", cert)?,
+                client_key: read("--redis-client-key", key)?,
+            }),
+            _ => None,
+        };
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+
+    /// A client for one node, reading the certificate files now.
+    pub fn client(&self) -> RedisResult<redis::Client> {
+        let url = self.client_url();
+        let client = match self.certificates()? {
             Some(c) => redis::Client::build_with_tls(url.as_str(), c),
             None => redis::Client::open(url.as_str()),
         };
         client.map_err(|e| scrub_error(e, &self.url))
     }
 
-    /// A multiplexed connection with these timeouts.
+    /// A connection with these timeouts: to the node, or to the cluster the
+    /// node belongs to (see [`Mode`]).
     pub async fn connect(
         &self,
         connect_timeout: Duration,
         response_timeout: Duration,
-    ) -> RedisResult<MultiplexedConnection> {
+    ) -> RedisResult<Connection> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout));
-        self.client()?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
+        if self.mode != Mode::Cluster {
+            let mut node = self
+                .client()?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            if self.mode == Mode::Standalone || !cluster_enabled(&mut node).await? {
+                return Ok(Connection::Node(node));
+            }
+        }
+        let mut builder = ClusterClientBuilder::new(vec![self.client_url()])
+            .connection_timeout(connect_timeout)
+            .response_timeout(response_timeout);
+        if let Some(certificates) = self.certificates()? {
+            builder = builder.certs(certificates);
+        }
+        let cluster = builder
+            .build()
+            .map_err(|e| scrub_error(e, &self.url))?
+            .get_async_connection()
+            .await?;
+        Ok(Connection::Cluster(cluster))
+    }
+}
+
+/// Whether the node runs in cluster mode. A server that refuses `INFO`
+/// (some managed offerings rename it) is taken for a single node; say
+/// `cluster` explicitly there.
+async fn cluster_enabled(node: &mut MultiplexedConnection) -> RedisResult<bool> {
+    match redis::cmd("INFO")
+        .arg("cluster")
+        .query_async::<String>(node)
+        .await
+    {
+        Ok(info) => Ok(info.lines().any(|line| line.trim() == "cluster_enabled:1")),
+        Err(e)
+            if matches!(
+                e.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::ResponseError | redis::ServerErrorKind::NoPerm
+                )
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }
 

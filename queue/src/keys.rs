@@ -131,6 +131,86 @@ impl Instance {
     }
 }
 
+/// The hash tag of a key: what Redis Cluster hashes instead of the whole
+/// key, the text between the first `{` and the next `}` when not empty.
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let rest = &key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// The Redis Cluster slot of a key (CRC16/XMODEM of its hash tag, or of the
+/// whole key, modulo 16384), as `CLUSTER KEYSLOT` gives it.
+pub fn slot(key: &str) -> u16 {
+    let hashed = hash_tag(key).unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+}
+
+/// Why `queues` cannot be served together on a Redis Cluster, with how to
+/// name them instead. Every script keeps a queue's keys in one slot, and a
+/// worker takes from all its queues in one script: on a cluster each queue
+/// name needs a hash tag, and the queues of one worker (or one pool) the
+/// same slot.
+pub fn cluster_problem(queues: &[QueueKeys]) -> Option<String> {
+    let untagged: Vec<&str> = queues
+        .iter()
+        .map(QueueKeys::name)
+        .filter(|name| hash_tag(name).is_none())
+        .collect();
+    let names: Vec<&str> = queues.iter().map(QueueKeys::name).collect();
+    if !untagged.is_empty() {
+        return Some(format!(
+            "Redis is a cluster and queue {} has no hash tag, so its keys would land in different slots; \
+             name queues with a hash tag in braces, for example {}",
+            untagged.join(", "),
+            renamed(&names)
+        ));
+    }
+    let first = names.first().map(|n| slot(n))?;
+    if names.iter().any(|n| slot(n) != first) {
+        return Some(format!(
+            "Redis is a cluster and queues {} are in different slots, but a worker takes from all its queues in one script; \
+             give them one hash tag, for example {}",
+            names.join(", "),
+            renamed(&names)
+        ));
+    }
+    None
+}
+
+/// `names` given one hash tag: the first tag among them, else the first
+/// name's leading part (`mail:high` → `{mail}:high`).
+fn renamed(names: &[&str]) -> String {
+    let tag = names
+        .iter()
+        .find_map(|n| hash_tag(n))
+        .or_else(|| names.first().and_then(|n| n.split(':').next()))
+        .unwrap_or("jobs");
+    names
+        .iter()
+        .map(|name| {
+            if hash_tag(name) == Some(tag) {
+                return name.to_string();
+            }
+            let mut rest = name.to_string();
+            if let Some(other) = hash_tag(name) {
+                rest = rest.replacen(&format!("{{{other}}}"), "", 1);
+            }
+            let rest = rest
+                .strip_prefix(tag)
+                .unwrap_or(&rest)
+                .trim_start_matches(':');
+            if rest.is_empty() {
+                format!("{{{tag}}}")
+            } else {
+                format!("{{{tag}}}:{rest}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The host name (the pod name in Kubernetes): the default worker id, and
 /// the operator's identity for its Lease.
 pub fn host_name() -> String {
@@ -164,6 +244,38 @@ mod tests {
         ] {
             assert!(key.starts_with("{mail}"), "{key}");
         }
+    }
+
+    #[test]
+    fn slots_are_those_redis_cluster_computes() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_eq!(hash_tag("foo{}{bar}"), None);
+        assert_eq!(hash_tag("foo{{bar}}zap"), Some("{bar"));
+        assert_eq!(hash_tag("{mail}:high"), Some("mail"));
+        assert_eq!(hash_tag("mail"), None);
+    }
+
+    #[test]
+    fn queues_on_a_cluster_need_one_hash_tag_and_are_told_how() {
+        let keys = |names: &[&str]| names.iter().map(|n| QueueKeys::new(*n)).collect::<Vec<_>>();
+        assert_eq!(cluster_problem(&keys(&["{mail}"])), None);
+        assert_eq!(cluster_problem(&keys(&["{mail}:high", "{mail}:low"])), None);
+        let one = cluster_problem(&keys(&["mail"])).expect("untagged");
+        assert!(one.contains("queue mail has no hash tag"), "{one}");
+        assert!(one.ends_with("for example {mail}"), "{one}");
+        let two = cluster_problem(&keys(&["mail:high", "mail:low"])).expect("untagged");
+        assert!(two.contains("queue mail:high, mail:low"), "{two}");
+        assert!(two.ends_with("{mail}:high, {mail}:low"), "{two}");
+        let half = cluster_problem(&keys(&["{mail}:high", "low"])).expect("untagged");
+        assert!(half.contains("queue low has"), "{half}");
+        assert!(half.ends_with("{mail}:high, {mail}:low"), "{half}");
+        let apart = cluster_problem(&keys(&["{mail}:high", "{sms}:low"])).expect("two slots");
+        assert!(apart.contains("different slots"), "{apart}");
+        assert!(apart.ends_with("{mail}:high, {mail}:low"), "{apart}");
     }
 
     #[test]

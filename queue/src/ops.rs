@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
+use crate::connection::Conn;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
 
 use crate::keys::QueueKeys;
 use crate::scripts;
@@ -42,7 +42,7 @@ pub enum IntakeAction {
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
 /// processing lists, in one round trip.
 pub async fn fetch(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queues: &[QueueKeys],
     instance: &str,
     n: usize,
@@ -69,7 +69,7 @@ pub async fn fetch(
 /// instance's processing list (`BLMOVE`). Use a connection of its own: a
 /// blocked connection serves nothing else.
 pub async fn wait_for_job(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     timeout: Duration,
@@ -87,7 +87,7 @@ pub async fn wait_for_job(
 /// Settles fresh payloads (stamp, schedule or dead-letter). Returns, per
 /// action, whether the payload was still in the processing list.
 pub async fn settle_intake(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     actions: &[IntakeAction],
@@ -112,7 +112,7 @@ pub async fn settle_intake(
 /// Completes a job. `false`: the job was no longer ours (a reaper returned
 /// it to the queue), so it was not counted again.
 pub async fn ack(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     payload: &[u8],
@@ -129,7 +129,7 @@ pub async fn ack(
 /// into the slot it frees, in one round trip. Returns whether the job was
 /// still ours and the job taken, if any.
 pub async fn ack_and_take(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queues: &[QueueKeys],
     acked: usize,
     instance: &str,
@@ -163,7 +163,7 @@ pub async fn ack_and_take(
 
 /// Schedules the next attempt of a failed job `delay` from now (server clock).
 pub async fn retry_later(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     payload: &[u8],
@@ -183,7 +183,7 @@ pub async fn retry_later(
 
 /// Dead-letters a job after a failed attempt.
 pub async fn bury(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     payload: &[u8],
@@ -204,7 +204,7 @@ pub async fn bury(
 /// the processing list, payload to push). The last pair ends at the very
 /// head. Returns how many were still ours.
 pub async fn give_back(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     pairs: &[(&[u8], &[u8])],
@@ -224,7 +224,7 @@ pub async fn give_back(
 
 /// Moves due retries and due delayed jobs to the queue. Returns how many.
 pub async fn promote_due(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     limit: usize,
 ) -> RedisResult<u64> {
@@ -249,7 +249,7 @@ pub struct Beat {
 
 /// Records a heartbeat with the worker's details.
 pub async fn heartbeat(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     ttl: Duration,
@@ -272,10 +272,7 @@ pub async fn heartbeat(
 }
 
 /// Registered worker instances with their last heartbeat (unix ms).
-pub async fn workers(
-    conn: &mut MultiplexedConnection,
-    queue: &QueueKeys,
-) -> RedisResult<Vec<(String, u64)>> {
+pub async fn workers(conn: &mut impl Conn, queue: &QueueKeys) -> RedisResult<Vec<(String, u64)>> {
     let entries: Vec<(String, f64)> = conn.zrange_withscores(queue.workers(), 0, -1).await?;
     Ok(entries
         .into_iter()
@@ -285,7 +282,7 @@ pub async fn workers(
 
 /// Instances whose last heartbeat is older than `cutoff_ms`.
 pub async fn silent_workers(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     cutoff_ms: u64,
 ) -> RedisResult<Vec<String>> {
@@ -297,7 +294,7 @@ pub async fn silent_workers(
 /// silent for `dead_after` (or regardless, with `None`). Returns the number
 /// of jobs moved, or `None` when the instance turned out to be alive.
 pub async fn reap(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     dead_after: Option<Duration>,
@@ -318,7 +315,7 @@ pub async fn reap(
 
 /// Removes the instance from the registry if its processing list is empty.
 pub async fn deregister(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
 ) -> RedisResult<bool> {
@@ -333,7 +330,7 @@ pub async fn deregister(
 
 /// Everything in the instance's processing list.
 pub async fn processing(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
 ) -> RedisResult<Vec<Payload>> {

@@ -4,7 +4,7 @@
 
 use std::sync::LazyLock;
 
-use redis::aio::MultiplexedConnection;
+use crate::connection::Conn;
 use redis::{RedisResult, Script, Value};
 
 use crate::job::field;
@@ -138,7 +138,7 @@ impl Snapshot {
 }
 
 /// Reads `queues` in one round trip.
-pub async fn read(conn: &mut MultiplexedConnection, queues: &[QueueKeys]) -> RedisResult<Snapshot> {
+pub async fn read(conn: &mut impl Conn, queues: &[QueueKeys]) -> RedisResult<Snapshot> {
     let mut invocation = SNAPSHOT.prepare_invoke();
     for q in queues {
         invocation

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
 pub mod tls;
+pub use cluster::TestRedisCluster;
 pub use tls::TestTlsRedis;
 
 /// A `redis-server` process owned by one test, killed on drop.

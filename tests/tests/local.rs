@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use rustix::process::{Pid, Signal, kill_process};
 use workerpool_queue::keys::QueueKeys;
-use workerpool_tests::{TestRedis, TestTlsRedis, eventually, free_port};
+use workerpool_tests::{TestRedis, TestRedisCluster, TestTlsRedis, eventually, free_port};
 
 /// A handler that takes `seconds` per job.
 fn handler(seconds: &str) -> String {
@@ -93,11 +93,15 @@ struct Local {
 
 impl Local {
     fn start(redis: &TestRedis, manifest: &str) -> Self {
+        Self::start_at(&redis.url(), manifest)
+    }
+
+    fn start_at(url: &str, manifest: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("pool.yaml");
         std::fs::write(&path, manifest).expect("write manifest");
         let mut child = local_command(&path)
-            .args(["--redis-url", &redis.url(), "--plain"])
+            .args(["--redis-url", url, "--plain"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -205,14 +209,22 @@ fn collect(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>
     lines
 }
 
-async fn push(conn: &mut redis::aio::MultiplexedConnection, queue: &str, from: u32, to: u32) {
+async fn push(
+    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
+    queue: &str,
+    from: u32,
+    to: u32,
+) {
     let jobs: Vec<String> = (from..=to)
         .map(|n| format!(r#"{{"task":"t","data":{{"n":{n}}}}}"#))
         .collect();
     let _: i64 = conn.lpush(queue, jobs).await.expect("push jobs");
 }
 
-async fn count(conn: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> (u64, u64, u64) {
+async fn count(
+    conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
+    q: &QueueKeys,
+) -> (u64, u64, u64) {
     let done: Option<u64> = conn.get(q.stats_processed()).await.expect("processed");
     let waiting: u64 = conn.llen(q.waiting()).await.expect("waiting");
     let dead: u64 = conn.llen(q.dead()).await.expect("dead");
@@ -220,7 +232,7 @@ async fn count(conn: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> (
 }
 
 /// Jobs in every processing list of the queue.
-async fn held(conn: &mut redis::aio::MultiplexedConnection, q: &QueueKeys) -> u64 {
+async fn held(conn: &mut (impl redis::aio::ConnectionLike + Send + Sync), q: &QueueKeys) -> u64 {
     let keys: Vec<String> = conn
         .keys(format!("{}*", q.processing("")))
         .await
@@ -506,5 +518,61 @@ async fn a_tls_pool_runs_locally_with_the_ca_file_standing_in_for_its_secret() {
     assert!(
         status.is_some_and(|s| s.success()),
         "exits 0 on SIGTERM: {errors}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_scales_on_a_redis_cluster_reached_through_any_node() {
+    let cluster = TestRedisCluster::start(3, 0);
+    let mut conn = cluster.conn().await;
+    let q = QueueKeys::new("{burst}");
+    let url = cluster.url(cluster.primary_not_owning(workerpool_queue::keys::slot(q.name())));
+
+    // A queue name without a hash tag cannot work on a cluster: refused
+    // at start, with how to name it.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("pool.yaml");
+    std::fs::write(&path, manifest("burst", "replicas: 1", &handler("0"), 1, 5))
+        .expect("write manifest");
+    let out = local_command(&path)
+        .args(["--redis-url", &url, "--plain"])
+        .output()
+        .expect("run local mode");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("queue burst has no hash tag") && stderr.contains("for example {burst}"),
+        "{stderr}"
+    );
+
+    let scaling = "scaling: {minReplicas: 0, maxReplicas: 3, pollIntervalSeconds: 1, \
+        targetBacklogPerReplica: 10, idleSecondsBeforeZero: 2, \
+        behavior: {scaleDown: {stabilizationWindowSeconds: 1}}}";
+    let text = manifest("burst", scaling, &handler("0.02"), 2, 5)
+        .replace("key: burst}", r#"key: "{burst}"}"#);
+    let local = Local::start_at(&url, &text);
+    eventually(Duration::from_secs(30), "the pool idle at zero", || async {
+        local
+            .last_status()
+            .contains("reason=BelowActivation")
+            .then_some(())
+    })
+    .await;
+    push(&mut conn, q.name(), 1, 200).await;
+    eventually(Duration::from_secs(90), "every job done", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await == (200, 0, 0)).then_some(()) }
+    })
+    .await;
+    eventually(Duration::from_secs(30), "the pool back at zero", || async {
+        let last = local.last_status();
+        (last.contains("running=0") && last.contains("desired=0")).then_some(())
+    })
+    .await;
+    assert!(
+        local.values("running").iter().max() >= Some(&2),
+        "the burst scaled the pool out: {}",
+        local.report()
     );
 }

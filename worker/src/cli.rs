@@ -5,12 +5,11 @@ use std::io::BufRead;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis::aio::MultiplexedConnection;
 use serde_json::{Map, Value, json};
 
 use crate::admin::{self, Snapshot, WorkerInfo};
 use crate::keys::QueueKeys;
-use workerpool_queue::connection::{Endpoint, describe};
+use workerpool_queue::connection::{Connection, describe};
 
 /// Enqueue jobs and inspect workerpool queues.
 ///
@@ -124,9 +123,9 @@ pub struct Target {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
-    /// TLS options.
+    /// Connection options.
     #[command(flatten)]
-    pub tls: crate::config::TlsArgs,
+    pub redis: crate::config::RedisArgs,
     /// The queue.
     #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME")]
     pub queue: String,
@@ -164,6 +163,9 @@ pub enum CliError {
         /// The URL, password hidden.
         url: String,
     },
+    /// The queue's name cannot work on a Redis Cluster.
+    #[error("{0}")]
+    ClusterNaming(String),
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -267,11 +269,8 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
 }
 
 /// Connects, and with `must_exist` refuses a queue without any key.
-async fn connect(
-    target: &Target,
-    must_exist: bool,
-) -> Result<(MultiplexedConnection, QueueKeys), CliError> {
-    let endpoint = Endpoint::new(target.redis_url.clone(), target.tls.clone().into())?;
+async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, QueueKeys), CliError> {
+    let endpoint = target.redis.endpoint(target.redis_url.clone())?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         eprintln!(
@@ -286,6 +285,11 @@ async fn connect(
             reason: describe(&e),
         })?;
     let q = QueueKeys::new(target.queue.clone());
+    if c.is_cluster()
+        && let Some(problem) = workerpool_queue::keys::cluster_problem(std::slice::from_ref(&q))
+    {
+        return Err(CliError::ClusterNaming(problem));
+    }
     if must_exist && !admin::exists(&mut c, &q).await? {
         return Err(CliError::UnknownQueue {
             queue: target.queue.clone(),

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use workerpool_queue::connection::{Endpoint, Tls};
+use workerpool_queue::connection::{Endpoint, Mode, Tls};
 
 use crate::handlers::exec_pool::ExecCommand;
 
@@ -16,6 +16,8 @@ pub struct Config {
     pub redis_url: String,
     /// TLS options for a `rediss://` URL.
     pub tls: Tls,
+    /// One node, a cluster, or ask the server.
+    pub redis_mode: Mode,
     /// Queues in priority order, the first served first.
     pub queues: Vec<String>,
     /// Jobs run at once.
@@ -46,6 +48,7 @@ impl Config {
         Self {
             redis_url: redis_url.into(),
             tls: Tls::default(),
+            redis_mode: Mode::Auto,
             queues,
             concurrency: 1,
             max_attempts: 5,
@@ -113,14 +116,26 @@ impl Config {
     /// Where Redis is, checked (no I/O).
     pub fn endpoint(&self) -> Result<Endpoint, ConfigError> {
         Endpoint::new(self.redis_url.clone(), self.tls.clone())
+            .map(|e| e.with_mode(self.redis_mode))
             .map_err(|e| ConfigError(e.to_string()))
     }
 }
 
-/// TLS flags for a `rediss://` URL, shared by the worker and every
-/// `workerpool` subcommand.
+/// How to reach Redis beside its URL: one node or a cluster, and TLS for a
+/// `rediss://` URL. Shared by the worker and every `workerpool` subcommand.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct TlsArgs {
+pub struct RedisArgs {
+    /// One Redis node or a Redis Cluster; `auto` asks the server (INFO
+    /// cluster) at each connection. On a cluster the URL names any node,
+    /// and queue names need a hash tag: {mail}, or {mail}:high and
+    /// {mail}:low for several queues of one worker.
+    #[arg(
+        long,
+        env = "WORKERPOOL_REDIS_MODE",
+        value_name = "MODE",
+        default_value = "auto"
+    )]
+    pub redis_mode: RedisMode,
     /// PEM file of the CA that signed Redis's certificate, instead of the
     /// system's roots (rediss:// only).
     #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
@@ -138,13 +153,44 @@ pub struct TlsArgs {
     pub redis_tls_insecure_skip_verify: bool,
 }
 
-impl From<TlsArgs> for Tls {
-    fn from(a: TlsArgs) -> Self {
+impl RedisArgs {
+    /// The TLS options.
+    pub fn tls(&self) -> Tls {
         Tls {
-            ca_file: a.redis_ca_file,
-            client_cert: a.redis_client_cert,
-            client_key: a.redis_client_key,
-            insecure_skip_verify: a.redis_tls_insecure_skip_verify,
+            ca_file: self.redis_ca_file.clone(),
+            client_cert: self.redis_client_cert.clone(),
+            client_key: self.redis_client_key.clone(),
+            insecure_skip_verify: self.redis_tls_insecure_skip_verify,
+        }
+    }
+
+    /// The endpoint for `url` with these options, checked (no I/O).
+    pub fn endpoint(
+        &self,
+        url: impl Into<String>,
+    ) -> Result<Endpoint, workerpool_queue::connection::EndpointError> {
+        Endpoint::new(url, self.tls()).map(|e| e.with_mode(self.redis_mode.into()))
+    }
+}
+
+/// `--redis-mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum RedisMode {
+    /// Ask the server.
+    #[default]
+    Auto,
+    /// One node.
+    Standalone,
+    /// A Redis Cluster.
+    Cluster,
+}
+
+impl From<RedisMode> for Mode {
+    fn from(m: RedisMode) -> Self {
+        match m {
+            RedisMode::Auto => Mode::Auto,
+            RedisMode::Standalone => Mode::Standalone,
+            RedisMode::Cluster => Mode::Cluster,
         }
     }
 }
@@ -209,9 +255,9 @@ pub struct Args {
     #[arg(long, env = "WORKERPOOL_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
 
-    /// TLS options.
+    /// Connection options.
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub redis: RedisArgs,
 
     /// Queue to take jobs from; repeat for several, served in strict
     /// priority order (the first named first). The environment variable
@@ -365,7 +411,8 @@ impl Args {
         };
         let config = Config {
             redis_url,
-            tls: self.tls.into(),
+            tls: self.redis.tls(),
+            redis_mode: self.redis.redis_mode.into(),
             queues: self.queues,
             concurrency: self.concurrency,
             max_attempts: self.max_attempts,

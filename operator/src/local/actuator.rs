@@ -135,6 +135,10 @@ impl WorkerCommand {
         if tls.insecure_skip_verify {
             ours.push(("WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY", "true".into()));
         }
+        if let Some(mode) = spec.queue.redis.mode {
+            let mode: workerpool_queue::connection::Mode = mode.into();
+            ours.push(("WORKERPOOL_REDIS_MODE", mode.to_string()));
+        }
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {

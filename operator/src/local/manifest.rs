@@ -291,6 +291,21 @@ spec:
                 "spec.queue.redis.tls needs a TLS URL",
             ),
             (
+                "key: mail}",
+                "key: mail, mode: Cluster}",
+                "spec.queue.redis.mode is Cluster: queue names need a hash tag",
+            ),
+            (
+                "key: mail}",
+                "keys: ['{mail}:high', 'mail:low'], mode: Cluster}",
+                "spec.queue.redis.mode is Cluster: queue names need a hash tag",
+            ),
+            (
+                "key: mail}",
+                "key: mail, mode: Sharded}",
+                "spec.queue.redis.mode",
+            ),
+            (
                 "        args:",
                 "        arg:",
                 "spec.template.spec.containers[0].arg",
@@ -307,6 +322,18 @@ spec:
             let message = error(&VALID.replace(from, to));
             assert!(message.contains(named), "{to}: {message:?}");
             assert!(!message.contains('\n'), "one line: {message:?}");
+        }
+    }
+
+    #[test]
+    fn hash_tagged_queues_pass_the_cluster_rule() {
+        for to in [
+            "key: '{mail}', mode: Cluster}",
+            "keys: ['{mail}:high', '{mail}:low'], mode: Cluster}",
+            "key: mail, mode: Standalone}",
+        ] {
+            let pool = parse(&VALID.replace("key: mail}", to), None);
+            assert!(pool.is_ok(), "{to}: {pool:?}");
         }
     }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
-use workerpool_queue::connection::{Endpoint, Tls, redact};
+use workerpool_queue::connection::{Connection, Endpoint, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::snapshot::{self, Snapshot};
 
@@ -102,6 +102,9 @@ pub enum Error {
         /// The flag that stands in for it.
         flag: &'static str,
     },
+    /// Redis is a cluster and the pool's queue names cannot share a slot.
+    #[error("spec.queue.redis: {0}")]
+    ClusterNaming(String),
     /// Redis did not answer at start.
     #[error("cannot reach Redis at {url}: {source}")]
     RedisUnreachable {
@@ -145,11 +148,21 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     };
     let shown_url = redact(&url);
     let tls = local_tls(&pool, &args)?;
-    let endpoint = Endpoint::new(url.clone(), tls.clone())?;
+    let endpoint = Endpoint::new(url.clone(), tls.clone())?
+        .with_mode(pool.spec.queue.redis.mode.unwrap_or_default().into());
     let program = worker_binary(args.worker_bin.as_deref())?;
     let queues = pool.spec.queue.redis.queue_keys();
 
     let mut redis = Redis::open(endpoint);
+    let unreachable = |source| Error::RedisUnreachable {
+        url: shown_url.clone(),
+        source,
+    };
+    if redis.is_cluster().await.map_err(unreachable)?
+        && let Some(problem) = workerpool_queue::keys::cluster_problem(&queues)
+    {
+        return Err(Error::ClusterNaming(problem));
+    }
     let first = redis
         .read(&queues)
         .await
@@ -386,7 +399,7 @@ fn local_tls(pool: &crate::crd::WorkerPool, args: &LocalArgs) -> Result<Tls, Err
 /// One Redis connection, opened again after a failed read.
 struct Redis {
     endpoint: Endpoint,
-    conn: Option<redis::aio::MultiplexedConnection>,
+    conn: Option<Connection>,
 }
 
 impl Redis {
@@ -395,6 +408,14 @@ impl Redis {
             endpoint,
             conn: None,
         }
+    }
+
+    /// Whether Redis is a cluster (connecting to ask).
+    async fn is_cluster(&mut self) -> redis::RedisResult<bool> {
+        let conn = self.endpoint.connect(READ_TIMEOUT, READ_TIMEOUT).await?;
+        let cluster = conn.is_cluster();
+        self.conn = Some(conn);
+        Ok(cluster)
     }
 
     async fn read(&mut self, queues: &[QueueKeys]) -> redis::RedisResult<Snapshot> {

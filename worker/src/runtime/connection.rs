@@ -7,7 +7,7 @@ use super::*;
 /// The worker's Redis connection, re-established after failures.
 pub(super) struct Redis {
     pub(super) endpoint: workerpool_queue::connection::Endpoint,
-    pub(super) current: Mutex<Option<MultiplexedConnection>>,
+    pub(super) current: Mutex<Option<Connection>>,
     pub(super) connecting: tokio::sync::Mutex<()>,
     pub(super) health: Arc<Health>,
     pub(super) metrics: Metrics,
@@ -16,13 +16,10 @@ pub(super) struct Redis {
 }
 
 impl Redis {
-    pub(super) fn config() -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-    }
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+    const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-    pub(super) async fn conn(&self) -> RedisResult<MultiplexedConnection> {
+    pub(super) async fn conn(&self) -> RedisResult<Connection> {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
@@ -32,31 +29,30 @@ impl Redis {
         }
         let c = self
             .endpoint
-            .client()?
-            .get_multiplexed_async_connection_with_config(&Self::config())
+            .connect(Self::CONNECT_TIMEOUT, Self::RESPONSE_TIMEOUT)
             .await?;
         *self.slot() = Some(c.clone());
         Ok(c)
     }
 
-    /// A dedicated connection for blocking commands, and its client id
-    /// (for `CLIENT UNBLOCK`).
-    pub(super) async fn blocking_conn(&self) -> RedisResult<(MultiplexedConnection, i64)> {
-        let config = Self::config().set_response_timeout(Some(BLOCK + Duration::from_secs(3)));
-        let mut c = self
+    /// A dedicated connection for blocking commands on `queue`, and its
+    /// client id on the node that serves the queue (for `CLIENT UNBLOCK`).
+    pub(super) async fn blocking_conn(&self, queue: &QueueKeys) -> RedisResult<Blocker> {
+        let mut conn = self
             .endpoint
-            .client()?
-            .get_multiplexed_async_connection_with_config(&config)
+            .connect(Self::CONNECT_TIMEOUT, BLOCK + Duration::from_secs(3))
             .await?;
-        let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await?;
-        Ok((c, id))
+        let id: i64 = conn
+            .on_node_of(queue.waiting(), redis::cmd("CLIENT").arg("ID"))
+            .await?;
+        Ok(Blocker { conn, id })
     }
 
-    pub(super) fn cached(&self) -> Option<MultiplexedConnection> {
+    pub(super) fn cached(&self) -> Option<Connection> {
         self.slot().clone()
     }
 
-    pub(super) fn slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+    pub(super) fn slot(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -98,7 +94,7 @@ impl Redis {
     /// readiness and metrics.
     pub(super) async fn once<T, F, Fut>(&self, operation: &'static str, op: F) -> RedisResult<T>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let result = match self.conn().await {
@@ -121,7 +117,7 @@ impl Redis {
         mut op: F,
     ) -> Option<T>
     where
-        F: FnMut(MultiplexedConnection) -> Fut,
+        F: FnMut(Connection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let mut backoff = Reconnect::new();
@@ -143,6 +139,13 @@ impl Redis {
             }
         }
     }
+}
+
+/// A connection kept for blocking waits on one queue.
+pub(super) struct Blocker {
+    pub(super) conn: Connection,
+    /// Its client id on the node that serves the queue.
+    pub(super) id: i64,
 }
 
 /// Whether `error` means Redis could not be reached (connection refused,

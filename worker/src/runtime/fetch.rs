@@ -8,8 +8,7 @@ impl Worker {
     pub(super) async fn fetch_loop(self: Arc<Self>) {
         let slots = &self.slots;
         let drain = self.shutdown.drain.clone();
-        let mut blockers: Vec<Option<(MultiplexedConnection, i64)>> =
-            self.queues.iter().map(|_| None).collect();
+        let mut blockers: Vec<Option<Blocker>> = self.queues.iter().map(|_| None).collect();
         let mut backoff = Reconnect::new();
         loop {
             let first = tokio::select! {
@@ -42,7 +41,7 @@ impl Worker {
     pub(super) async fn fetch_round(
         self: &Arc<Self>,
         permits: &mut Vec<OwnedSemaphorePermit>,
-        blockers: &mut [Option<(MultiplexedConnection, i64)>],
+        blockers: &mut [Option<Blocker>],
     ) -> Result<(), RedisFailure> {
         if self.reconcile.swap(false, Ordering::Relaxed)
             && let Err(e) = self.reconcile().await
@@ -84,24 +83,24 @@ impl Worker {
     /// are unblocked, and everything they delivered meanwhile is returned.
     pub(super) async fn wait_for_jobs(
         &self,
-        blockers: &mut [Option<(MultiplexedConnection, i64)>],
+        blockers: &mut [Option<Blocker>],
     ) -> Result<Vec<Fetched>, RedisFailure> {
-        for b in blockers.iter_mut() {
+        for (b, q) in blockers.iter_mut().zip(&self.queues) {
             if b.is_none() {
                 *b = Some(
                     self.redis
-                        .blocking_conn()
+                        .blocking_conn(q)
                         .await
                         .map_err(|e| RedisFailure::new("connect", e))?,
                 );
             }
         }
-        let ids: Vec<i64> = blockers.iter().flatten().map(|(_, id)| *id).collect();
+        let ids: Vec<i64> = blockers.iter().flatten().map(|b| b.id).collect();
         let drain = self.shutdown.drain.clone();
         let mut waits: FuturesUnordered<_> = blockers
             .iter_mut()
             .enumerate()
-            .filter_map(|(i, b)| b.as_mut().map(|(c, _)| (i, c)))
+            .filter_map(|(i, b)| b.as_mut().map(|b| (i, &mut b.conn)))
             .map(|(i, c)| {
                 let q = &self.queues[i];
                 let instance = self.instance.as_str();
@@ -146,11 +145,11 @@ impl Worker {
         let Ok(mut c) = self.redis.conn().await else {
             return;
         };
+        // A worker's queues share one node: on a cluster they share a slot.
+        let node_of = self.queues[0].waiting();
         for id in ids {
-            let unblocked: RedisResult<i64> = redis::cmd("CLIENT")
-                .arg("UNBLOCK")
-                .arg(id)
-                .query_async(&mut c)
+            let unblocked: RedisResult<i64> = c
+                .on_node_of(node_of, redis::cmd("CLIENT").arg("UNBLOCK").arg(id))
                 .await;
             if let Err(e) = unblocked {
                 // The blocked command then ends at its own timeout instead.

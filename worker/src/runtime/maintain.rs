@@ -24,9 +24,22 @@ impl Worker {
     /// Returns the jobs of this worker id's earlier incarnations (a
     /// restarted container keeps its pod name) and registers this one.
     /// Keeps trying while Redis is unreachable; `false` if shut down first.
-    pub(super) async fn start(&self) -> bool {
+    /// Refuses queue names that cannot share a slot when Redis turns out to
+    /// be a cluster.
+    pub(super) async fn start(&self) -> Result<bool, Error> {
         let ttl = self.config.dead_after * 2;
         let stop = self.shutdown.drain.clone();
+        let Some(cluster) = self
+            .redis
+            .persist("connect", &stop, |c| async move { Ok(c.is_cluster()) })
+            .await
+        else {
+            return Ok(false);
+        };
+        if cluster && let Some(problem) = workerpool_queue::keys::cluster_problem(&self.queues) {
+            tracing::error!(%problem, "queue names cannot work on this Redis Cluster");
+            return Err(ConfigError(problem).into());
+        }
         let done = self
             .redis
             .persist("register", &stop, |mut c| async move {
@@ -45,7 +58,7 @@ impl Worker {
                 Ok(())
             })
             .await;
-        done.is_some()
+        Ok(done.is_some())
     }
 
     /// Heartbeats, promotes due retries and delayed jobs, returns the jobs

@@ -14,14 +14,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, RedisResult};
+use redis::{RedisError, RedisResult};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use workerpool_queue::connection::{Connection, Mode};
 
 use crate::backoff::{self, Reconnect};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::handler::{Handler, Outcome};
 use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
 use crate::keys::{Instance, QueueKeys};
@@ -38,7 +38,7 @@ mod maintain;
 mod settle;
 mod shutdown;
 
-use self::connection::Redis;
+use self::connection::{Blocker, Redis};
 use self::ledger::{Held, Ledger};
 pub use self::shutdown::Shutdown;
 
@@ -106,6 +106,12 @@ pub async fn run(
     config.validate()?;
     let health = Arc::new(Health::new(config.heartbeat_interval));
     let endpoint = config.endpoint()?;
+    let queues: Vec<_> = config.queues.iter().map(QueueKeys::new).collect();
+    if endpoint.mode() == Mode::Cluster
+        && let Some(problem) = workerpool_queue::keys::cluster_problem(&queues)
+    {
+        return Err(ConfigError(problem).into());
+    }
     if endpoint.tls().insecure_skip_verify {
         tracing::warn!(
             url = %endpoint.redacted(),
@@ -132,7 +138,6 @@ pub async fn run(
         None => None,
     };
     let instance = Instance::new(config.worker_id.clone());
-    let queues: Vec<_> = config.queues.iter().map(QueueKeys::new).collect();
     let worker = Arc::new(Worker {
         instance: instance.name(),
         ledger: Mutex::new(Ledger {
@@ -167,7 +172,8 @@ pub async fn run(
     );
 
     let stop_maintenance = CancellationToken::new();
-    if worker.start().await {
+    let started = worker.start().await;
+    if let Ok(true) = started {
         health.set_registered();
         tracing::info!("worker ready");
         let maintenance = tokio::spawn(worker.clone().maintain(stop_maintenance.clone()));
@@ -184,7 +190,7 @@ pub async fn run(
         let _ = http.await;
     }
     tracing::info!("worker stopped");
-    Ok(())
+    started.map(|_| ())
 }
 
 /// Runs `handler` as a worker until `shutdown` completes, then drains
