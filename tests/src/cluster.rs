@@ -295,6 +295,11 @@ impl TestRedisCluster {
         }
     }
 
+    /// A synchronous command on node `n`.
+    pub fn on_node<T: redis::FromRedisValue>(&self, n: usize, cmd: &redis::Cmd) -> T {
+        self.query(self.nodes[n].port, cmd)
+    }
+
     /// A synchronous command on node `port`.
     fn query<T: redis::FromRedisValue>(&self, port: u16, cmd: &redis::Cmd) -> T {
         let client =

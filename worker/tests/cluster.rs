@@ -324,3 +324,47 @@ async fn moving_the_queues_slot_and_failing_its_primary_over_mid_run_lose_no_job
     let log = stop(w);
     assert!(!log.contains("ERROR"), "{log}");
 }
+
+/// `calls` of `cmdstat_evalsha` on node `n`.
+fn evalsha_calls(cluster: &TestRedisCluster, n: usize) -> u64 {
+    let info: String = cluster.on_node(n, redis::cmd("INFO").arg("commandstats"));
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_a_pools_queues_is_one_script_call_on_a_cluster() {
+    let cluster = TestRedisCluster::start(3, 0);
+    let queues = [QueueKeys::new("{mail}:high"), QueueKeys::new("{mail}:low")];
+    let owner = cluster.owner(slot(queues[0].name()));
+    let url = cluster.url(cluster.primary_not_owning(slot(queues[0].name())));
+    let endpoint =
+        workerpool_queue::connection::Endpoint::new(url, Default::default()).expect("endpoint");
+    let mut conn = endpoint
+        .connect(Duration::from_secs(2), Duration::from_secs(2))
+        .await
+        .expect("connect");
+    assert!(conn.is_cluster(), "the mode was asked of the server");
+    let mut c = cluster.conn().await;
+    let _: () = c.lpush(queues[1].name(), "{}").await.expect("lpush");
+    // The first read loads the script on every primary.
+    workerpool_queue::snapshot::read(&mut conn, &queues)
+        .await
+        .expect("snapshot");
+    let before: Vec<u64> = (0..cluster.len())
+        .map(|n| evalsha_calls(&cluster, n))
+        .collect();
+    for _ in 0..5 {
+        let snap = workerpool_queue::snapshot::read(&mut conn, &queues)
+            .await
+            .expect("snapshot");
+        assert_eq!(snap.queues[1].waiting, 1);
+    }
+    for (n, before) in before.into_iter().enumerate() {
+        let calls = evalsha_calls(&cluster, n) - before;
+        assert_eq!(calls, if n == owner { 5 } else { 0 }, "node {n}");
+    }
+}
