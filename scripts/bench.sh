@@ -32,7 +32,7 @@ redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$t
 redis_pid=$!
 time_pid=
 cleanup() {
-  [ -n "$time_pid" ] && kill "$time_pid" 2>/dev/null || true
+  if [ -n "$time_pid" ]; then kill "$time_pid" 2>/dev/null || true; fi
   kill "$redis_pid" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$tmp"
@@ -80,7 +80,9 @@ for c in $CONCURRENCY; do
   rate=$(( JOBS * 1000000000 / (end - start) ))
 
   latency=$("$LATENCY" "$url" "$c" "$SAMPLES" 2>/dev/null)
+  # shellcheck disable=SC2001 # a capture group: ${latency//…} has none
   p50=$(echo "$latency" | sed 's/.*"p50_us":\([0-9]*\).*/\1/')
+  # shellcheck disable=SC2001
   p99=$(echo "$latency" | sed 's/.*"p99_us":\([0-9]*\).*/\1/')
 
   cli FLUSHALL >/dev/null

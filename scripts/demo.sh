@@ -28,7 +28,7 @@ free_port() {
 
 tmp=$(mktemp -d)
 port=$(free_port)
-redis_pid= local_pid=
+redis_pid='' local_pid=''
 cleanup() {
   [ -n "$local_pid" ] && kill -TERM "$local_pid" 2>/dev/null && wait "$local_pid" 2>/dev/null
   [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
