@@ -12,7 +12,8 @@
 #                                  65532 (nonroot); ENTRYPOINT the operator, CMD run
 #   local/workerpool-worker:TAG    Debian bookworm with user 65532 (workerpool,
 #                                  home /app), workerpool-worker and workerpool in
-#                                  /usr/local/bin, WORKDIR /app; ENTRYPOINT the worker
+#                                  /usr/local/bin, tini, WORKDIR /app; ENTRYPOINT
+#                                  tini -s -- the worker
 # Archives go to target/images/*.tar (docker-archive format).
 #
 # Env:
@@ -27,7 +28,8 @@
 #                 `$IMAGE_LOAD FILE.tar` (kind: "kind load image-archive");
 #                 default: ctr into the kit's containerd when its socket
 #                 exists, else the archives are only built
-# Needs umoci, skopeo, and binutils' strip (apt-get install -y umoci skopeo binutils).
+# Needs umoci, skopeo, binutils' strip and tini's tini-static
+# (apt-get install -y umoci skopeo binutils tini).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,8 +42,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 die() { echo "images.sh: $*" >&2; exit 1; }
-for tool in umoci skopeo strip; do
-  command -v "$tool" >/dev/null || die "missing $tool (apt-get install -y umoci skopeo binutils)"
+for tool in umoci skopeo strip tini-static; do
+  command -v "$tool" >/dev/null || die "missing $tool (apt-get install -y umoci skopeo binutils tini)"
 done
 
 if [ -z "${BIN_DIR:-}" ]; then
@@ -76,9 +78,10 @@ load() {
   fi
 }
 
-# The operator: what gcr.io/distroless/cc-debian12:nonroot holds that the
-# binary uses (glibc and the other libraries it links, CA certificates, the
-# nonroot user), and nothing else: no shell.
+# The operator: what gcr.io/distroless/static-debian12:nonroot holds (CA
+# certificates, the nonroot user), the libraries this build of the binary
+# links (the Dockerfile's is a static musl build, that links none), and
+# nothing else: no shell.
 op="$work/operator"
 mkdir -p "$op/usr/local/bin" "$op/etc/ssl/certs" "$op/tmp" "$op/home/nonroot"
 strip --strip-debug -o "$op/usr/local/bin/workerpool-operator" "$BIN_DIR/workerpool-operator"
@@ -147,12 +150,19 @@ for bin in workerpool-worker workerpool; do
   strip --strip-debug -o "$root/usr/local/bin/$bin" "$BIN_DIR/$bin"
   chmod 0755 "$root/usr/local/bin/$bin"
 done
+# PID 1, as the Dockerfile's Debian package: tini-static runs on any root.
+if [ ! -x "$root/usr/bin/tini" ]; then
+  install -D -m 0755 "$(command -v tini-static)" "$root/usr/bin/tini"
+fi
 umoci repack --image "$work/wk:img" "$work/wk-bundle" >/dev/null
 umoci config --image "$work/wk:img" --os linux --architecture amd64 \
   --config.user 65532:65532 \
   --config.workingdir /app \
   --config.exposedports 8080/tcp \
   --clear=config.cmd \
+  --config.entrypoint /usr/bin/tini \
+  --config.entrypoint=-s \
+  --config.entrypoint=-- \
   --config.entrypoint /usr/local/bin/workerpool-worker
 archive=$(save "$work/wk" local/workerpool-worker)
 load "$archive"

@@ -43,7 +43,7 @@ fn final_stage(all: &[String]) -> &[String] {
     &all[last_from..]
 }
 
-fn check(dockerfile: &str, package: &str, entrypoint: &str) {
+fn check(dockerfile: &str, package: &str, entrypoint: &[&str]) {
     let all = instructions(&read(dockerfile));
     let froms = all.iter().filter(|i| i.starts_with("FROM ")).count();
     assert!(froms >= 2, "{dockerfile}: multi-stage");
@@ -78,10 +78,14 @@ fn check(dockerfile: &str, package: &str, entrypoint: &str) {
         .rev()
         .find_map(|i| i.strip_prefix("ENTRYPOINT "))
         .unwrap_or_else(|| panic!("{dockerfile}: the final stage sets ENTRYPOINT"));
+    assert!(
+        shipped_entrypoint.starts_with('[') && shipped_entrypoint.ends_with(']'),
+        "{dockerfile}: exec-form entrypoint, not {shipped_entrypoint}"
+    );
     assert_eq!(
-        shipped_entrypoint,
-        format!("[\"{entrypoint}\"]"),
-        "{dockerfile}: exec-form entrypoint"
+        words(shipped_entrypoint),
+        entrypoint,
+        "{dockerfile}: entrypoint"
     );
 }
 
@@ -90,16 +94,23 @@ fn the_operator_image_is_a_multi_stage_build_running_the_operator_as_non_root() 
     check(
         "images/operator/Dockerfile",
         "workerpool-operator",
-        "/usr/local/bin/workerpool-operator",
+        &["/usr/local/bin/workerpool-operator"],
     );
 }
 
 #[test]
 fn the_worker_image_runs_workerpool_worker_as_non_root_so_images_can_build_on_it() {
+    // tini as PID 1 reaps the orphaned processes of handlers and forwards
+    // SIGTERM to the worker, which drains.
     check(
         "images/worker/Dockerfile",
         "workerpool-worker",
-        "/usr/local/bin/workerpool-worker",
+        &[
+            "/usr/bin/tini",
+            "-s",
+            "--",
+            "/usr/local/bin/workerpool-worker",
+        ],
     );
     let shipped = instructions(&read("images/worker/Dockerfile"));
     assert!(
@@ -139,6 +150,21 @@ fn words(exec_form: &str) -> Vec<String> {
         .collect()
 }
 
+/// The values given to a repeatable flag (`--flag VALUE` or `--flag=VALUE`)
+/// in a piece of shell script, in order.
+fn flag_values(script: &str, flag: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    let mut tokens = script.split_whitespace();
+    while let Some(token) = tokens.next() {
+        if token == flag {
+            values.extend(tokens.next().map(str::to_string));
+        } else if let Some(value) = token.strip_prefix(&format!("{flag}=")) {
+            values.push(value.to_string());
+        }
+    }
+    values
+}
+
 #[test]
 fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint_and_command() {
     let script = read("scripts/images.sh");
@@ -155,9 +181,10 @@ fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint
             "{dockerfile}: scripts/images.sh sets USER {user}"
         );
         let entrypoint = words(&last(dockerfile, "ENTRYPOINT ").expect("ENTRYPOINT"));
-        assert!(
-            part.contains(&format!("--config.entrypoint {}", entrypoint.join(" "))),
-            "{dockerfile}: scripts/images.sh sets ENTRYPOINT {entrypoint:?}"
+        assert_eq!(
+            flag_values(part, "--config.entrypoint"),
+            entrypoint,
+            "{dockerfile}: scripts/images.sh sets ENTRYPOINT {entrypoint:?}, word by word"
         );
         match last(dockerfile, "CMD ") {
             Some(cmd) => {
