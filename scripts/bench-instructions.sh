@@ -31,8 +31,8 @@ tmp=$(mktemp -d)
 redis_pid=
 worker_pid=
 cleanup() {
-  [ -n "$worker_pid" ] && kill "$worker_pid" 2>/dev/null || true
-  [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null || true
+  if [ -n "$worker_pid" ]; then kill "$worker_pid" 2>/dev/null || true; fi
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
