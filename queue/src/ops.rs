@@ -125,40 +125,92 @@ pub async fn ack(
         .await
 }
 
-/// Completes a job and takes the next one from `queues` (priority order)
-/// into the slot it frees, in one round trip. Returns whether the job was
-/// still ours and the job taken, if any.
-pub async fn ack_and_take(
+/// How one finished job is settled (see [`settle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// Completed.
+    Done,
+    /// Failed; the next attempt (`next`) is due `delay` from now.
+    Retry {
+        /// The payload of the next attempt.
+        next: String,
+        /// Backoff before it.
+        delay: Duration,
+    },
+    /// Failed for good; dead-lettered with this envelope.
+    Dead {
+        /// The dead-letter envelope.
+        envelope: String,
+    },
+}
+
+/// One finished job to settle.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished<'a> {
+    /// Index of its queue in the list given to [`settle`].
+    pub queue: usize,
+    /// The payload as the processing list holds it.
+    pub payload: &'a [u8],
+    /// What to do with it.
+    pub settlement: &'a Settlement,
+}
+
+/// Settles `finished` jobs and takes up to `take` new ones from `queues`
+/// (priority order) into the instance's processing lists, in one round
+/// trip. Returns, per finished job, whether it was still ours (a job a
+/// reaper returned meanwhile is not settled again), and the jobs taken.
+pub async fn settle(
     conn: &mut impl Conn,
     queues: &[QueueKeys],
-    acked: usize,
     instance: &str,
-    payload: &[u8],
-) -> RedisResult<(bool, Option<Fetched>)> {
-    let mut invocation = scripts::ACK_AND_TAKE.prepare_invoke();
-    invocation
-        .key(queues[acked].processing(instance))
-        .key(queues[acked].stats_processed());
+    finished: &[Finished<'_>],
+    take: usize,
+) -> RedisResult<(Vec<bool>, Vec<Fetched>)> {
+    let mut invocation = scripts::SETTLE.prepare_invoke();
     for q in queues {
-        invocation.key(q.waiting()).key(q.processing(instance));
+        invocation
+            .key(q.waiting())
+            .key(q.processing(instance))
+            .key(q.stats_processed())
+            .key(q.retry())
+            .key(q.stats_failed())
+            .key(q.dead())
+            .key(q.stats_dead());
     }
-    invocation.arg(payload);
-    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
-    let kept: i64 = match reply.first() {
-        Some(v) => redis::from_redis_value_ref(v)?,
-        None => 0,
-    };
-    let next = match (reply.get(1), reply.get(2)) {
-        (Some(index), Some(job)) => {
-            let index: usize = redis::from_redis_value_ref(index)?;
-            Some(Fetched {
-                queue: index - 1,
-                payload: redis::from_redis_value_ref(job)?,
-            })
-        }
-        _ => None,
-    };
-    Ok((kept == 1, next))
+    invocation.arg(take);
+    for f in finished {
+        let index = f.queue + 1;
+        match f.settlement {
+            Settlement::Done => invocation
+                .arg("A")
+                .arg(index)
+                .arg(f.payload)
+                .arg("")
+                .arg(""),
+            Settlement::Retry { next, delay } => invocation
+                .arg("T")
+                .arg(index)
+                .arg(f.payload)
+                .arg(next.as_str())
+                .arg(delay.as_millis() as u64),
+            Settlement::Dead { envelope } => invocation
+                .arg("B")
+                .arg(index)
+                .arg(f.payload)
+                .arg(envelope.as_str())
+                .arg(""),
+        };
+    }
+    let (kept, taken): (Vec<i64>, Vec<redis::Value>) = invocation.invoke_async(conn).await?;
+    let mut fetched = Vec::with_capacity(taken.len() / 2);
+    for pair in taken.chunks_exact(2) {
+        let index: usize = redis::from_redis_value_ref(&pair[0])?;
+        fetched.push(Fetched {
+            queue: index - 1,
+            payload: redis::from_redis_value_ref(&pair[1])?,
+        });
+    }
+    Ok((kept.into_iter().map(|k| k == 1).collect(), fetched))
 }
 
 /// Schedules the next attempt of a failed job `delay` from now (server clock).

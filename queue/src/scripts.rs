@@ -35,13 +35,15 @@ pub static SETTLE_INTAKE: LazyLock<Script> =
 /// Completes a job. KEYS: processing, stats:processed. ARGV: payload.
 pub static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/ack.lua")));
 
-/// Completes a job and, in the same round trip, takes the next one into
-/// the freed slot. KEYS: processing and stats:processed of the completed
-/// job's queue, then pairs of queue and processing list, highest priority
-/// first. ARGV: the completed payload. Returns {1 or 0 (whether the job was
-/// still ours), then queue index (1-based) and payload when one was taken}.
-pub static ACK_AND_TAKE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/ack_and_take.lua")));
+/// Settles finished jobs in one round trip and takes the next jobs into the
+/// slots they free: the batched form of [`ACK`], [`RETRY`] and [`BURY`],
+/// with [`FETCH`] after them. KEYS: seven per queue, highest priority
+/// first: queue, processing, stats:processed, retry, stats:failed, dead,
+/// stats:dead. ARGV: how many jobs to take, then five per settlement:
+/// `A`/`T`/`B`, the queue's index (1-based), the payload as held, and for
+/// `T` the next payload and the delay in ms, for `B` the envelope.
+/// Returns `{{1 or 0 per settlement}, {queue index, payload, …taken}}`.
+pub static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/settle.lua")));
 
 /// Schedules the next attempt of a failed job. KEYS: processing, retry,
 /// stats:failed. ARGV: payload, next payload, delay in milliseconds.

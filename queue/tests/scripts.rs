@@ -20,6 +20,9 @@ enum Op {
     SettleRun(&'static str, &'static str),
     Reap(&'static str, Option<u64>),
     Deregister(&'static str),
+    /// Settles held payloads (`A`: done, `T`: retry, `B`: dead) and takes
+    /// up to `n` jobs.
+    Settle(&'static [(char, &'static str)], usize),
 }
 
 struct Row {
@@ -35,6 +38,46 @@ struct Row {
 }
 
 const ROWS: &[Row] = &[
+    Row {
+        rule: "a settle round trip completes, retries and buries in one script",
+        given: &[&["LPUSH", "<q>:processing:w~1", "a", "t", "b"]],
+        op: Op::Settle(&[('A', "a"), ('T', "t"), ('B', "b")], 0),
+        reply: "([true, true, true], [])",
+        then: &[
+            "<q>:dead=[b-letter]",
+            "<q>:retry={t-next}",
+            "<q>:stats:dead=1",
+            "<q>:stats:failed=2",
+            "<q>:stats:processed=1",
+        ],
+    },
+    Row {
+        rule: "settling a payload a reaper already returned changes nothing: settle, and the others still settle",
+        given: &[
+            &["LPUSH", "<q>", "gone"],
+            &["LPUSH", "<q>:processing:w~1", "a"],
+        ],
+        op: Op::Settle(
+            &[('A', "gone"), ('T', "gone"), ('B', "gone"), ('A', "a")],
+            0,
+        ),
+        reply: "([false, false, false, true], [])",
+        then: &["<q>=[gone]", "<q>:stats:processed=1"],
+    },
+    Row {
+        rule: "a settle takes no more jobs than asked into the freed slots, oldest first",
+        given: &[
+            &["LPUSH", "<q>", "j1", "j2", "j3"],
+            &["LPUSH", "<q>:processing:w~1", "a"],
+        ],
+        op: Op::Settle(&[('A', "a")], 2),
+        reply: "([true], [j1, j2])",
+        then: &[
+            "<q>=[j3]",
+            "<q>:processing:w~1=[j2, j1]",
+            "<q>:stats:processed=1",
+        ],
+    },
     Row {
         rule: "an ack removes the held payload and counts it",
         given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
@@ -210,6 +253,42 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
             ops::reap(c, q, instance, ms.map(Duration::from_millis)).await
         ),
         Op::Deregister(instance) => format!("{:?}", ops::deregister(c, q, instance).await),
+        Op::Settle(jobs, take) => {
+            let settlements: Vec<ops::Settlement> = jobs
+                .iter()
+                .map(|(kind, p)| match kind {
+                    'A' => ops::Settlement::Done,
+                    'T' => ops::Settlement::Retry {
+                        next: format!("{p}-next"),
+                        delay: Duration::from_secs(60),
+                    },
+                    _ => ops::Settlement::Dead {
+                        envelope: format!("{p}-letter"),
+                    },
+                })
+                .collect();
+            let finished: Vec<ops::Finished<'_>> = jobs
+                .iter()
+                .zip(&settlements)
+                .map(|((_, p), settlement)| ops::Finished {
+                    queue: 0,
+                    payload: p.as_bytes(),
+                    settlement,
+                })
+                .collect();
+            format!(
+                "{:?}",
+                ops::settle(c, std::slice::from_ref(q), w, &finished, take)
+                    .await
+                    .map(|(kept, taken)| (
+                        kept,
+                        taken
+                            .into_iter()
+                            .map(|f| String::from_utf8_lossy(&f.payload).into_owned())
+                            .collect::<Vec<_>>()
+                    ))
+            )
+        }
     };
     // Ok(x) -> x: the rows state replies without the Result.
     r.strip_prefix("Ok(")

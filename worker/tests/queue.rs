@@ -448,20 +448,21 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         .expect("lpush");
     let _: () = c.lpush(low.name(), "low-1").await.expect("lpush");
     let _: () = c.lpush(high.name(), "high-1").await.expect("lpush");
+    let done = queue::Settlement::Done;
+    let finished = |payload: &'static str| queue::Finished {
+        queue: 0,
+        payload: payload.as_bytes(),
+        settlement: &done,
+    };
+    let fetched = |queue: usize, payload: &str| queue::Fetched {
+        queue,
+        payload: payload.as_bytes().to_vec(),
+    };
 
-    let first = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"done-job")
+    let first = queue::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1)
         .await
         .expect("script");
-    assert_eq!(
-        first,
-        (
-            true,
-            Some(queue::Fetched {
-                queue: 0,
-                payload: b"high-1".to_vec()
-            })
-        )
-    );
+    assert_eq!(first, (vec![true], vec![fetched(0, "high-1")]));
     assert_eq!(counter(&mut c, high.stats_processed()).await, 1);
     let held: Vec<String> = c
         .lrange(high.processing("w~1"), 0, -1)
@@ -473,23 +474,57 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         "the completed job is gone, the next one is held"
     );
 
-    let second = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"high-1")
+    let second = queue::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1)
         .await
         .expect("script");
-    assert_eq!(
-        second,
-        (
-            true,
-            Some(queue::Fetched {
-                queue: 1,
-                payload: b"low-1".to_vec()
-            })
-        )
-    );
+    assert_eq!(second, (vec![true], vec![fetched(1, "low-1")]));
     // A job a reaper already returned is not counted again; nothing left to take.
-    let third = queue::ack_and_take(&mut c, &queues, 0, "w~1", b"not-held")
+    let third = queue::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1)
         .await
         .expect("script");
-    assert_eq!(third, (false, None));
+    assert_eq!(third, (vec![false], vec![]));
     assert_eq!(counter(&mut c, high.stats_processed()).await, 2);
+}
+
+/// `calls` of `cmdstat_<command>` in `INFO commandstats`.
+async fn calls(c: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .expect("info");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn jobs_that_finish_together_are_settled_together() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("batch");
+    let jobs: Vec<String> = (0..400)
+        .map(|n| json!({"data": {"n": n}}).to_string())
+        .collect();
+    push(&mut c, q.name(), &jobs).await;
+    let before = calls(&mut c, "evalsha").await + calls(&mut c, "eval").await;
+    let mut cfg = config(&redis, &["batch"], "batch");
+    cfg.concurrency = 20;
+    let handler = Recorder::new(|_| Outcome::Done);
+    let worker = start(cfg, handler.clone());
+    eventually(WAIT, "all done", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 400).then_some(()) }
+    })
+    .await;
+    let scripts = calls(&mut c, "evalsha").await + calls(&mut c, "eval").await - before;
+    worker.stop().await;
+    assert_eq!(handler.seen().len(), 400, "each job ran once");
+    // One script per job settled alone, and an intake script per batch
+    // taken, would be well over 400; settled in batches it is far fewer.
+    assert!(scripts < 200, "{scripts} script calls for 400 jobs");
 }

@@ -1,7 +1,6 @@
 //! Intake: fresh payloads are stamped, scheduled or dead-lettered in one
-//! script, and a task starts for each job to run. Both fetch and settle
-//! come here: the one-slot fast path goes run_job -> ack_and_take ->
-//! dispatch_into -> dispatch, which is why dispatch_into is boxed.
+//! script, and a task starts for each job to run. Jobs come here from the
+//! fetch loop and from the settle loop (jobs taken into freed slots).
 
 use super::*;
 
@@ -128,19 +127,6 @@ impl Worker {
                 }
             }
         }
-    }
-
-    /// Starts a job taken into a slot a finished job freed. Boxed as a
-    /// `Send` future: it spawns `run_job`, which awaits it.
-    pub(super) fn dispatch_into(
-        self: Arc<Self>,
-        next: Fetched,
-        slot: OwnedSemaphorePermit,
-    ) -> futures::future::BoxFuture<'static, ()> {
-        Box::pin(async move {
-            let mut permits = vec![slot];
-            self.dispatch(vec![next], &mut permits).await;
-        })
     }
 }
 

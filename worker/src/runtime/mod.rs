@@ -27,7 +27,7 @@ use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
 use crate::keys::{Instance, QueueKeys};
 use crate::metrics::Metrics;
 use crate::probes::Health;
-use crate::queue::{self, Fetched, IntakeAction, Payload};
+use crate::queue::{self, Fetched, IntakeAction, Payload, Settlement};
 
 mod connection;
 mod drain;
@@ -40,6 +40,7 @@ mod shutdown;
 
 use self::connection::{Blocker, Redis};
 use self::ledger::{Held, Ledger};
+use self::settle::Settling;
 pub use self::shutdown::Shutdown;
 
 /// Most jobs taken in one fetch round trip.
@@ -75,6 +76,8 @@ struct Worker {
     slots: Arc<Semaphore>,
     /// The running jobs' tasks.
     tracker: TaskTracker,
+    /// Finished jobs on their way to the settle loop.
+    settler: tokio::sync::mpsc::UnboundedSender<Settling>,
 }
 
 /// Errors that stop the worker.
@@ -138,6 +141,7 @@ pub async fn run(
         None => None,
     };
     let instance = Instance::new(config.worker_id.clone());
+    let (settler, finished) = tokio::sync::mpsc::unbounded_channel();
     let worker = Arc::new(Worker {
         instance: instance.name(),
         ledger: Mutex::new(Ledger {
@@ -162,6 +166,7 @@ pub async fn run(
         give_up: CancellationToken::new(),
         slots: Arc::new(Semaphore::new(config.concurrency)),
         tracker: TaskTracker::new(),
+        settler,
         config,
     });
     tracing::info!(
@@ -177,10 +182,14 @@ pub async fn run(
         health.set_registered();
         tracing::info!("worker ready");
         let maintenance = tokio::spawn(worker.clone().maintain(stop_maintenance.clone()));
+        let stop_settling = CancellationToken::new();
+        let settling = tokio::spawn(worker.clone().settle_loop(finished, stop_settling.clone()));
 
         worker.clone().fetch_loop().await;
         health.fetch_loop_ended();
         worker.drain().await;
+        stop_settling.cancel();
+        let _ = settling.await;
         stop_maintenance.cancel();
         let _ = maintenance.await;
     }

@@ -1,5 +1,7 @@
 //! One attempt at one job and its settlement: done, retried later with
-//! backoff, or dead-lettered (Sidekiq's processor and job retry).
+//! backoff, or dead-lettered (Sidekiq's processor and job retry), in
+//! batches: one round trip settles every job that finished meanwhile and
+//! takes the next jobs into the freed slots.
 
 use super::*;
 
@@ -35,67 +37,36 @@ impl Worker {
             .job_duration
             .with_label_values(&[queue])
             .observe(started.elapsed().as_secs_f64());
-        if outcome == Outcome::Done && self.config.concurrency == 1 && !self.shutdown.is_draining()
-        {
-            // With one slot there is nothing to batch: complete and take the
-            // next job in one round trip, so a busy queue costs two round
-            // trips per job instead of three. With more slots the fetch loop
-            // takes freed slots' jobs in batches, which costs Redis less.
-            if let Some(next) = self.ack_and_take(qi, &job, &stamped).await {
-                self.ledger().queues[qi].remove(&seq);
-                if let Some(next) = next {
-                    self.clone().dispatch_into(next, _slot).await;
-                }
-                return;
-            }
+        let (label, settlement) = self.settlement(qi, &job, outcome);
+        let (done, kept) = tokio::sync::oneshot::channel();
+        let finished = Settling {
+            qi,
+            held: stamped,
+            settlement,
+            slot: _slot,
+            done,
+        };
+        if self.settler.send(finished).is_err() {
+            // The settler has stopped: only after the drain gave up on
+            // running jobs, which stay in the processing list for the
+            // give-back.
+            return;
         }
-        self.settle(qi, &job, &stamped, outcome).await;
+        let kept = kept.await.unwrap_or(None);
+        self.record(qi, &job, label, kept);
         self.ledger().queues[qi].remove(&seq);
     }
 
-    /// Completes a job and takes the next into its slot. `None` when Redis
-    /// failed: the caller settles the job the ordinary way, and the
-    /// processing list is checked in case a job was moved before the reply
-    /// was lost.
-    pub(super) async fn ack_and_take(
+    /// What a job's outcome becomes in Redis, and its metric label.
+    pub(super) fn settlement(
         &self,
         qi: usize,
         job: &Job,
-        stamped: &str,
-    ) -> Option<Option<Fetched>> {
-        let result = self
-            .redis
-            .once("ack", |mut c| async move {
-                queue::ack_and_take(&mut c, &self.queues, qi, &self.instance, stamped.as_bytes())
-                    .await
-            })
-            .await;
-        match result {
-            Ok((kept, next)) => {
-                self.record(qi, job, "done", Some(kept));
-                Some(next)
-            }
-            Err(_) => {
-                self.suspect_lost_reply();
-                None
-            }
-        }
-    }
-
-    pub(super) async fn settle(&self, qi: usize, job: &Job, stamped: &str, outcome: Outcome) {
-        let q = &self.queues[qi];
-        let queue = q.name();
-        let stop = self.give_up.clone();
-        let (label, kept) = match outcome {
-            Outcome::Done => {
-                let kept = self
-                    .redis
-                    .persist("ack", &stop, |mut c| async move {
-                        queue::ack(&mut c, q, &self.instance, stamped.as_bytes()).await
-                    })
-                    .await;
-                ("done", kept)
-            }
+        outcome: Outcome,
+    ) -> (&'static str, Settlement) {
+        let queue = self.queues[qi].name();
+        match outcome {
+            Outcome::Done => ("done", Settlement::Done),
             Outcome::Failed { error, retry }
                 if retry && job.attempt() < self.config.max_attempts =>
             {
@@ -107,15 +78,7 @@ impl Worker {
                 );
                 tracing::info!(queue, id = job.id(), attempt = job.attempt(), %error, retry_in = ?delay, "attempt failed");
                 let next = job.failed(&error);
-                let next = next.as_str();
-                let kept = self
-                    .redis
-                    .persist("retry", &stop, |mut c| async move {
-                        let held = stamped.as_bytes();
-                        queue::retry_later(&mut c, q, &self.instance, held, next, delay).await
-                    })
-                    .await;
-                ("retried", kept)
+                ("retried", Settlement::Retry { next, delay })
             }
             Outcome::Failed { error, retry } => {
                 let letter = DeadLetter {
@@ -133,17 +96,88 @@ impl Worker {
                 };
                 self.log_dead(qi, &letter);
                 let envelope = letter.to_json();
-                let envelope = envelope.as_str();
-                let kept = self
-                    .redis
-                    .persist("bury", &stop, |mut c| async move {
-                        queue::bury(&mut c, q, &self.instance, stamped.as_bytes(), envelope).await
-                    })
-                    .await;
-                ("dead", kept)
+                ("dead", Settlement::Dead { envelope })
             }
+        }
+    }
+
+    /// Settles finished jobs in batches: each round trip settles every job
+    /// that finished while the previous one was in flight, and takes new
+    /// jobs into the slots they free (none once the drain has started). An
+    /// idle worker flushes a single job at once, so batching adds no wait.
+    pub(super) async fn settle_loop(
+        self: Arc<Self>,
+        mut finished: tokio::sync::mpsc::UnboundedReceiver<Settling>,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let first = tokio::select! {
+                next = finished.recv() => match next {
+                    Some(f) => f,
+                    None => break,
+                },
+                _ = stop.cancelled() => break,
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match finished.try_recv() {
+                    Ok(f) => batch.push(f),
+                    Err(_) => break,
+                }
+            }
+            self.flush(batch).await;
+        }
+    }
+
+    /// One settle round trip for `batch`, retried with backoff until done or
+    /// until the shutdown deadline (the jobs then stay in the processing
+    /// list for the give-back).
+    async fn flush(self: &Arc<Self>, batch: Vec<Settling>) {
+        let take = if self.shutdown.is_draining() {
+            0
+        } else {
+            batch.len()
         };
-        self.record(qi, job, label, kept);
+        let finished: Vec<queue::Finished<'_>> = batch
+            .iter()
+            .map(|s| queue::Finished {
+                queue: s.qi,
+                payload: s.held.as_bytes(),
+                settlement: &s.settlement,
+            })
+            .collect();
+        let stop = self.give_up.clone();
+        let reply = self
+            .redis
+            .persist("settle", &stop, |mut c| {
+                let finished = &finished;
+                async move {
+                    let reply =
+                        queue::settle(&mut c, &self.queues, &self.instance, finished, take).await;
+                    if reply.is_err() && take > 0 {
+                        // Jobs may have been taken before the reply was lost.
+                        self.suspect_lost_reply();
+                    }
+                    reply
+                }
+            })
+            .await;
+        drop(finished);
+        let (kept, taken) = match reply {
+            Some((kept, taken)) => (kept.into_iter().map(Some).collect(), taken),
+            None => (vec![None; batch.len()], Vec::new()),
+        };
+        let mut slots = Vec::with_capacity(batch.len());
+        for (settling, kept) in batch.into_iter().zip(kept) {
+            slots.push(settling.slot);
+            let _ = settling.done.send(kept);
+        }
+        if !taken.is_empty() {
+            let worker = self.clone();
+            self.tracker.spawn(async move {
+                worker.dispatch(taken, &mut slots).await;
+            });
+        }
     }
 
     /// Counts a settlement: `Some(false)` when a reaper had already returned
@@ -174,4 +208,16 @@ impl Worker {
             .inc();
         tracing::warn!(queue, reason = letter.reason.as_str(), error = %letter.error, attempts = letter.attempts, "job dead-lettered");
     }
+}
+
+/// A finished job on its way to the settle loop, with the slot it holds
+/// until its settlement is recorded in Redis.
+pub(super) struct Settling {
+    qi: usize,
+    held: Arc<str>,
+    settlement: Settlement,
+    slot: OwnedSemaphorePermit,
+    /// Whether the job was still ours; `None` when Redis could not be
+    /// reached before the shutdown deadline.
+    done: tokio::sync::oneshot::Sender<Option<bool>>,
 }

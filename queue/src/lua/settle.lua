@@ -1,0 +1,49 @@
+-- Settles finished jobs in one round trip and takes the next jobs into the
+-- slots they free (the batched form of ack.lua, retry.lua and bury.lua,
+-- with fetch.lua after them).
+-- KEYS: seven per queue, highest priority first: queue, processing,
+-- stats:processed, retry, stats:failed, dead, stats:dead.
+-- ARGV: how many jobs to take, then five per settlement: `A` (done), `T`
+-- (retry later) or `B` (dead-letter); the queue's index (1-based); the
+-- payload as the processing list holds it; for `T` the next attempt's
+-- payload and the delay in milliseconds, for `B` the dead-letter envelope
+-- and an empty string, for `A` two empty strings.
+-- Each settlement first removes its exact payload from the processing list
+-- and writes only if that happened: a job a reaper returned meanwhile is
+-- not settled twice.
+-- Returns {{1 or 0 per settlement: whether the job was still ours},
+-- {queue index (1-based), payload, … for each job taken}}.
+local take = tonumber(ARGV[1])
+local kept = {}
+for i = 2, #ARGV, 5 do
+  local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 7, ARGV[i + 2]
+  local processing, processed = KEYS[base + 2], KEYS[base + 3]
+  local retry, failed, dead, dead_total = KEYS[base + 4], KEYS[base + 5], KEYS[base + 6], KEYS[base + 7]
+  local ok = redis.call('LREM', processing, 1, payload)
+  if ok == 1 then
+    if kind == 'A' then
+      redis.call('INCR', processed)
+    elseif kind == 'T' then
+      redis.call('ZADD', retry, now + tonumber(ARGV[i + 4]), ARGV[i + 3])
+      redis.call('INCR', failed)
+    else
+      redis.call('LPUSH', dead, ARGV[i + 3])
+      redis.call('INCR', failed)
+      redis.call('INCR', dead_total)
+    end
+  end
+  kept[#kept + 1] = ok
+end
+local taken = {}
+for base = 0, #KEYS - 7, 7 do
+  local waiting, processing = KEYS[base + 1], KEYS[base + 2]
+  while take > 0 do
+    local v = redis.call('LMOVE', waiting, processing, 'RIGHT', 'LEFT')
+    if not v then break end
+    taken[#taken + 1] = base / 7 + 1
+    taken[#taken + 1] = v
+    take = take - 1
+  end
+  if take == 0 then break end
+end
+return {kept, taken}
