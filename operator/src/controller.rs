@@ -329,6 +329,9 @@ struct Plan {
     deployment: Deployment,
     /// Mark idle pods cheapest to delete before the apply (a scale-down).
     mark_idle: bool,
+    /// The replica change the apply makes (from, to), if any: the engine
+    /// records it only once the API server has taken the Deployment.
+    scale: Option<(i32, i32)>,
     /// Events to record: type, reason, note.
     events: Vec<(EventType, String, String)>,
     /// The workload problem to remember as announced (None: forget it).
@@ -342,6 +345,7 @@ struct Plan {
 async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
     let key = pool_key(pool);
     let observed = observe(pool, ctx).await?;
+    let decided_at = ctx.now();
     let verdict = scaling::decide(
         lock(&ctx.engines).entry(key.clone()).or_default(),
         pool.spec.scaling.as_ref(),
@@ -355,11 +359,11 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
             })
             .as_ref(),
         observed.counts.current,
-        ctx.now(),
+        decided_at,
     );
     let announced = lock(&ctx.announced).get(&key).cloned();
     let plan = plan(pool, &observed, &verdict, announced.as_deref())?;
-    apply(pool, ctx, observed, plan).await
+    apply(pool, ctx, observed, plan, decided_at).await
 }
 
 /// Reads the Deployment, the pods when workers are missing, and the queue.
@@ -463,6 +467,7 @@ fn plan(
     Ok(Plan {
         deployment,
         mark_idle: observed.reading.is_ok() && desired < current,
+        scale: (desired != current).then_some((current, desired)),
         events,
         announced: problem.map(|p| p.reason),
         status,
@@ -476,6 +481,7 @@ async fn apply(
     ctx: &Context,
     observed: Observed,
     plan: Plan,
+    decided_at: Duration,
 ) -> Result<Action, Error> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
@@ -504,6 +510,13 @@ async fn apply(
         )
         .await
         .map_err(Error::ApplyDeployment)?;
+    // The scale event counts for the rate policies only now that it was
+    // applied: a refused apply changed nothing.
+    if let Some((from, to)) = plan.scale
+        && let Some(engine) = lock(&ctx.engines).get_mut(&pool_key(pool))
+    {
+        engine.applied(decided_at, from, to);
+    }
     let reference = pool.object_ref(&());
     for (type_, reason, note) in plan.events {
         publish(ctx, &reference, type_, &reason, note).await;

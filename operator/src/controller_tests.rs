@@ -446,6 +446,62 @@ async fn a_failed_apply_is_an_error_named_for_the_operation() {
 }
 
 #[tokio::test]
+async fn a_refused_apply_does_not_count_against_the_scale_up_policy() {
+    let redis = TestRedis::start();
+    push(&redis, "mail", 50).await;
+    // 50 jobs at 5 per replica ask for 10; the policy allows 2 more pods per 10 minutes.
+    let p = || {
+        pool(json!({
+            "queue": {"redis": {"url": redis.url(), "key": "mail"}},
+            "template": template(),
+            "scaling": {"maxReplicas": 20, "targetBacklogPerReplica": 5,
+                        "behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 2, "periodSeconds": 600}]}}},
+        }))
+    };
+    let forbidden = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"});
+    let (task, mut api, ctx) = start(p());
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(applied["spec"]["replicas"], json!(3), "1 + 2 pods");
+    reply(send, StatusCode::FORBIDDEN, &forbidden);
+    let err = task.await.expect("task").expect_err("apply refused");
+    assert_eq!(err.label(), "apply_deployment");
+
+    // The next poll, same engine: the refused scale-up changed nothing, so the
+    // policy still allows its 2 pods.
+    let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(
+        applied["spec"]["replicas"],
+        json!(3),
+        "a refused apply is no scale event"
+    );
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("ScaledUp"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+
+    // This one was applied: the period's 2 pods are used up.
+    let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(3, 3));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(applied["spec"]["replicas"], json!(3));
+    reply(send, StatusCode::OK, &applied);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(status["status"]["reason"], json!("ScaleUpLimit"));
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[tokio::test]
 async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_event() {
     let redis = TestRedis::start();
     let spec = json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1});

@@ -117,7 +117,8 @@ fn step() -> impl Strategy<Value = Step> {
         )
 }
 
-/// Runs the steps, applying each decision, and checks `check` before every tick.
+/// Runs the steps, applying each decision (and telling the engine), and checks `check`
+/// before every tick.
 fn replay(
     spec: &ScalingSpec,
     start: i32,
@@ -142,11 +143,16 @@ fn replay(
             ready_replicas: ready,
         };
         check(&engine, &observation, now, step);
-        current = if step.failed {
-            engine.tick_failed(spec, current, now).desired
+        let desired = if step.failed {
+            engine.tick_failed(spec, current).desired
         } else {
             engine.tick(spec, &observation, now).desired
         };
+        // Applied, as the actuators record it.
+        if desired != current {
+            engine.applied(now, current, desired);
+        }
+        current = desired;
     }
 }
 
@@ -169,7 +175,7 @@ proptest! {
         replay(&spec, start, &steps, |engine, observation, now, step| {
             let mut engine = engine.clone();
             let desired = if step.failed {
-                engine.tick_failed(&spec, observation.current_replicas, now).desired
+                engine.tick_failed(&spec, observation.current_replicas).desired
             } else {
                 engine.tick(&spec, observation, now).desired
             };

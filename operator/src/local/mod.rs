@@ -247,13 +247,14 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
                 let ready = i32::try_from(ready).unwrap_or(i32::MAX);
                 Observation::from_snapshot(snap, current, ready)
             });
+            let decided_at = started.elapsed();
             let verdict = scaling::decide(
                 &mut engine,
                 pool.spec.scaling.as_ref(),
                 pool.spec.replicas,
                 observed.as_ref(),
                 current,
-                started.elapsed(),
+                decided_at,
             );
             let message = verdict.message();
             if verdict.desired != current {
@@ -268,6 +269,10 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
                 .unwrap_or_default();
             for event in actuator.scale_to(verdict.desired.max(0) as usize, &busy, now) {
                 view.note(elapsed(), &event.to_string());
+            }
+            let applied = i32::try_from(actuator.replicas()).unwrap_or(i32::MAX);
+            if applied != current {
+                engine.applied(decided_at, current, applied);
             }
             decided = (verdict.desired, verdict.code().to_string(), message);
         }

@@ -13,6 +13,9 @@
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
 //! 3. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
+//!
+//! The actuator reports each change it applied with [`Engine::applied`]: a scale event
+//! counts for the rate policies only once it happened.
 
 mod behavior;
 mod estimate;
@@ -501,7 +504,8 @@ impl Verdict {
 /// Decides a pool's size the one way both actuators share: scaled on a
 /// queue that was read (`observed`), scaled on a queue that could not be
 /// read (`observed` is `None`: hold, then fall back), or fixed by
-/// `replicas` when there is no `scaling`.
+/// `replicas` when there is no `scaling`. Once the actuator has applied a
+/// change, it tells the engine with [`Engine::applied`].
 pub fn decide(
     engine: &mut Engine,
     scaling: Option<&ScalingSpec>,
@@ -512,7 +516,7 @@ pub fn decide(
 ) -> Verdict {
     let decision = match (scaling, observed) {
         (Some(spec), Some(observation)) => Some(engine.tick(spec, observation, now)),
-        (Some(spec), None) => Some(engine.tick_failed(spec, current, now)),
+        (Some(spec), None) => Some(engine.tick_failed(spec, current)),
         (None, _) => None,
     };
     Verdict {
@@ -549,11 +553,19 @@ impl Engine {
             .highest_recommendation_since(secs(now) - window.as_secs_f64())
     }
 
+    /// Records that the workload was scaled from `from` to `to` replicas at `now`: call it
+    /// once the change is applied (the Deployment patched, the processes started), never
+    /// for a change that failed. Scale events feed the rate policies' periods, as the HPA
+    /// records them only after a successful update.
+    pub fn applied(&mut self, now: Duration, from: i32, to: i32) {
+        self.normalizer.record_scale(secs(now), from, to);
+    }
+
     /// Decides the replica count from a successful read of the queue. `now` is any
     /// monotonic time since a fixed epoch; the engine never reads a clock.
     ///
-    /// The engine assumes its decision is applied: when `desired` differs from
-    /// `observation.current_replicas`, it records a scale event for the rate policies.
+    /// Deciding records the recommendation for the stabilization windows (as the HPA
+    /// does), but not a scale event: call [`Engine::applied`] once the decision is applied.
     pub fn tick(
         &mut self,
         spec: &ScalingSpec,
@@ -572,21 +584,13 @@ impl Engine {
             observation.in_flight,
             observation.ready_replicas,
         );
-        if decision.desired != observation.current_replicas {
-            self.normalizer
-                .record_scale(now_s, observation.current_replicas, decision.desired);
-        }
         decision
     }
 
     /// Decides the replica count when the queue could not be read: keep `current_replicas`,
     /// then after `fallback.failureThreshold` consecutive failures use `fallback.replicas`.
-    pub fn tick_failed(
-        &mut self,
-        spec: &ScalingSpec,
-        current_replicas: i32,
-        now: Duration,
-    ) -> Decision {
+    /// As with [`Engine::tick`], call [`Engine::applied`] once a change is applied.
+    pub fn tick_failed(&mut self, spec: &ScalingSpec, current_replicas: i32) -> Decision {
         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         // An outage is not idleness: the countdown to zero starts again afterwards.
         self.idle_since = None;
@@ -600,10 +604,6 @@ impl Engine {
             }
             _ => (current_replicas, Rule::MetricsUnavailable),
         };
-        if desired != current_replicas {
-            self.normalizer
-                .record_scale(secs(now), current_replicas, desired);
-        }
         Decision {
             desired,
             reason: Reason {

@@ -333,7 +333,7 @@ fn holds_the_count_while_the_queue_cannot_be_read_then_falls_back() {
         ..plain()
     };
     let mut engine = Engine::new();
-    let first = engine.tick_failed(&spec, 7, at(0));
+    let first = engine.tick_failed(&spec, 7);
     assert_eq!(
         (
             first.desired,
@@ -342,8 +342,8 @@ fn holds_the_count_while_the_queue_cannot_be_read_then_falls_back() {
         ),
         (7, Rule::MetricsUnavailable, 1)
     );
-    assert_eq!(engine.tick_failed(&spec, 7, at(5)).desired, 7);
-    let third = engine.tick_failed(&spec, 7, at(10));
+    assert_eq!(engine.tick_failed(&spec, 7).desired, 7);
+    let third = engine.tick_failed(&spec, 7);
     assert_eq!(
         (third.desired, third.reason.rule, third.reason.code()),
         (2, Rule::Fallback, "Fallback")
@@ -355,20 +355,14 @@ fn holds_the_count_while_the_queue_cannot_be_read_then_falls_back() {
     );
     // One good read resets the count.
     engine.tick(&spec, &obs(10, 0, 2), at(15));
-    assert_eq!(
-        engine
-            .tick_failed(&spec, 2, at(20))
-            .reason
-            .consecutive_failures,
-        1
-    );
+    assert_eq!(engine.tick_failed(&spec, 2).reason.consecutive_failures, 1);
 }
 
 #[test]
 fn without_fallback_the_count_is_held_indefinitely() {
     let mut engine = Engine::new();
-    for i in 0..10 {
-        assert_eq!(engine.tick_failed(&plain(), 4, at(i * 5)).desired, 4);
+    for _ in 0..10 {
+        assert_eq!(engine.tick_failed(&plain(), 4).desired, 4);
     }
 }
 
@@ -424,6 +418,20 @@ fn hpa_doc_default_scale_up_is_four_pods_or_double_per_fifteen_seconds() {
     assert_eq!(limited.reason.limit, Some(Limit::ScaleUpLimit));
 }
 
+/// Ticks and applies the decision, as the actuators do when the change succeeds.
+fn tick_applied(
+    engine: &mut Engine,
+    spec: &ScalingSpec,
+    o: &Observation,
+    now: Duration,
+) -> Decision {
+    let decision = engine.tick(spec, o, now);
+    if decision.desired != o.current_replicas {
+        engine.applied(now, o.current_replicas, decision.desired);
+    }
+    decision
+}
+
 #[test]
 fn a_policy_counts_the_changes_already_made_within_its_period() {
     let spec = ScalingSpec {
@@ -434,11 +442,41 @@ fn a_policy_counts_the_changes_already_made_within_its_period() {
         ..plain()
     };
     let mut engine = Engine::new();
-    assert_eq!(engine.tick(&spec, &obs(1000, 0, 2), at(0)).desired, 6);
+    assert_eq!(
+        tick_applied(&mut engine, &spec, &obs(1000, 0, 2), at(0)).desired,
+        6
+    );
     // Within the same 60 s the 4 pods are used up.
-    assert_eq!(engine.tick(&spec, &obs(1000, 0, 6), at(30)).desired, 6);
+    assert_eq!(
+        tick_applied(&mut engine, &spec, &obs(1000, 0, 6), at(30)).desired,
+        6
+    );
     // A period later the policy allows 4 more.
-    assert_eq!(engine.tick(&spec, &obs(1000, 0, 6), at(60)).desired, 10);
+    assert_eq!(
+        tick_applied(&mut engine, &spec, &obs(1000, 0, 6), at(60)).desired,
+        10
+    );
+}
+
+#[test]
+fn a_decision_that_was_not_applied_is_no_scale_event() {
+    let spec = ScalingSpec {
+        behavior: Some(HorizontalPodAutoscalerBehavior {
+            scale_up: Some(rules(0, None, vec![pods(4, 60)])),
+            scale_down: Some(rules(0, None, vec![])),
+        }),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    // Decided, but the apply failed: the workload is still at 2.
+    assert_eq!(engine.tick(&spec, &obs(1000, 0, 2), at(0)).desired, 6);
+    // The next poll may still add the policy's 4 pods.
+    assert_eq!(
+        tick_applied(&mut engine, &spec, &obs(1000, 0, 2), at(5)).desired,
+        6
+    );
+    // That one was applied: nothing more within the period.
+    assert_eq!(engine.tick(&spec, &obs(1000, 0, 6), at(10)).desired, 6);
 }
 
 // The scale-down example of "Scaling Policies": Pods 4 per 60 s and Percent 10 per 60 s,

@@ -400,7 +400,13 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                             Controller::Keda(model) => model.tick(kind, world.now, &observation),
                         };
                         if let Some(desired) = desired {
+                            let from = world.desired;
                             world.scale_to(desired);
+                            if let Controller::Engine { engine, .. } = &mut controller
+                                && world.desired != from
+                            {
+                                engine.applied(now, from, world.desired);
+                            }
                         }
                         let period = periods.get(usize::from(kind)).copied().unwrap_or(15.0);
                         world.schedule(world.now + period, Event::Tick(kind));
