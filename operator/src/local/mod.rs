@@ -26,7 +26,7 @@ use actuator::{Actuator, WorkerCommand};
 use view::{Frame, QueueFigures, Summary, View};
 
 /// How often the view and the actuator refresh (the engine decides every
-/// `pollIntervalSeconds`).
+/// `pollIntervalSeconds`, on the refresh that comes closest).
 const REFRESH: Duration = Duration::from_secs(1);
 /// How long one queue read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);
@@ -196,7 +196,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     });
     let mut engine = Engine::new();
     let mut rate = Rate::default();
-    let mut next_decision = Instant::now();
+    let mut cadence = Cadence::new(poll);
     let mut decided = (
         0i32,
         String::from("Starting"),
@@ -233,8 +233,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
         }
         was_reachable = reading.is_ok();
 
-        if now >= next_decision {
-            next_decision = now + poll;
+        if cadence.due(now) {
             let current = i32::try_from(actuator.replicas()).unwrap_or(i32::MAX);
             // Ready: a running worker that has registered with the queue.
             let observed = reading.as_ref().ok().map(|snap| {
@@ -450,6 +449,35 @@ impl Totals {
     }
 }
 
+/// When the engine decides: every `poll`, on the refresh closest to it.
+///
+/// Refreshes come every [`REFRESH`], each a little late by however long the
+/// task took to wake. Comparing that instant with "the last decision plus
+/// `poll`" would skip a refresh whenever it woke up earlier than the one
+/// before, so a pool polled every second would decide on only about half of
+/// them, and a pool at zero would wake one poll after the first reading that
+/// saw its backlog. A decision is due half a refresh early instead.
+#[derive(Debug)]
+struct Cadence {
+    poll: Duration,
+    next: Option<Instant>,
+}
+
+impl Cadence {
+    fn new(poll: Duration) -> Self {
+        Cadence { poll, next: None }
+    }
+
+    /// Whether the refresh at `now` decides; if so, schedules the next one.
+    fn due(&mut self, now: Instant) -> bool {
+        if self.next.is_some_and(|next| now + REFRESH / 2 < next) {
+            return false;
+        }
+        self.next = Some(now + self.poll);
+        true
+    }
+}
+
 /// Jobs completed per second over the last few seconds.
 #[derive(Debug, Default)]
 struct Rate {
@@ -484,6 +512,40 @@ impl Rate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Refreshes one second apart, each woken a few milliseconds late.
+    fn refreshes(start: Instant, lateness_ms: &[u64]) -> Vec<Instant> {
+        lateness_ms
+            .iter()
+            .zip(0u64..)
+            .map(|(late, i)| start + Duration::from_secs(i) + Duration::from_millis(*late))
+            .collect()
+    }
+
+    #[test]
+    fn a_pool_polled_every_second_decides_on_every_refresh_however_late_each_wakes() {
+        let mut cadence = Cadence::new(Duration::from_secs(1));
+        // The second refresh wakes earlier after its tick than the first did:
+        // "last decision + 1 s" would not have come yet, and the reading that
+        // sees a backlog would wait a poll for its decision.
+        let decided: Vec<bool> = refreshes(Instant::now(), &[7, 2, 2, 9, 1])
+            .into_iter()
+            .map(|at| cadence.due(at))
+            .collect();
+        assert_eq!(decided, [true; 5]);
+    }
+
+    #[test]
+    fn a_longer_poll_decides_on_every_nth_refresh() {
+        let mut cadence = Cadence::new(Duration::from_secs(5));
+        let lateness = [3, 1, 4, 1, 5, 0, 2, 6, 5, 3, 0];
+        let decided: Vec<usize> = refreshes(Instant::now(), &lateness)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, at)| cadence.due(at).then_some(i))
+            .collect();
+        assert_eq!(decided, [0, 5, 10]);
+    }
 
     #[test]
     fn the_rate_is_completions_over_the_last_seconds() {
