@@ -22,7 +22,8 @@ enum Command {
     /// Run a WorkerPool manifest on this machine: the scaling engine starts and stops
     /// workerpool-worker processes.
     Local(workerpool_operator::local::LocalArgs),
-    /// Replay a day of arrivals through the scaling engine and a KEDA baseline.
+    /// Replay a day of arrivals through the scaling engine and a KEDA baseline, or compare
+    /// the engine with KEDA as its users tune it.
     Simulate(SimulateArgs),
 }
 

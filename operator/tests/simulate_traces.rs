@@ -3,18 +3,14 @@
 
 use std::time::Duration;
 
-use workerpool_operator::simulate::{DurationDist, Policy, SimConfig, Trace, run};
+use workerpool_operator::simulate::{DurationDist, KedaSettings, Policy, SimConfig, Trace, run};
 
 fn compare(csv: &str) {
     let config = SimConfig {
         trace: Trace::parse_csv(csv).expect("shipped traces parse"),
         policies: vec![
             Policy::Engine(Box::default()),
-            Policy::Keda {
-                list_length: 5,
-                min_replicas: 0,
-                max_replicas: 100,
-            },
+            Policy::Keda(KedaSettings::defaults(5, 100)),
         ],
         pod_startup: Duration::from_secs(15),
         job_duration: DurationDist::Exp(1.0),

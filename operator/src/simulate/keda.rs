@@ -1,14 +1,18 @@
-//! How KEDA scales a Deployment on a Redis list with its defaults.
+//! How KEDA scales a Deployment on a Redis list, with its defaults or with the settings
+//! its users change most.
 //!
 //! Two loops take turns:
 //! - the KEDA operator polls the scaler every `pollingInterval` (30 s) and only moves
 //!   between zero and one replica: it wakes the workload when the list is longer than
 //!   `activationListLength` (0), and scales it to zero once the list has been empty for
-//!   `cooldownPeriod` (300 s);
+//!   `cooldownPeriod` (300 s by default); with a `minReplicaCount` of 1 or more it never
+//!   goes to zero;
 //! - from one replica up, a HorizontalPodAutoscaler with the default 15 s sync period reads
 //!   the list length as an external metric with an `AverageValue` target of `listLength`
 //!   and applies the HPA's default behavior (scale up by max(4 pods, 100 %) per 15 s,
-//!   scale down after a 300 s stabilization window), between 1 and `maxReplicaCount`.
+//!   scale down after a 300 s stabilization window, which
+//!   `advanced.horizontalPodAutoscalerConfig.behavior` can shorten), between
+//!   `max(1, minReplicaCount)` and `maxReplicaCount`.
 
 use crate::scaling::{Behavior, Normalizer, Observation};
 
@@ -17,7 +21,63 @@ const POLLING_INTERVAL: f64 = 30.0;
 /// The HPA controller's `--horizontal-pod-autoscaler-sync-period` default, in seconds.
 const HPA_SYNC_PERIOD: f64 = 15.0;
 /// KEDA's `cooldownPeriod` default, in seconds.
-const COOLDOWN_PERIOD: f64 = 300.0;
+pub const DEFAULT_COOLDOWN_SECONDS: u32 = 300;
+/// The HPA's default scale-down stabilization window, in seconds.
+pub const DEFAULT_SCALE_DOWN_WINDOW_SECONDS: u32 = 300;
+
+/// The fields of a KEDA ScaledObject on a Redis list that the model reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KedaSettings {
+    /// `listLength`: the per-replica target.
+    pub list_length: u32,
+    /// `minReplicaCount` (KEDA's default is 0).
+    pub min_replicas: i32,
+    /// `maxReplicaCount`.
+    pub max_replicas: i32,
+    /// `cooldownPeriod` in seconds: how long after the last poll that saw jobs KEDA
+    /// scales to zero (only with `minReplicaCount: 0`).
+    pub cooldown_seconds: u32,
+    /// The HPA's `behavior.scaleDown.stabilizationWindowSeconds`, set through
+    /// `advanced.horizontalPodAutoscalerConfig`.
+    pub scale_down_window_seconds: u32,
+}
+
+impl KedaSettings {
+    /// KEDA's defaults with this `listLength` and `maxReplicaCount`.
+    pub fn defaults(list_length: u32, max_replicas: i32) -> Self {
+        KedaSettings {
+            list_length,
+            min_replicas: 0,
+            max_replicas,
+            cooldown_seconds: DEFAULT_COOLDOWN_SECONDS,
+            scale_down_window_seconds: DEFAULT_SCALE_DOWN_WINDOW_SECONDS,
+        }
+    }
+
+    /// Whether these are KEDA's defaults (whatever the target and maximum).
+    pub fn is_default(&self) -> bool {
+        *self == Self::defaults(self.list_length, self.max_replicas)
+    }
+
+    /// A short description of what differs from KEDA's defaults: `defaults`,
+    /// `min 1`, `min 0, cooldown 30s, scale-down window 30s` ...
+    pub fn label(&self) -> String {
+        if self.is_default() {
+            return "defaults".into();
+        }
+        let mut parts = vec![format!("min {}", self.min_replicas)];
+        if self.min_replicas == 0 {
+            parts.push(format!("cooldown {}s", self.cooldown_seconds));
+        }
+        if self.scale_down_window_seconds != DEFAULT_SCALE_DOWN_WINDOW_SECONDS {
+            parts.push(format!(
+                "scale-down window {}s",
+                self.scale_down_window_seconds
+            ));
+        }
+        parts.join(", ")
+    }
+}
 
 /// The state of KEDA's operator and of the HPA it creates.
 #[derive(Clone, Debug)]
@@ -25,21 +85,24 @@ pub struct KedaModel {
     list_length: f64,
     min_replicas: i32,
     max_replicas: i32,
+    cooldown: f64,
     behavior: Behavior,
     hpa: Normalizer,
     last_active: Option<f64>,
 }
 
 impl KedaModel {
-    /// A ScaledObject with the Redis list scaler's `listLength`, `minReplicaCount` and
-    /// `maxReplicaCount`.
-    pub fn new(list_length: u32, min_replicas: i32, max_replicas: i32) -> Self {
-        let min_replicas = min_replicas.max(0);
+    /// A ScaledObject on a Redis list with these settings.
+    pub fn new(settings: &KedaSettings) -> Self {
+        let min_replicas = settings.min_replicas.max(0);
+        let mut behavior = Behavior::hpa_defaults();
+        behavior.down.window = f64::from(settings.scale_down_window_seconds);
         KedaModel {
-            list_length: f64::from(list_length.max(1)),
+            list_length: f64::from(settings.list_length.max(1)),
             min_replicas,
-            max_replicas: max_replicas.max(min_replicas).max(1),
-            behavior: Behavior::hpa_defaults(),
+            max_replicas: settings.max_replicas.max(min_replicas).max(1),
+            cooldown: f64::from(settings.cooldown_seconds),
+            behavior,
             hpa: Normalizer::default(),
             last_active: None,
         }
@@ -71,7 +134,7 @@ impl KedaModel {
             if current == 0 && active {
                 return Some(1);
             }
-            let cooled = self.last_active.is_none_or(|t| now - t >= COOLDOWN_PERIOD);
+            let cooled = self.last_active.is_none_or(|t| now - t >= self.cooldown);
             if current > 0 && !active && cooled {
                 return Some(0);
             }
@@ -120,6 +183,13 @@ impl KedaModel {
 mod tests {
     use super::*;
 
+    fn keda(min_replicas: i32) -> KedaModel {
+        KedaModel::new(&KedaSettings {
+            min_replicas,
+            ..KedaSettings::defaults(5, 100)
+        })
+    }
+
     fn obs(backlog: u64, current: i32) -> Observation {
         Observation {
             backlog,
@@ -131,7 +201,7 @@ mod tests {
 
     #[test]
     fn keda_wakes_to_one_and_the_hpa_climbs_four_pods_or_double_per_sync() {
-        let mut keda = KedaModel::new(5, 0, 100);
+        let mut keda = keda(0);
         assert_eq!(
             keda.tick(1, 0.0, &obs(2000, 0)),
             None,
@@ -151,7 +221,7 @@ mod tests {
 
     #[test]
     fn keda_holds_the_peak_for_the_stabilization_window_then_cools_down_to_zero() {
-        let mut keda = KedaModel::new(5, 0, 100);
+        let mut keda = keda(0);
         assert_eq!(keda.tick(0, 0.0, &obs(100, 0)), Some(1));
         assert_eq!(keda.tick(1, 15.0, &obs(100, 1)), Some(5));
         assert_eq!(keda.tick(1, 30.0, &obs(100, 5)), Some(10));
@@ -166,8 +236,41 @@ mod tests {
     }
 
     #[test]
+    fn a_short_window_and_cooldown_release_the_pods_sooner() {
+        let mut keda = KedaModel::new(&KedaSettings {
+            cooldown_seconds: 30,
+            scale_down_window_seconds: 30,
+            ..KedaSettings::defaults(5, 100)
+        });
+        assert_eq!(keda.tick(0, 0.0, &obs(100, 0)), Some(1));
+        assert_eq!(keda.tick(1, 15.0, &obs(100, 1)), Some(5));
+        // Drained by t = 30: the window still holds the recommendation made at 15 s.
+        assert_eq!(keda.tick(1, 30.0, &obs(0, 5)), None);
+        assert_eq!(keda.tick(1, 45.0, &obs(0, 5)), Some(1));
+        // The last poll that saw jobs was at 0: 30 s later KEDA may go to zero.
+        assert_eq!(keda.tick(0, 30.0, &obs(0, 1)), Some(0));
+    }
+
+    #[test]
+    fn settings_are_labelled_by_what_differs_from_the_defaults() {
+        let defaults = KedaSettings::defaults(5, 100);
+        assert_eq!(defaults.label(), "defaults");
+        let tuned = KedaSettings {
+            cooldown_seconds: 30,
+            scale_down_window_seconds: 30,
+            ..defaults
+        };
+        assert_eq!(tuned.label(), "min 0, cooldown 30s, scale-down window 30s");
+        let warm = KedaSettings {
+            min_replicas: 1,
+            ..defaults
+        };
+        assert_eq!(warm.label(), "min 1");
+    }
+
+    #[test]
     fn with_a_minimum_of_one_keda_never_goes_to_zero() {
-        let mut keda = KedaModel::new(5, 1, 100);
+        let mut keda = keda(1);
         assert_eq!(keda.tick(0, 0.0, &obs(0, 0)), Some(1));
         for t in (30..2000).step_by(30) {
             assert_eq!(keda.tick(0, f64::from(t), &obs(0, 1)), None);

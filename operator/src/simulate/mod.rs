@@ -7,6 +7,7 @@
 //! durations. [`run`] is pure and deterministic for a seed.
 
 pub mod cli;
+pub mod compare;
 mod dist;
 mod keda;
 mod trace;
@@ -20,7 +21,7 @@ use rand::rngs::StdRng;
 use serde::Serialize;
 
 pub use dist::DurationDist;
-pub use keda::KedaModel;
+pub use keda::{KedaModel, KedaSettings};
 pub use trace::{Shape, Trace};
 
 use crate::scaling::{Engine, Observation, ScalingSpec};
@@ -46,15 +47,8 @@ pub enum SimError {
 pub enum Policy {
     /// The workerpool scaling engine with this spec.
     Engine(Box<ScalingSpec>),
-    /// KEDA's Redis list scaler with its defaults and this `listLength` and max replicas.
-    Keda {
-        /// `listLength`: the per-replica target.
-        list_length: u32,
-        /// `minReplicaCount` (KEDA's default is 0).
-        min_replicas: i32,
-        /// `maxReplicaCount`.
-        max_replicas: i32,
-    },
+    /// KEDA's Redis list scaler with these settings.
+    Keda(KedaSettings),
 }
 
 impl Policy {
@@ -62,7 +56,7 @@ impl Policy {
     pub fn name(&self) -> &'static str {
         match self {
             Policy::Engine(_) => "engine",
-            Policy::Keda { .. } => "keda",
+            Policy::Keda(_) => "keda",
         }
     }
 }
@@ -111,20 +105,35 @@ pub struct Report {
     pub policies: BTreeMap<String, PolicyReport>,
 }
 
-/// Simulates every policy of `config`.
+/// Simulates every policy of `config`, keyed by policy name (a later policy of the same
+/// name replaces an earlier one: use [`run_each`] to simulate several of a kind).
 pub fn run(config: &SimConfig) -> Report {
-    let arrivals = config.trace.arrival_times(config.seed);
     let policies = config
         .policies
         .iter()
-        .map(|policy| {
-            (
-                policy.name().to_string(),
-                simulate(config, policy, &arrivals),
-            )
-        })
+        .map(|policy| policy.name().to_string())
+        .zip(run_each(config))
         .collect();
     Report { policies }
+}
+
+/// Simulates every policy of `config`, in its order. The policies run on separate
+/// threads; each run is deterministic, so the result does not depend on how they interleave.
+pub fn run_each(config: &SimConfig) -> Vec<PolicyReport> {
+    let arrivals = config.trace.arrival_times(config.seed);
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = config
+            .policies
+            .iter()
+            .map(|policy| scope.spawn(|| simulate(config, policy, &arrivals)))
+            .collect();
+        runs.into_iter()
+            .map(|run| {
+                run.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 /// A controller driving the simulated Deployment.
@@ -351,12 +360,8 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                 vec![period],
             )
         }
-        Policy::Keda {
-            list_length,
-            min_replicas,
-            max_replicas,
-        } => {
-            let model = KedaModel::new(*list_length, *min_replicas, *max_replicas);
+        Policy::Keda(settings) => {
+            let model = KedaModel::new(settings);
             let periods = vec![model.polling_interval(), model.hpa_sync_period()];
             (Controller::Keda(model), periods)
         }

@@ -16,11 +16,7 @@ fn config(trace: &str, policies: Vec<Policy>) -> SimConfig {
 fn both() -> Vec<Policy> {
     vec![
         Policy::Engine(Box::default()),
-        Policy::Keda {
-            list_length: 5,
-            min_replicas: 0,
-            max_replicas: 100,
-        },
+        Policy::Keda(KedaSettings::defaults(5, 100)),
     ]
 }
 

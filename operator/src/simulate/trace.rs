@@ -163,6 +163,39 @@ impl Trace {
                     t += minute;
                 }
             }
+            Shape::ShortSpikes => {
+                // Many short spikes over a near-idle queue: 10 to 150 jobs within 1 to 10 s,
+                // every 6 minutes on average, with 0.02 jobs/s in between.
+                let mut next_spike = exponential(&mut rng, 360.0);
+                let mut t = 0.0;
+                while t < DAY {
+                    if next_spike < t + minute {
+                        let start = next_spike.max(t);
+                        rows.push((t, poisson(&mut rng, 0.02 * (start - t).max(0.0))));
+                        let length = rng.random_range(1.0..10.0f64).round();
+                        rows.push((start, rng.random_range(10..=150u64)));
+                        t = start + length;
+                        next_spike = t + exponential(&mut rng, 360.0);
+                        continue;
+                    }
+                    rows.push((t, poisson(&mut rng, 0.02 * minute)));
+                    t += minute;
+                }
+            }
+            Shape::Ramp => {
+                // A slow ramp: from 0.1 jobs/s at midnight up to 8 jobs/s at 20:00, then
+                // back down to 0.1 jobs/s by the end of the day.
+                let peak = 20.0 * 3600.0;
+                for m in 0..1440 {
+                    let t = f64::from(m) * minute;
+                    let share = if t < peak {
+                        t / peak
+                    } else {
+                        (DAY - t) / (DAY - peak)
+                    };
+                    rows.push((t, poisson(&mut rng, (0.1 + 7.9 * share) * minute)));
+                }
+            }
             Shape::Sparse => {
                 // A webhook-style queue: bursts of 1 to 50 jobs about once an hour.
                 let mut t = exponential(&mut rng, 3600.0);
@@ -192,6 +225,25 @@ pub enum Shape {
     Spikes,
     /// A few jobs about once an hour.
     Sparse,
+    /// 10 to 150 jobs within seconds, every 6 minutes on average.
+    ShortSpikes,
+    /// From 0.1 up to 8 jobs/s over 20 hours, then back down.
+    Ramp,
+}
+
+impl Shape {
+    /// The name `--generate` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Steady => "steady",
+            Shape::Burst => "burst",
+            Shape::Diurnal => "diurnal",
+            Shape::Spikes => "spikes",
+            Shape::Sparse => "sparse",
+            Shape::ShortSpikes => "short-spikes",
+            Shape::Ramp => "ramp",
+        }
+    }
 }
 
 impl FromStr for Shape {
@@ -204,9 +256,11 @@ impl FromStr for Shape {
             "diurnal" => Shape::Diurnal,
             "spikes" => Shape::Spikes,
             "sparse" => Shape::Sparse,
+            "short-spikes" => Shape::ShortSpikes,
+            "ramp" => Shape::Ramp,
             other => {
                 return Err(SimError::Argument(format!(
-                    "unknown trace shape {other:?}; expected steady, burst, diurnal, spikes or sparse"
+                    "unknown trace shape {other:?}; expected steady, burst, diurnal, spikes, sparse, short-spikes or ramp"
                 )));
             }
         })
