@@ -1,4 +1,7 @@
-//! Rates measured from counters: arrivals, completions, and what one replica can process.
+//! Rates measured from counters: arrivals, completions, and what one replica can process;
+//! and how long a new replica takes to become ready.
+
+use std::collections::VecDeque;
 
 /// How quickly the smoothed rates follow a change, in seconds (the time constant of an
 /// exponentially weighted moving average whose weight depends on the time between samples,
@@ -6,6 +9,8 @@
 const ARRIVAL_TAU: f64 = 30.0;
 const COMPLETION_TAU: f64 = 30.0;
 const THROUGHPUT_TAU: f64 = 60.0;
+/// The span of the sustained arrival rate's median, in seconds.
+const SUSTAINED_WINDOW: f64 = 60.0;
 
 #[derive(Clone, Copy, Debug)]
 struct Sample {
@@ -33,6 +38,8 @@ struct Sample {
 pub struct RateEstimator {
     last: Option<Sample>,
     arrival: Option<f64>,
+    /// Recent intervals' arrival rates: when each ended, how long it was, its rate.
+    recent_arrivals: VecDeque<(f64, f64, f64)>,
     completion: Option<f64>,
     per_replica: Option<f64>,
     job_seconds: Option<f64>,
@@ -43,6 +50,34 @@ impl RateEstimator {
     /// Smoothed arrivals per second, once two samples were seen.
     pub fn arrival_rate(&self) -> Option<f64> {
         self.arrival
+    }
+
+    /// Sustained arrivals per second: the time-weighted median of the arrival rates of the
+    /// intervals within the last [`SUSTAINED_WINDOW`] seconds. A burst shorter than half the
+    /// window does not move it.
+    pub fn sustained_arrival_rate(&self) -> Option<f64> {
+        let mut rates: Vec<(f64, f64)> = self
+            .recent_arrivals
+            .iter()
+            .map(|&(_, dt, rate)| (rate, dt))
+            .collect();
+        if rates.is_empty() {
+            return None;
+        }
+        rates.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total: f64 = rates.iter().map(|r| r.1).sum();
+        let mut seen = 0.0;
+        for (i, &(rate, dt)) in rates.iter().enumerate() {
+            seen += dt;
+            if seen > total / 2.0 + 1e-9 {
+                return Some(rate);
+            }
+            if (seen - total / 2.0).abs() <= 1e-9 {
+                let next = rates.get(i + 1).map_or(rate, |r| r.0);
+                return Some((rate + next) / 2.0);
+            }
+        }
+        rates.last().map(|r| r.0)
     }
 
     /// Smoothed completions per second across all replicas.
@@ -83,6 +118,12 @@ impl RateEstimator {
         let arrival = ((done + gained) / dt).max(0.0);
         let completion = done / dt;
         self.arrival = Some(smooth(self.arrival, arrival, dt, ARRIVAL_TAU));
+        self.recent_arrivals.push_back((at, dt, arrival));
+        while self.recent_arrivals.front().is_some_and(|&(end, dt, _)| {
+            end - dt < at - SUSTAINED_WINDOW && self.recent_arrivals.len() > 1
+        }) {
+            self.recent_arrivals.pop_front();
+        }
         self.completion = Some(smooth(self.completion, completion, dt, COMPLETION_TAU));
         let busy = (last.in_flight + in_flight) as f64 / 2.0;
         if done > 0.0 && busy > 0.0 {
@@ -105,6 +146,61 @@ impl RateEstimator {
             let measured = completion / f64::from(ready);
             self.per_replica = Some(smooth(self.per_replica, measured, dt, THROUGHPUT_TAU));
         }
+    }
+}
+
+/// How long a new replica takes to become ready, measured from the scale-ups that were
+/// applied: the time from each scale-up until the ready count first reaches its new size.
+///
+/// Samples are taken at the engine's polls, so they include up to one poll interval of
+/// delay: what the engine needs is when it will see the pods ready, not the kubelet's
+/// timestamp. A scale-down before the pods were ready lowers the count waited for; pods that
+/// never become ready (an image that cannot be pulled) stop being waited for after
+/// [`STARTUP_GIVE_UP_SECONDS`] and leave no sample.
+#[derive(Clone, Debug, Default)]
+pub struct StartupEstimator {
+    /// Applied scale-ups still waiting for their pods: when, and the count to reach.
+    waiting: Vec<(f64, i32)>,
+    seconds: Option<f64>,
+}
+
+/// Pods not ready this long after their scale-up are no longer waited for.
+pub const STARTUP_GIVE_UP_SECONDS: f64 = 600.0;
+/// The weight of a new start-up sample.
+const STARTUP_WEIGHT: f64 = 0.5;
+
+impl StartupEstimator {
+    /// The smoothed start-up time in seconds, once one scale-up has become ready.
+    pub fn seconds(&self) -> Option<f64> {
+        self.seconds
+    }
+
+    /// A scale-up from `from` to `to` replicas was applied at `at`.
+    pub fn scaled(&mut self, at: f64, from: i32, to: i32) {
+        if to > from {
+            self.waiting.push((at, to));
+        }
+    }
+
+    /// What a poll at `at` saw: `current` replicas, `ready` of them ready.
+    pub fn observe(&mut self, at: f64, current: i32, ready: i32) {
+        let mut seconds = self.seconds;
+        self.waiting.retain_mut(|(since, count)| {
+            *count = (*count).min(current);
+            if at - *since > STARTUP_GIVE_UP_SECONDS {
+                return false;
+            }
+            if ready >= *count {
+                let sample = (at - *since).max(0.0);
+                seconds = Some(match seconds {
+                    None => sample,
+                    Some(previous) => previous + STARTUP_WEIGHT * (sample - previous),
+                });
+                return false;
+            }
+            true
+        });
+        self.seconds = seconds;
     }
 }
 
@@ -189,6 +285,67 @@ mod tests {
             panic!("known")
         };
         assert!((rate - 0.2).abs() < 1e-9, "{rate}");
+    }
+
+    #[test]
+    fn a_short_burst_does_not_move_the_sustained_arrival_rate_a_lasting_change_does() {
+        let mut e = RateEstimator::default();
+        let mut processed = 0;
+        let mut at = 0.0;
+        let mut poll = |e: &mut RateEstimator, arrived: u64| {
+            // Everything that arrives is done within the interval.
+            processed += arrived;
+            at += 5.0;
+            e.observe(at, processed, 0, 0, 1);
+        };
+        for _ in 0..12 {
+            poll(&mut e, 10);
+        }
+        assert_eq!(e.sustained_arrival_rate(), Some(2.0));
+        // 500 jobs in one interval: the smoothed rate jumps, the sustained one does not.
+        poll(&mut e, 500);
+        assert_eq!(e.sustained_arrival_rate(), Some(2.0));
+        assert!(e.arrival_rate().is_some_and(|rate| rate > 10.0));
+        // Four times the traffic for more than half a minute is the new rate.
+        for _ in 0..7 {
+            poll(&mut e, 40);
+        }
+        assert_eq!(e.sustained_arrival_rate(), Some(8.0));
+    }
+
+    #[test]
+    fn start_up_is_measured_from_each_applied_scale_up_until_its_pods_are_ready() {
+        let mut s = StartupEstimator::default();
+        s.observe(0.0, 1, 1);
+        assert_eq!(s.seconds(), None);
+        s.scaled(0.0, 1, 5);
+        s.observe(5.0, 5, 1);
+        s.observe(10.0, 5, 3);
+        assert_eq!(s.seconds(), None, "not all five yet");
+        s.observe(20.0, 5, 5);
+        assert_eq!(s.seconds(), Some(20.0));
+        // The next one takes 10 s: the estimate moves halfway.
+        s.scaled(30.0, 5, 6);
+        s.observe(40.0, 6, 6);
+        assert_eq!(s.seconds(), Some(15.0));
+    }
+
+    #[test]
+    fn a_scale_down_before_readiness_lowers_the_count_waited_for() {
+        let mut s = StartupEstimator::default();
+        s.scaled(0.0, 0, 10);
+        s.observe(5.0, 4, 0);
+        s.observe(15.0, 4, 4);
+        assert_eq!(s.seconds(), Some(15.0));
+    }
+
+    #[test]
+    fn pods_that_never_become_ready_are_given_up_without_a_sample() {
+        let mut s = StartupEstimator::default();
+        s.scaled(0.0, 0, 2);
+        s.observe(STARTUP_GIVE_UP_SECONDS + 1.0, 2, 0);
+        s.observe(STARTUP_GIVE_UP_SECONDS + 5.0, 2, 2);
+        assert_eq!(s.seconds(), None);
     }
 
     #[test]

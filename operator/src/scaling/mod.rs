@@ -5,9 +5,10 @@
 //! the [`Decision`]; [`Engine::tick_failed`] stands in when the queue could not be read.
 //!
 //! Each tick:
-//! 1. every configured target proposes a replica count (the backlog target always; the
-//!    drain target once per-replica throughput is known; the wait target when set), each
-//!    with the HPA's tolerance; the largest proposal wins;
+//! 1. every configured target proposes a replica count (the backlog target always, on the
+//!    work that will still be there when a pod started now is ready; the drain target once
+//!    per-replica throughput is known; the wait target when set), each with the HPA's
+//!    tolerance; the largest proposal wins;
 //! 2. zero is special: a pool at zero wakes only at `activationBacklog` and then goes
 //!    straight to the proposed size; a pool goes to zero only after `idleSecondsBeforeZero`
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
@@ -15,7 +16,7 @@
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
 //!
 //! The actuator reports each change it applied with [`Engine::applied`]: a scale event
-//! counts for the rate policies only once it happened.
+//! counts for the rate policies, and times the pods' start-up, only once it happened.
 
 mod behavior;
 mod estimate;
@@ -30,7 +31,7 @@ pub use behavior::{
     Behavior, DEFAULT_SCALE_DOWN_WINDOW_SECONDS, DEFAULT_TOLERANCE, Normalized, Normalizer, Policy,
     Rules, Select,
 };
-pub use estimate::RateEstimator;
+pub use estimate::{RateEstimator, StartupEstimator};
 
 use behavior::to_i32;
 
@@ -532,6 +533,7 @@ pub fn decide(
 pub struct Engine {
     normalizer: Normalizer,
     rates: RateEstimator,
+    startup: StartupEstimator,
     consecutive_failures: u32,
     idle_since: Option<f64>,
 }
@@ -553,12 +555,19 @@ impl Engine {
             .highest_recommendation_since(secs(now) - window.as_secs_f64())
     }
 
+    /// How long new replicas take to become ready, once measured.
+    pub fn startup(&self) -> &StartupEstimator {
+        &self.startup
+    }
+
     /// Records that the workload was scaled from `from` to `to` replicas at `now`: call it
     /// once the change is applied (the Deployment patched, the processes started), never
     /// for a change that failed. Scale events feed the rate policies' periods, as the HPA
-    /// records them only after a successful update.
+    /// records them only after a successful update, and scale-ups time the pods' start-up.
     pub fn applied(&mut self, now: Duration, from: i32, to: i32) {
-        self.normalizer.record_scale(secs(now), from, to);
+        let now = secs(now);
+        self.normalizer.record_scale(now, from, to);
+        self.startup.scaled(now, from, to);
     }
 
     /// Decides the replica count from a successful read of the queue. `now` is any
@@ -582,6 +591,11 @@ impl Engine {
             observation.processed_total,
             observation.backlog,
             observation.in_flight,
+            observation.ready_replicas,
+        );
+        self.startup.observe(
+            now_s,
+            observation.current_replicas,
             observation.ready_replicas,
         );
         decision
@@ -744,9 +758,10 @@ impl Engine {
             (ceil(raw), false)
         };
 
-        // AverageValue form: ratio = total / (target × current).
+        // AverageValue form: ratio = total / (target × current), on the work that will
+        // still be there when a pod started now is ready.
         let target = f64::from(spec.target_backlog_per_replica.max(1));
-        let work = obs.backlog.saturating_add(obs.in_flight) as f64;
+        let work = self.work_left_at_readiness(obs);
         let backlog_raw = work / target;
         let (backlog, backlog_tol) = tolerate(backlog_raw, ratio(backlog_raw, current));
         let mut best = (
@@ -822,6 +837,30 @@ impl Engine {
             best.0,
             best.1,
         )
+    }
+
+    /// The jobs (waiting plus running) the backlog target sizes the pool for: those that
+    /// will still be waiting or running when a pod started now becomes ready.
+    ///
+    /// A pod helps only with the work left once it is ready. Until then the ready pods
+    /// keep working at their measured throughput while jobs keep arriving at the
+    /// sustained rate (the median of the last minute, so a spike whose jobs are already
+    /// in the backlog is not counted a second time as arrivals). A spike that the ready
+    /// pods clear within one start-up time starts no pod; a larger one starts pods for
+    /// what is left. Never more than today's backlog plus in-flight jobs: growing
+    /// arrivals are the drain target's business. Until the start-up time and the
+    /// throughput have been measured, this is the whole backlog plus in-flight jobs.
+    fn work_left_at_readiness(&self, obs: &Observation) -> f64 {
+        let work = obs.backlog.saturating_add(obs.in_flight) as f64;
+        let (Some(arrival), Some(throughput), Some(startup)) = (
+            self.rates.sustained_arrival_rate(),
+            self.rates.per_replica_throughput(),
+            self.startup.seconds(),
+        ) else {
+            return work;
+        };
+        let capacity = throughput * f64::from(obs.ready_replicas.max(0));
+        (work + (arrival - capacity) * startup).clamp(0.0, work)
     }
 
     /// The oldest waiting job's age: measured when producers stamp it, else estimated by

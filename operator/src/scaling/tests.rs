@@ -150,6 +150,64 @@ fn drain_target_sizes_for_arrivals_plus_clearing_the_backlog() {
     assert_eq!(decision.reason.rule, Rule::DrainTarget);
 }
 
+/// One ready pod that completes 8 jobs/s, a measured start-up of 20 s and no arrivals
+/// besides the backlog: the state after a first spike.
+fn engine_with_one_warm_pod(spec: &ScalingSpec) -> Engine {
+    let mut engine = Engine::new();
+    engine.applied(at(0), 0, 1);
+    let saturated = |backlog, processed| Observation {
+        processed_total: processed,
+        ..obs(backlog, 4, 1)
+    };
+    // Ready 20 s after the scale-up; then 40 jobs done in 5 s with jobs waiting throughout.
+    engine.tick(spec, &saturated(80, 0), at(20));
+    engine.tick(spec, &saturated(40, 40), at(25));
+    assert_eq!(engine.startup().seconds(), Some(20.0));
+    assert_eq!(engine.rates().per_replica_throughput(), Some(8.0));
+    assert_eq!(engine.rates().sustained_arrival_rate(), Some(0.0));
+    engine
+}
+
+#[test]
+fn a_spike_the_ready_pods_clear_before_a_new_pod_is_ready_starts_no_pod() {
+    let spec = plain();
+    // 100 jobs: the warm pod clears them in 13 s, before a pod started now is ready.
+    let mut engine = engine_with_one_warm_pod(&spec);
+    let decision = engine.tick(&spec, &obs(100, 4, 1), at(30));
+    assert_eq!(decision.proposals.backlog, 0, "instead of ceil(104 / 5)");
+    assert_eq!(decision.desired, 1);
+    // 400 jobs: 160 are done when a new pod is ready, the rest ask for ceil(244 / 5).
+    let mut engine = engine_with_one_warm_pod(&spec);
+    let decision = engine.tick(&spec, &obs(400, 4, 1), at(30));
+    assert_eq!(decision.proposals.backlog, 49);
+    assert_eq!(decision.desired, 49);
+    assert_eq!(decision.reason.rule, Rule::BacklogTarget);
+}
+
+#[test]
+fn pods_still_starting_do_not_count_as_capacity() {
+    let spec = plain();
+    let mut engine = engine_with_one_warm_pod(&spec);
+    // Three pods, none ready: nothing is drained before a new pod would be ready.
+    let o = Observation {
+        ready_replicas: 0,
+        ..obs(100, 0, 3)
+    };
+    assert_eq!(engine.tick(&spec, &o, at(30)).proposals.backlog, 20);
+}
+
+#[test]
+fn the_whole_backlog_counts_until_the_start_up_time_is_measured() {
+    let spec = ScalingSpec {
+        target_drain_seconds: None,
+        ..plain()
+    };
+    let mut engine = engine_with_measured_throughput(&spec);
+    assert_eq!(engine.startup().seconds(), None);
+    let decision = engine.tick(&spec, &obs(100, 4, 4), at(20));
+    assert_eq!(decision.proposals.backlog, 21, "ceil(104 / 5)");
+}
+
 #[test]
 fn drain_target_waits_until_throughput_is_known() {
     let spec = ScalingSpec {
