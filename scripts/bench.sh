@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Worker benchmark: one workerpool-worker process (release build, noop
-# handler) drains JOBS preloaded jobs at each concurrency, then the pick-up
-# latency of an idle worker is sampled, then redis-benchmark runs the same
-# Redis work on the same server for the ceiling. See docs/benchmarks.md.
+# handler) drains JOBS preloaded jobs at each concurrency, right after the
+# naive reliable-fetch floor (worker/examples/floor.rs: BLMOVE + LREM per
+# job on FLOOR_CONNECTIONS connections, nothing else) drained the same jobs;
+# then the pick-up latency of an idle worker is sampled, then
+# redis-benchmark runs the same Redis work on the same server for the
+# ceiling. CPU per job is given for the worker and for Redis (INFO cpu).
+# See docs/benchmarks.md.
 #
 #   scripts/bench.sh                       # 20,000 jobs at concurrency 1, 10, 50
 #   JOBS=5000 CONCURRENCY="1 8" scripts/bench.sh
@@ -15,16 +19,18 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-20000}
 CONCURRENCY=${CONCURRENCY:-"1 10 50"}
 SAMPLES=${SAMPLES:-2000}
+FLOOR_CONNECTIONS=${FLOOR_CONNECTIONS:-10}
 QUEUE=bench
 TARGET=${CARGO_TARGET_DIR:-target}
 
 for tool in redis-server redis-cli redis-benchmark /usr/bin/time; do
   command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
 done
-cargo build --quiet --release -p workerpool-worker --bins --example bench
+cargo build --quiet --release -p workerpool-worker --bins --example bench --example floor
 WORKER=$TARGET/release/workerpool-worker
 CLI=$TARGET/release/workerpool
 LATENCY=$TARGET/release/examples/bench
+FLOOR=$TARGET/release/examples/floor
 
 tmp=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -41,6 +47,8 @@ trap cleanup EXIT
 url="redis://127.0.0.1:$port/0"
 cli() { redis-cli -p "$port" "$@"; }
 until cli ping >/dev/null 2>&1; do sleep 0.05; done
+# Redis's CPU seconds so far (user + system).
+redis_cpu() { cli INFO cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.6f", s}'; }
 
 # A realistic job: producer fields plus what the worker stamps.
 job='{"task":"noop","data":{"user":12345,"template":"welcome","locale":"en"}}'
@@ -58,11 +66,17 @@ return redis.call('INCR', KEYS[3])"
 
 for ((i = 0; i < JOBS; i++)); do echo "$job"; done >"$tmp/jobs"
 
-printf '%-11s %9s %8s %8s %9s %9s %10s %9s %8s\n' \
-  concurrency "jobs/s" "p50 ms" "p99 ms" "CPU s" "peak RSS" "idle RSS" "ceiling" "ratio"
+printf '%-11s %9s %9s %7s %8s %8s %10s %10s %9s %9s %9s %7s\n' \
+  concurrency "jobs/s" "floor/s" "×floor" "p50 ms" "p99 ms" "worker µs" "redis µs" "peak RSS" "idle RSS" "ceiling" "×ceil"
 for c in $CONCURRENCY; do
   cli FLUSHALL >/dev/null
   "$CLI" enqueue --redis-url "$url" --queue "$QUEUE" <"$tmp/jobs" >/dev/null
+  floor_json=$("$FLOOR" "$url" "$QUEUE" "$JOBS" "$FLOOR_CONNECTIONS")
+  # shellcheck disable=SC2001
+  floor=$(echo "$floor_json" | sed 's/.*"jobs_per_s":\([0-9]*\).*/\1/')
+  cli FLUSHALL >/dev/null
+  "$CLI" enqueue --redis-url "$url" --queue "$QUEUE" <"$tmp/jobs" >/dev/null
+  redis_before=$(redis_cpu)
   start=$(date +%s%N)
   /usr/bin/time -f '%U %S %M' -o "$tmp/time" \
     "$WORKER" --redis-url "$url" --queue "$QUEUE" --handler noop --concurrency "$c" \
@@ -70,6 +84,7 @@ for c in $CONCURRENCY; do
   time_pid=$!
   until [ "$(cli GET "$QUEUE:stats:processed")" = "$JOBS" ]; do sleep 0.005; done
   end=$(date +%s%N)
+  redis_after=$(redis_cpu)
   worker_pid=$(pgrep -P "$time_pid")
   sleep 0.5
   idle_kb=$(awk '/VmRSS/ {print $2}' "/proc/$worker_pid/status")
@@ -89,8 +104,11 @@ for c in $CONCURRENCY; do
   ceiling=$(redis-benchmark -p "$port" -n "$JOBS" -c "$c" -P 1 -q \
     EVAL "$per_job" 3 "$QUEUE" "$QUEUE:processing:x" "$QUEUE:stats:processed" "$job" "$stamped" \
     | tr '\r' '\n' | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -n 1 | cut -d. -f1)
-  printf '%-11s %9d %8.2f %8.2f %9.2f %7dMB %8dMB %9d %7.0f%%\n' \
-    "$c" "$rate" "$(echo "$p50/1000" | bc -l)" "$(echo "$p99/1000" | bc -l)" \
-    "$(echo "$user+$sys" | bc -l)" $((peak_kb / 1024)) $((idle_kb / 1024)) \
+  printf '%-11s %9d %9d %7.2f %8.2f %8.2f %10.1f %10.1f %7dMB %8dMB %9d %6.0f%%\n' \
+    "$c" "$rate" "$floor" "$(echo "$rate/$floor" | bc -l)" \
+    "$(echo "$p50/1000" | bc -l)" "$(echo "$p99/1000" | bc -l)" \
+    "$(echo "1000000*($user+$sys)/$JOBS" | bc -l)" \
+    "$(echo "1000000*($redis_after-$redis_before)/$JOBS" | bc -l)" \
+    $((peak_kb / 1024)) $((idle_kb / 1024)) \
     "$ceiling" "$(echo "100*$rate/$ceiling" | bc -l)"
 done
