@@ -2,7 +2,7 @@
 //! joined by `redis-cli --cluster create`. Every URL here names a primary
 //! that does not own the queue's slot, so each command is redirected.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use workerpool_tests::{TestRedisCluster, eventually, free_port};
 use workerpool_worker::keys::{QueueKeys, slot};
 
 mod common;
-use common::http_get;
+use common::{http_get, stderr, stop};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -50,27 +50,6 @@ fn worker(url: &str, queues: &[&str], handler: &str, port: u16, extra: &[&str]) 
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn workerpool-worker")
-}
-
-fn stop(mut child: Child) -> String {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    stderr(&mut child)
-}
-
-fn stderr(child: &mut Child) -> String {
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    err
 }
 
 async fn counter(c: &mut ClusterConnection, key: String) -> u64 {

@@ -3,7 +3,6 @@
 //! the worker and the CLI with a private CA, mutual TLS, and a certificate
 //! that is not trusted.
 
-use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use workerpool_tests::{TestTlsRedis, eventually, free_port};
 use workerpool_worker::keys::QueueKeys;
 
 mod common;
-use common::{counter, http_get, len};
+use common::{counter, http_get, len, stop};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -59,23 +58,6 @@ fn worker(redis: &TestTlsRedis, ca: &Path, client: bool, port: u16) -> Child {
             .arg(&redis.certs.client_key);
     }
     cmd.spawn().expect("spawn workerpool-worker")
-}
-
-fn stop(mut child: Child) -> String {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    err
 }
 
 async fn drains_over_tls(mutual: bool) {

@@ -157,3 +157,27 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
         .map(|(_, b)| b.to_string())?;
     Some((status, body))
 }
+
+/// Sends SIGTERM to a worker process, waits up to 10 s for it to exit
+/// (killing it after), and returns what it wrote to stderr.
+pub fn stop(mut child: std::process::Child) -> String {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    stderr(&mut child)
+}
+
+/// What a finished child process wrote to its piped stderr.
+pub fn stderr(child: &mut std::process::Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    err
+}
