@@ -104,13 +104,13 @@ pub struct RedisQueue {
 
     /// The queue: the Redis list producers `LPUSH` jobs onto.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256))]
     pub key: Option<String>,
 
     /// Several queues served in strict priority order, the first first. Their
     /// backlogs add up for scaling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 16), inner(length(min = 1, max = 256)))]
     pub keys: Option<Vec<String>>,
 
     /// TLS settings for a `rediss://` URL: a private CA and a client
