@@ -383,9 +383,19 @@ fn the_release_script_sets_one_version_everywhere_and_changes_nothing_else() {
     assert!(!release_sh(dir, &["--notes", "Unreleased"]).status.success());
 
     // Cargo.lock is still the lock file of the workspace: cargo accepts it
-    // as it is (--locked), without the network.
+    // as it is (--locked), without the network (for this machine's
+    // platform: other platforms' crates need not be in cargo's cache).
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc runs");
+    let host = text(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc -vV names the host");
     let metadata = Command::new(env!("CARGO"))
         .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .args(["--filter-platform", &host])
         .current_dir(dir)
         .output()
         .expect("cargo metadata runs");
