@@ -10,6 +10,7 @@
 #
 #   scripts/bench.sh                       # 20,000 jobs at concurrency 1, 10, 50
 #   JOBS=5000 CONCURRENCY="1 8" scripts/bench.sh
+#   HANDLER=exec scripts/bench.sh          # a no-op Python exec handler instead
 #
 # Uses CARGO_TARGET_DIR when set. Needs redis-server, redis-cli,
 # redis-benchmark and GNU time (/usr/bin/time; apt-get install -y time).
@@ -20,6 +21,9 @@ JOBS=${JOBS:-20000}
 CONCURRENCY=${CONCURRENCY:-"1 10 50"}
 SAMPLES=${SAMPLES:-2000}
 FLOOR_CONNECTIONS=${FLOOR_CONNECTIONS:-10}
+# noop (built in) or exec: a three-line Python handler speaking JSON lines,
+# one child process per slot.
+HANDLER=${HANDLER:-noop}
 QUEUE=bench
 TARGET=${CARGO_TARGET_DIR:-target}
 
@@ -66,6 +70,18 @@ return redis.call('INCR', KEYS[3])"
 
 for ((i = 0; i < JOBS; i++)); do echo "$job"; done >"$tmp/jobs"
 
+case $HANDLER in
+  noop) handler=(--handler noop) ;;
+  exec)
+    cat >"$tmp/handler.py" <<'PY'
+import sys
+for line in sys.stdin:
+    sys.stdout.write('{"ok":true}\n'); sys.stdout.flush()
+PY
+    handler=(-- python3 "$tmp/handler.py") ;;
+  *) echo "HANDLER is noop or exec, not $HANDLER" >&2; exit 1 ;;
+esac
+
 printf '%-11s %9s %9s %7s %8s %8s %10s %10s %9s %9s %9s %7s\n' \
   concurrency "jobs/s" "floor/s" "×floor" "p50 ms" "p99 ms" "worker µs" "redis µs" "peak RSS" "idle RSS" "ceiling" "×ceil"
 for c in $CONCURRENCY; do
@@ -79,8 +95,8 @@ for c in $CONCURRENCY; do
   redis_before=$(redis_cpu)
   start=$(date +%s%N)
   /usr/bin/time -f '%U %S %M' -o "$tmp/time" \
-    "$WORKER" --redis-url "$url" --queue "$QUEUE" --handler noop --concurrency "$c" \
-      --listen 127.0.0.1:0 --worker-id bench 2>"$tmp/worker.log" &
+    "$WORKER" --redis-url "$url" --queue "$QUEUE" --concurrency "$c" \
+      --listen 127.0.0.1:0 --worker-id bench "${handler[@]}" 2>"$tmp/worker.log" &
   time_pid=$!
   until [ "$(cli GET "$QUEUE:stats:processed")" = "$JOBS" ]; do sleep 0.005; done
   end=$(date +%s%N)
