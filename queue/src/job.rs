@@ -260,16 +260,117 @@ pub fn intake(raw: impl AsRef<[u8]>, now_ms: u64, max_attempts: u32, worker: &st
             None,
         );
     }
+    // `attempt` first, as the fetch script stamps: the next fetch of this
+    // payload (a retry, or after a reaper returned it) counts it as text.
+    fields.shift_remove(field::ATTEMPT);
+    let mut stamped = Map::with_capacity(fields.len() + 3);
+    stamped.insert(field::ATTEMPT.into(), Value::from(previous + 1));
     if !fields.contains_key(field::ID) {
-        fields.insert(field::ID.into(), Value::from(new_id()));
+        stamped.insert(field::ID.into(), Value::from(new_id()));
     }
     if !fields.contains_key(field::ENQUEUED_AT) {
-        fields.insert(field::ENQUEUED_AT.into(), Value::from(now_ms));
+        stamped.insert(field::ENQUEUED_AT.into(), Value::from(now_ms));
     }
-    fields.insert(field::ATTEMPT.into(), Value::from(previous + 1));
-    let job = Job { fields };
+    stamped.extend(fields);
+    let job = Job { fields: stamped };
     let stamped = job.to_json();
     Intake::Run { job, stamped }
+}
+
+/// How the fetch script stamped a payload as it took it (`stamp.lua`), so
+/// that a job can start without a second round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stamp {
+    /// Left as it was: [`intake`] decides.
+    Untouched,
+    /// A fresh job: this many bytes (`"attempt":1`, and `"id"` and
+    /// `"enqueued_at"` when absent) were added after the opening brace.
+    Fresh(usize),
+    /// The leading `"attempt":N` was counted up to N + 1.
+    Counted,
+}
+
+/// What every stamped payload starts with.
+const ATTEMPT_PREFIX: &[u8] = b"{\"attempt\":";
+
+impl Stamp {
+    /// The stamp as the fetch script reports it: -1, the number of bytes
+    /// added, or 0.
+    pub fn from_reply(code: i64) -> Self {
+        match code {
+            -1 => Stamp::Counted,
+            n if n > 0 => Stamp::Fresh(n as usize),
+            _ => Stamp::Untouched,
+        }
+    }
+
+    /// The reply code of [`Stamp::from_reply`].
+    pub fn code(self) -> i64 {
+        match self {
+            Stamp::Untouched => 0,
+            Stamp::Fresh(n) => n as i64,
+            Stamp::Counted => -1,
+        }
+    }
+}
+
+/// The leading `attempt` of a stamped payload and the bytes after its
+/// comma.
+fn leading_attempt(held: &[u8]) -> Option<(u64, &[u8])> {
+    let after = held.strip_prefix(ATTEMPT_PREFIX)?;
+    let digits = after.iter().take_while(|b| b.is_ascii_digit()).count();
+    let rest = after[digits..].strip_prefix(b",")?;
+    let n = std::str::from_utf8(&after[..digits]).ok()?.parse().ok()?;
+    Some((n, rest))
+}
+
+/// The payload exactly as it was before the fetch script stamped it (what
+/// a dead letter keeps, and what goes back to the queue unrun).
+pub fn unstamped(held: &[u8], stamp: Stamp) -> Vec<u8> {
+    match stamp {
+        Stamp::Untouched => held.to_vec(),
+        Stamp::Fresh(n) if held.len() > n => {
+            let mut original = Vec::with_capacity(held.len() - n);
+            original.push(b'{');
+            original.extend_from_slice(&held[1 + n..]);
+            original
+        }
+        Stamp::Counted => match leading_attempt(held) {
+            Some((n, rest)) if n > 1 => {
+                let mut original = ATTEMPT_PREFIX.to_vec();
+                original.extend_from_slice((n - 1).to_string().as_bytes());
+                original.push(b',');
+                original.extend_from_slice(rest);
+                original
+            }
+            _ => held.to_vec(),
+        },
+        Stamp::Fresh(_) => held.to_vec(),
+    }
+}
+
+/// The job a payload stamped by the fetch script runs, when the worker
+/// reads it as the script did: a UTF-8 JSON object whose known fields have
+/// their types, with `attempt` as stamped, an `id` and an `enqueued_at`,
+/// and no `run_at`. `None` means the stamp does not stand (the payload is
+/// malformed, or holds something a text stamp cannot see, such as an
+/// escaped field name): take [`unstamped`] through [`intake`] instead.
+pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
+    let expected = match stamp {
+        Stamp::Untouched => return None,
+        Stamp::Fresh(_) => 1,
+        Stamp::Counted => leading_attempt(held)?.0,
+    };
+    let text = std::str::from_utf8(held).ok()?;
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
+        return None;
+    };
+    let stands = check_types(&fields).is_ok()
+        && read_u64(&fields, field::ATTEMPT) == Some(expected)
+        && fields.contains_key(field::ID)
+        && fields.contains_key(field::ENQUEUED_AT)
+        && !fields.contains_key(field::RUN_AT);
+    stands.then_some(Job { fields })
 }
 
 /// A fresh job id: 128 random bits in hex.
@@ -341,8 +442,83 @@ mod tests {
         assert_eq!(job.enqueued_at(), Some(NOW));
         assert_eq!(job.id().len(), 32);
         let keys: Vec<_> = job.fields().keys().map(String::as_str).collect();
-        assert_eq!(&keys[..4], ["task", "data", "zeta", "alpha"]);
+        // The stamp first, as the fetch script writes it; the rest in order.
+        assert_eq!(
+            keys,
+            [
+                "attempt",
+                "id",
+                "enqueued_at",
+                "task",
+                "data",
+                "zeta",
+                "alpha"
+            ]
+        );
         assert_eq!(job.get("alpha"), Some(&json!([])));
+        assert!(job.to_json().starts_with(r#"{"attempt":1,"id":""#));
+    }
+
+    /// The fetch script's fresh stamp of `raw` (stamp.lua), with a fixed id.
+    fn fetch_stamped(raw: &str) -> (Vec<u8>, Stamp) {
+        let add = format!(r#""attempt":1,"id":"{:032x}","enqueued_at":{NOW}"#, 7);
+        let rest = &raw[1..];
+        let (held, n) = if rest.trim_start().starts_with('}') {
+            (format!("{{{add}{rest}"), add.len())
+        } else {
+            (format!("{{{add},{rest}"), add.len() + 1)
+        };
+        (held.into_bytes(), Stamp::Fresh(n))
+    }
+
+    #[test]
+    fn a_stamped_payload_gives_back_the_pushed_bytes_exactly() {
+        for raw in [
+            r#"{"task":"t","data":{"b":1e400}}"#,
+            "{ }",
+            r#"{"a":"\u00e9"}"#,
+        ] {
+            let (held, stamp) = fetch_stamped(raw);
+            assert_eq!(unstamped(&held, stamp), raw.as_bytes(), "{raw}");
+        }
+        let counted = br#"{"attempt":10,"id":"a","x":[1]}"#;
+        assert_eq!(
+            unstamped(counted, Stamp::Counted),
+            br#"{"attempt":9,"id":"a","x":[1]}"#
+        );
+        assert_eq!(unstamped(b"\xff", Stamp::Untouched), b"\xff");
+    }
+
+    #[test]
+    fn a_stamp_stands_only_where_the_worker_reads_the_payload_as_the_script_did() {
+        let (held, stamp) = fetch_stamped(r#"{"task":"t","data":{"id":1}}"#);
+        let job = stamped(&held, stamp).expect("a plain fresh job");
+        assert_eq!((job.attempt(), job.task()), (1, Some("t")));
+        assert_eq!(job.id(), format!("{:032x}", 7));
+        let job = stamped(br#"{"attempt":4,"id":"a","enqueued_at":1}"#, Stamp::Counted);
+        assert_eq!(job.map(|j| j.attempt()), Some(4));
+        for raw in [
+            r#"{"task":5}"#,         // a known field of the wrong type
+            r#"{"\u0061ttempt":3}"#, // an escaped name the text stamp missed
+            r#"{"run_at":"soon"}"#,  // intake schedules or refuses it
+            r#"{"a":1"#,             // not JSON
+        ] {
+            let (held, stamp) = fetch_stamped(raw);
+            assert_eq!(stamped(&held, stamp), None, "{raw}");
+        }
+        assert_eq!(
+            stamped(br#"{"attempt":2,"x":1}"#, Stamp::Counted),
+            None,
+            "no id"
+        );
+        assert_eq!(stamped(br#"{"id":"a"}"#, Stamp::Untouched), None);
+    }
+
+    #[test]
+    fn stamps_round_trip_through_the_reply_codes() {
+        for stamp in [Stamp::Untouched, Stamp::Fresh(57), Stamp::Counted] {
+            assert_eq!(Stamp::from_reply(stamp.code()), stamp);
+        }
     }
 
     #[test]

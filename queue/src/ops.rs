@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::connection::Conn;
 use redis::AsyncCommands;
 
+use crate::job::{Stamp, new_id};
 use crate::keys::QueueKeys;
 use crate::scripts;
 
@@ -26,43 +27,76 @@ pub struct Fetched {
     pub queue: usize,
     /// The payload as the processing list holds it.
     pub payload: Payload,
+    /// How the taking script stamped it.
+    pub stamp: Stamp,
 }
 
-/// What to do with one freshly fetched payload (see [`settle_intake`]).
+impl Fetched {
+    /// A payload taken as it was, unstamped (the blocking wait's).
+    pub fn untouched(queue: usize, payload: Payload) -> Self {
+        Self {
+            queue,
+            payload,
+            stamp: Stamp::Untouched,
+        }
+    }
+}
+
+/// What to do with one freshly fetched payload (see [`settle_intake`]);
+/// `held` is the payload as the processing list holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IntakeAction {
-    /// Replace the raw payload with its stamped form before running it.
-    Run { raw: Payload, stamped: String },
-    /// Park the payload in the scheduled set until `run_at`.
-    Schedule { raw: Payload, run_at: u64 },
+    /// Replace the held payload with its stamped form before running it.
+    Run { held: Payload, stamped: String },
+    /// Park `payload` in the scheduled set until `run_at`.
+    Schedule {
+        held: Payload,
+        payload: Payload,
+        run_at: u64,
+    },
     /// Dead-letter the payload with this envelope.
-    Dead { raw: Payload, envelope: String },
+    Dead { held: Payload, envelope: String },
+}
+
+/// The ARGV head of the scripts that take jobs: the count, the attempt
+/// limit, and an id for each job that arrives without one.
+fn taking_args(invocation: &mut redis::ScriptInvocation<'_>, n: usize, max_attempts: u32) {
+    let ids: String = (0..n).map(|_| new_id()).collect();
+    invocation.arg(n).arg(max_attempts).arg(ids);
+}
+
+/// Reads the flat `queue index, payload, stamp` triples of a taking script.
+fn taken(flat: &[redis::Value]) -> RedisResult<Vec<Fetched>> {
+    let mut out = Vec::with_capacity(flat.len() / 3);
+    for triple in flat.chunks_exact(3) {
+        let index: usize = redis::from_redis_value_ref(&triple[0])?;
+        let stamp: i64 = redis::from_redis_value_ref(&triple[2])?;
+        out.push(Fetched {
+            queue: index - 1,
+            payload: redis::from_redis_value_ref(&triple[1])?,
+            stamp: Stamp::from_reply(stamp),
+        });
+    }
+    Ok(out)
 }
 
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
-/// processing lists, in one round trip.
+/// processing lists, in one round trip, stamping each for its attempt
+/// (`max_attempts` is the pool's limit: a job past it is left to intake).
 pub async fn fetch(
     conn: &mut impl Conn,
     queues: &[QueueKeys],
     instance: &str,
     n: usize,
+    max_attempts: u32,
 ) -> RedisResult<Vec<Fetched>> {
     let mut invocation = scripts::FETCH.prepare_invoke();
     for q in queues {
         invocation.key(q.waiting()).key(q.processing(instance));
     }
-    invocation.arg(n);
+    taking_args(&mut invocation, n, max_attempts);
     let flat: Vec<redis::Value> = invocation.invoke_async(conn).await?;
-    let mut out = Vec::with_capacity(flat.len() / 2);
-    for pair in flat.chunks_exact(2) {
-        let index: usize = redis::from_redis_value_ref(&pair[0])?;
-        let payload: Payload = redis::from_redis_value_ref(&pair[1])?;
-        out.push(Fetched {
-            queue: index - 1,
-            payload,
-        });
-    }
-    Ok(out)
+    taken(&flat)
 }
 
 /// Waits up to `timeout` for a job on one queue and moves it into the
@@ -84,8 +118,9 @@ pub async fn wait_for_job(
         .await
 }
 
-/// Settles fresh payloads (stamp, schedule or dead-letter). Returns, per
-/// action, whether the payload was still in the processing list.
+/// Settles fresh payloads that the taking script's stamp did not settle
+/// (stamp, schedule or dead-letter). Returns, per action, whether the
+/// payload was still in the processing list.
 pub async fn settle_intake(
     conn: &mut impl Conn,
     queue: &QueueKeys,
@@ -100,9 +135,17 @@ pub async fn settle_intake(
         .key(queue.stats_dead());
     for action in actions {
         match action {
-            IntakeAction::Run { raw, stamped } => invocation.arg("R").arg(raw).arg(stamped),
-            IntakeAction::Schedule { raw, run_at } => invocation.arg("S").arg(raw).arg(*run_at),
-            IntakeAction::Dead { raw, envelope } => invocation.arg("D").arg(raw).arg(envelope),
+            IntakeAction::Run { held, stamped } => {
+                invocation.arg("R").arg(held).arg(stamped).arg("")
+            }
+            IntakeAction::Schedule {
+                held,
+                payload,
+                run_at,
+            } => invocation.arg("S").arg(held).arg(payload).arg(*run_at),
+            IntakeAction::Dead { held, envelope } => {
+                invocation.arg("D").arg(held).arg(envelope).arg("")
+            }
         };
     }
     let done: Vec<i64> = invocation.invoke_async(conn).await?;
@@ -157,14 +200,16 @@ pub struct Finished<'a> {
 
 /// Settles `finished` jobs and takes up to `take` new ones from `queues`
 /// (priority order) into the instance's processing lists, in one round
-/// trip. Returns, per finished job, whether it was still ours (a job a
-/// reaper returned meanwhile is not settled again), and the jobs taken.
+/// trip, stamped as [`fetch`] stamps them. Returns, per finished job,
+/// whether it was still ours (a job a reaper returned meanwhile is not
+/// settled again), and the jobs taken.
 pub async fn settle(
     conn: &mut impl Conn,
     queues: &[QueueKeys],
     instance: &str,
     finished: &[Finished<'_>],
     take: usize,
+    max_attempts: u32,
 ) -> RedisResult<(Vec<bool>, Vec<Fetched>)> {
     let mut invocation = scripts::SETTLE.prepare_invoke();
     for q in queues {
@@ -177,7 +222,7 @@ pub async fn settle(
             .key(q.dead())
             .key(q.stats_dead());
     }
-    invocation.arg(take);
+    taking_args(&mut invocation, take, max_attempts);
     for f in finished {
         let index = f.queue + 1;
         match f.settlement {
@@ -201,16 +246,8 @@ pub async fn settle(
                 .arg(""),
         };
     }
-    let (kept, taken): (Vec<i64>, Vec<redis::Value>) = invocation.invoke_async(conn).await?;
-    let mut fetched = Vec::with_capacity(taken.len() / 2);
-    for pair in taken.chunks_exact(2) {
-        let index: usize = redis::from_redis_value_ref(&pair[0])?;
-        fetched.push(Fetched {
-            queue: index - 1,
-            payload: redis::from_redis_value_ref(&pair[1])?,
-        });
-    }
-    Ok((kept.into_iter().map(|k| k == 1).collect(), fetched))
+    let (kept, flat): (Vec<i64>, Vec<redis::Value>) = invocation.invoke_async(conn).await?;
+    Ok((kept.into_iter().map(|k| k == 1).collect(), taken(&flat)?))
 }
 
 /// Schedules the next attempt of a failed job `delay` from now (server clock).

@@ -14,21 +14,32 @@ use redis::Script;
 /// Server time in unix milliseconds as `now`, prepended to every script.
 const NOW_MS: &str = include_str!("lua/now.lua");
 
+/// The intake stamp done as jobs are taken, prepended (after [`NOW_MS`]) to
+/// the scripts that take jobs.
+const STAMP: &str = include_str!("lua/stamp.lua");
+
 pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{NOW_MS}{body}"))
 }
 
-/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (pairs of queue and
-/// processing list, highest priority first), each moved atomically.
-/// Returns a flat list: queue index (1-based), payload, …
-pub static FETCH: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/fetch.lua")));
+fn taking_script(body: &str) -> Script {
+    Script::new(&format!("{NOW_MS}{STAMP}{body}"))
+}
 
-/// Settles freshly fetched payloads. KEYS: processing, scheduled, dead,
-/// stats:dead. ARGV: triples of action, raw payload, argument:
-/// `R` replaces the raw payload with the stamped one (argument),
-/// `S` parks it in the scheduled set at score `argument`,
-/// `D` dead-letters it with the envelope `argument`.
-/// Returns 1 or 0 per triple: whether the payload was still ours.
+/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (pairs of queue and
+/// processing list, highest priority first), each moved atomically and
+/// stamped on the way (`stamp.lua`: see [`crate::job::Stamp`]). ARGV: the
+/// count, the attempt limit, the ids for fresh jobs (32 hex digits each,
+/// concatenated). Returns a flat list: queue index (1-based), payload as
+/// held, stamp, …
+pub static FETCH: LazyLock<Script> = LazyLock::new(|| taking_script(include_str!("lua/fetch.lua")));
+
+/// Settles freshly fetched payloads that need more than the fetch script's
+/// stamp. KEYS: processing, scheduled, dead, stats:dead. ARGV: quadruples
+/// of action, payload as held, payload to write, score: `R` replaces the
+/// held payload with the stamped one, `S` parks the payload to write in the
+/// scheduled set at the score, `D` dead-letters it with the envelope.
+/// Returns 1 or 0 per quadruple: whether the payload was still ours.
 pub static SETTLE_INTAKE: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("lua/settle_intake.lua")));
 
@@ -39,11 +50,13 @@ pub static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/ack
 /// slots they free: the batched form of [`ACK`], [`RETRY`] and [`BURY`],
 /// with [`FETCH`] after them. KEYS: seven per queue, highest priority
 /// first: queue, processing, stats:processed, retry, stats:failed, dead,
-/// stats:dead. ARGV: how many jobs to take, then five per settlement:
-/// `A`/`T`/`B`, the queue's index (1-based), the payload as held, and for
-/// `T` the next payload and the delay in ms, for `B` the envelope.
-/// Returns `{{1 or 0 per settlement}, {queue index, payload, …taken}}`.
-pub static SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/settle.lua")));
+/// stats:dead. ARGV: how many jobs to take, the attempt limit and the ids
+/// (as for [`FETCH`]), then five per settlement: `A`/`T`/`B`, the queue's
+/// index (1-based), the payload as held, and for `T` the next payload and
+/// the delay in ms, for `B` the envelope. Returns `{{1 or 0 per
+/// settlement}, {queue index, payload, stamp, …taken}}`.
+pub static SETTLE: LazyLock<Script> =
+    LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));
 
 /// Schedules the next attempt of a failed job. KEYS: processing, retry,
 /// stats:failed. ARGV: payload, next payload, delay in milliseconds.

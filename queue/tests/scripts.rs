@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use workerpool_queue::job::Stamp;
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::ops::{self, IntakeAction};
 use workerpool_tests::TestRedis;
@@ -16,8 +17,10 @@ enum Op {
     Bury(&'static str, &'static str),
     GiveBack(&'static [(&'static str, &'static str)]),
     Promote(usize),
+    /// Takes up to `n` jobs (attempt limit 10).
     Fetch(usize),
     SettleRun(&'static str, &'static str),
+    SettleSchedule(&'static str, &'static str, u64),
     Reap(&'static str, Option<u64>),
     Deregister(&'static str),
     /// Settles held payloads (`A`: done, `T`: retry, `B`: dead) and takes
@@ -160,6 +163,71 @@ const ROWS: &[Row] = &[
         then: &["<q>=[3]", "<q>:processing:w~1=[2, 1]"],
     },
     Row {
+        rule: "a fetch stamps a fresh job: attempt 1, an id and enqueued_at before the producer's bytes",
+        given: &[&["LPUSH", "<q>", r#"{"task":"t", "data":{"id":7}}"#]],
+        op: Op::Fetch(1),
+        reply: "[{attempt:1,id:<id>,enqueued_at:<now>,task:t, data:{id:7}} ~fresh]",
+        then: &["<q>:processing:w~1=[{attempt:1,id:<id>,enqueued_at:<now>,task:t, data:{id:7}}]"],
+    },
+    Row {
+        rule: "a fetch keeps a producer's id and enqueued_at, and stamps an empty object without a stray comma",
+        given: &[&["LPUSH", "<q>", r#"{"id":"mine","enqueued_at":5}"#, "{ }"]],
+        op: Op::Fetch(2),
+        reply: "[{attempt:1,id:mine,enqueued_at:5} ~fresh, {attempt:1,id:<id>,enqueued_at:<now> } ~fresh]",
+        then: &[
+            "<q>:processing:w~1=[{attempt:1,id:<id>,enqueued_at:<now> }, {attempt:1,id:mine,enqueued_at:5}]",
+        ],
+    },
+    Row {
+        rule: "a fetch counts the leading attempt of a job that ran before",
+        given: &[&[
+            "LPUSH",
+            "<q>",
+            r#"{"attempt":9,"id":"a","enqueued_at":5,"error":"e"}"#,
+        ]],
+        op: Op::Fetch(1),
+        reply: "[{attempt:10,id:a,enqueued_at:5,error:e} ~counted]",
+        then: &["<q>:processing:w~1=[{attempt:10,id:a,enqueued_at:5,error:e}]"],
+    },
+    Row {
+        rule: "a fetch leaves to intake what a text stamp cannot settle: delayed, out of attempts, an attempt not first, no object, not JSON",
+        given: &[&[
+            "LPUSH",
+            "<q>",
+            r#"{"run_at":1}"#,
+            r#"{"attempt":10,"id":"a"}"#,
+            r#"{"id":"a","attempt":1}"#,
+            r#"{"attempt":07,"id":"a"}"#,
+            "[1]",
+            r#"{"id":"a""#,
+        ]],
+        op: Op::Fetch(6),
+        reply: "[{run_at:1}, {attempt:10,id:a}, {id:a,attempt:1}, {attempt:07,id:a}, [1], {id:a]",
+        then: &[
+            "<q>:processing:w~1=[{id:a, [1], {attempt:07,id:a}, {id:a,attempt:1}, {attempt:10,id:a}, {run_at:1}]",
+        ],
+    },
+    Row {
+        rule: "a settle stamps the jobs it takes as a fetch does",
+        given: &[
+            &["LPUSH", "<q>", r#"{"task":"t"}"#],
+            &["LPUSH", "<q>:processing:w~1", "a"],
+        ],
+        op: Op::Settle(&[('A', "a")], 1),
+        reply: "([true], [{attempt:1,id:<id>,enqueued_at:<now>,task:t} ~fresh])",
+        then: &[
+            "<q>:processing:w~1=[{attempt:1,id:<id>,enqueued_at:<now>,task:t}]",
+            "<q>:stats:processed=1",
+        ],
+    },
+    Row {
+        rule: "intake parks a delayed job as it was pushed, removing the held one",
+        given: &[&["LPUSH", "<q>:processing:w~1", "held"]],
+        op: Op::SettleSchedule("held", "pushed", 42),
+        reply: "[true]",
+        then: &["<q>:scheduled={pushed}"],
+    },
+    Row {
         rule: "intake replaces a held payload with its stamped form",
         given: &[&["LPUSH", "<q>:processing:w~1", "raw"]],
         op: Op::SettleRun("raw", "stamped"),
@@ -236,15 +304,22 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
         Op::Promote(limit) => format!("{:?}", ops::promote_due(c, q, limit).await),
         Op::Fetch(n) => format!(
             "{:?}",
-            ops::fetch(c, std::slice::from_ref(q), w, n).await.map(|f| f
-                .into_iter()
-                .map(|f| String::from_utf8_lossy(&f.payload).into_owned())
-                .collect::<Vec<_>>())
+            ops::fetch(c, std::slice::from_ref(q), w, n, MAX_ATTEMPTS)
+                .await
+                .map(|f| f.iter().map(shown).collect::<Vec<_>>())
         ),
-        Op::SettleRun(raw, stamped) => {
+        Op::SettleRun(held, stamped) => {
             let action = IntakeAction::Run {
-                raw: raw.as_bytes().to_vec(),
+                held: held.as_bytes().to_vec(),
                 stamped: stamped.into(),
+            };
+            format!("{:?}", ops::settle_intake(c, q, w, &[action]).await)
+        }
+        Op::SettleSchedule(held, payload, run_at) => {
+            let action = IntakeAction::Schedule {
+                held: held.as_bytes().to_vec(),
+                payload: payload.as_bytes().to_vec(),
+                run_at,
             };
             format!("{:?}", ops::settle_intake(c, q, w, &[action]).await)
         }
@@ -278,23 +353,76 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 .collect();
             format!(
                 "{:?}",
-                ops::settle(c, std::slice::from_ref(q), w, &finished, take)
+                ops::settle(c, std::slice::from_ref(q), w, &finished, take, MAX_ATTEMPTS)
                     .await
-                    .map(|(kept, taken)| (
-                        kept,
-                        taken
-                            .into_iter()
-                            .map(|f| String::from_utf8_lossy(&f.payload).into_owned())
-                            .collect::<Vec<_>>()
-                    ))
+                    .map(|(kept, taken)| (kept, taken.iter().map(shown).collect::<Vec<_>>()))
             )
         }
     };
     // Ok(x) -> x: the rows state replies without the Result.
-    r.strip_prefix("Ok(")
-        .and_then(|r| r.strip_suffix(')'))
-        .unwrap_or(&r)
-        .replace('"', "")
+    normalized(
+        &r.strip_prefix("Ok(")
+            .and_then(|r| r.strip_suffix(')'))
+            .unwrap_or(&r)
+            .replace(['"', '\\'], ""),
+    )
+}
+
+const MAX_ATTEMPTS: u32 = 10;
+
+/// A taken payload as a row states it: with `~fresh` or `~counted` when
+/// the script stamped it.
+fn shown(f: &ops::Fetched) -> String {
+    let payload = String::from_utf8_lossy(&f.payload);
+    match f.stamp {
+        Stamp::Untouched => payload.into_owned(),
+        Stamp::Fresh(n) => {
+            // The count is the bytes added after the brace.
+            let added = &f.payload[1..1 + n];
+            assert!(added.starts_with(b"\"attempt\":1"), "{payload}: {n}");
+            format!("{payload} ~fresh")
+        }
+        Stamp::Counted => format!("{payload} ~counted"),
+    }
+}
+
+/// Generated ids as `<id>`, and the server's clock in ms as `<now>`.
+fn normalized(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    let next = |r: &str| match (r.find("id:"), r.find("enqueued_at:")) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    while let Some(at) = next(rest) {
+        let (head, tail) = rest.split_at(at);
+        out.push_str(head);
+        let (name, value) = if let Some(v) = tail.strip_prefix("id:") {
+            ("id:", v)
+        } else {
+            ("enqueued_at:", &tail["enqueued_at:".len()..])
+        };
+        out.push_str(name);
+        let generated = value
+            .get(..32)
+            .filter(|v| v.bytes().all(|b| b.is_ascii_hexdigit()));
+        let clock = value
+            .get(..13)
+            .filter(|v| v.bytes().all(|b| b.is_ascii_digit()) && v.starts_with('1'));
+        rest = match (generated, clock) {
+            (Some(_), _) if name == "id:" => {
+                out.push_str("<id>");
+                &value[32..]
+            }
+            (_, Some(_)) if name == "enqueued_at:" => {
+                out.push_str("<now>");
+                &value[13..]
+            }
+            _ => value,
+        };
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Every key of the queue, as `key=contents`, sorted.
@@ -368,7 +496,11 @@ async fn every_script_follows_its_rule() {
             let _: redis::Value = cmd.query_async(&mut c).await.expect("given");
         }
         let reply = run(&mut c, &q, row.op).await;
-        let then = state(&mut c, &q).await;
+        let then: Vec<String> = state(&mut c, &q)
+            .await
+            .iter()
+            .map(|s| normalized(&s.replace('"', "")))
+            .collect();
         let expected: Vec<String> = row.then.iter().map(|s| s.to_string()).collect();
         if reply != row.reply || then != expected {
             failures.push(format!(

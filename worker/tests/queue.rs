@@ -454,12 +454,10 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         payload: payload.as_bytes(),
         settlement: &done,
     };
-    let fetched = |queue: usize, payload: &str| queue::Fetched {
-        queue,
-        payload: payload.as_bytes().to_vec(),
-    };
+    // Payloads that are no JSON objects are taken untouched.
+    let fetched = |queue: usize, payload: &str| queue::Fetched::untouched(queue, payload.into());
 
-    let first = queue::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1)
+    let first = queue::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1, 5)
         .await
         .expect("script");
     assert_eq!(first, (vec![true], vec![fetched(0, "high-1")]));
@@ -474,12 +472,12 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         "the completed job is gone, the next one is held"
     );
 
-    let second = queue::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1)
+    let second = queue::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1, 5)
         .await
         .expect("script");
     assert_eq!(second, (vec![true], vec![fetched(1, "low-1")]));
     // A job a reaper already returned is not counted again; nothing left to take.
-    let third = queue::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1)
+    let third = queue::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1, 5)
         .await
         .expect("script");
     assert_eq!(third, (vec![false], vec![]));

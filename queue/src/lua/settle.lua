@@ -1,21 +1,24 @@
 -- Settles finished jobs in one round trip and takes the next jobs into the
 -- slots they free (the batched form of ack.lua, retry.lua and bury.lua,
--- with fetch.lua after them).
+-- with fetch.lua after them, its jobs stamped by stamp.lua).
 -- KEYS: seven per queue, highest priority first: queue, processing,
 -- stats:processed, retry, stats:failed, dead, stats:dead.
--- ARGV: how many jobs to take, then five per settlement: `A` (done), `T`
--- (retry later) or `B` (dead-letter); the queue's index (1-based); the
--- payload as the processing list holds it; for `T` the next attempt's
--- payload and the delay in milliseconds, for `B` the dead-letter envelope
--- and an empty string, for `A` two empty strings.
+-- ARGV: how many jobs to take, the pool's attempt limit and one 32-digit
+-- hex id per job to take, concatenated (as for fetch.lua), then five per
+-- settlement: `A` (done), `T` (retry later) or `B` (dead-letter); the
+-- queue's index (1-based); the payload as the processing list holds it;
+-- for `T` the next attempt's payload and the delay in milliseconds, for
+-- `B` the dead-letter envelope and an empty string, for `A` two empty
+-- strings.
 -- Each settlement first removes its exact payload from the processing list
 -- and writes only if that happened: a job a reaper returned meanwhile is
 -- not settled twice.
 -- Returns {{1 or 0 per settlement: whether the job was still ours},
--- {queue index (1-based), payload, … for each job taken}}.
+-- {queue index (1-based), payload as held, stamp, … for each job taken}}.
 local take = tonumber(ARGV[1])
+local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local kept = {}
-for i = 2, #ARGV, 5 do
+for i = 4, #ARGV, 5 do
   local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 7, ARGV[i + 2]
   local processing, processed = KEYS[base + 2], KEYS[base + 3]
   local retry, failed, dead, dead_total = KEYS[base + 4], KEYS[base + 5], KEYS[base + 6], KEYS[base + 7]
@@ -38,10 +41,14 @@ local taken = {}
 for base = 0, #KEYS - 7, 7 do
   local waiting, processing = KEYS[base + 1], KEYS[base + 2]
   while take > 0 do
-    local v = redis.call('LMOVE', waiting, processing, 'RIGHT', 'LEFT')
+    local v = redis.call('RPOP', waiting)
     if not v then break end
+    local k = #taken / 3
+    local held, how = stamp(v, max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
+    redis.call('LPUSH', processing, held)
     taken[#taken + 1] = base / 7 + 1
-    taken[#taken + 1] = v
+    taken[#taken + 1] = held
+    taken[#taken + 1] = how
     take = take - 1
   end
   if take == 0 then break end

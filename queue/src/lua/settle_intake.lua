@@ -1,22 +1,24 @@
--- Settles freshly fetched payloads. KEYS: processing, scheduled, dead,
--- stats:dead. ARGV: triples of action, raw payload, argument:
--- `R` replaces the raw payload with the stamped one (argument),
--- `S` parks it in the scheduled set at score `argument`,
--- `D` dead-letters it with the envelope `argument`.
--- Returns 1 or 0 per triple: whether the payload was still ours.
+-- Settles freshly fetched payloads that the fetch script left untouched or
+-- that the worker read otherwise than the script's stamp.
+-- KEYS: processing, scheduled, dead, stats:dead.
+-- ARGV: quadruples of action, payload as held, payload to write, score:
+-- `R` replaces the held payload with the stamped one,
+-- `S` parks the payload to write in the scheduled set at the score,
+-- `D` dead-letters it with the envelope (the payload to write).
+-- The score is an empty string for `R` and `D`.
+-- Returns 1 or 0 per quadruple: whether the payload was still ours.
 local processing, scheduled, dead, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
--- ARGV: triples of action, raw payload, argument.
 local out = {}
-for i = 1, #ARGV, 3 do
-  local action, raw, arg = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local ok = redis.call('LREM', processing, 1, raw)
+for i = 1, #ARGV, 4 do
+  local action, held, write = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local ok = redis.call('LREM', processing, 1, held)
   if ok == 1 then
     if action == 'R' then
-      redis.call('LPUSH', processing, arg)
+      redis.call('LPUSH', processing, write)
     elseif action == 'S' then
-      redis.call('ZADD', scheduled, tonumber(arg), raw)
+      redis.call('ZADD', scheduled, tonumber(ARGV[i + 3]), write)
     else
-      redis.call('LPUSH', dead, arg)
+      redis.call('LPUSH', dead, write)
       redis.call('INCR', dead_total)
     end
   end

@@ -55,7 +55,14 @@ impl Worker {
             .await
             .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
-        let fetched = match queue::fetch(&mut c, &self.queues, &self.instance, permits.len()).await
+        let fetched = match queue::fetch(
+            &mut c,
+            &self.queues,
+            &self.instance,
+            permits.len(),
+            self.config.max_attempts,
+        )
+        .await
         {
             Ok(f) => f,
             Err(e) => {
@@ -115,7 +122,7 @@ impl Worker {
                 next = waits.next() => match next {
                     None => break,
                     Some((i, Ok(Some(job)))) => {
-                        arrived.push(Fetched { queue: i, payload: job });
+                        arrived.push(Fetched::untouched(i, job));
                         if !unblocked && ids.len() > 1 {
                             unblocked = true;
                             self.unblock(&ids).await;

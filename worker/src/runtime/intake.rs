@@ -2,7 +2,10 @@
 //! script, and a task starts for each job to run. Jobs come here from the
 //! fetch loop and from the settle loop (jobs taken into freed slots).
 
+use std::borrow::Cow;
+
 use super::*;
+use crate::job::{self as job, Stamp};
 
 impl Worker {
     /// Stamps, schedules or dead-letters freshly fetched payloads and starts
@@ -16,22 +19,24 @@ impl Worker {
             return;
         }
         let now = self.now_ms();
-        let mut by_queue: Vec<Vec<Payload>> = self.queues.iter().map(|_| Vec::new()).collect();
+        let mut by_queue: Vec<Vec<(Payload, Stamp)>> =
+            self.queues.iter().map(|_| Vec::new()).collect();
         for Fetched {
             queue: i,
-            payload: raw,
+            payload,
+            stamp,
         } in fetched
         {
-            by_queue[i].push(raw);
+            by_queue[i].push((payload, stamp));
         }
-        for (qi, raws) in by_queue.into_iter().enumerate() {
-            if raws.is_empty() {
+        for (qi, taken) in by_queue.into_iter().enumerate() {
+            if taken.is_empty() {
                 continue;
             }
             let q = &self.queues[qi];
             // Slots for as many as could run: the caller's first, then free ones.
             let mut mine = Vec::new();
-            while mine.len() < raws.len() {
+            while mine.len() < taken.len() {
                 match permits
                     .pop()
                     .or_else(|| self.slots.clone().try_acquire_owned().ok())
@@ -41,7 +46,7 @@ impl Worker {
                 }
             }
             let plan = plan(
-                raws,
+                taken,
                 mine.len(),
                 now,
                 self.config.max_attempts,
@@ -51,12 +56,18 @@ impl Worker {
                 self.log_dead(qi, letter);
             }
             let Plan {
+                ready,
                 actions,
                 runs,
                 back,
                 ..
             } = plan;
             let mut mine = mine.into_iter();
+            // Stamped as they were taken: they start now.
+            for (job, stamped) in ready {
+                let Some(permit) = mine.next() else { break };
+                self.start_job(qi, job, stamped, permit);
+            }
             let runs: Vec<_> = runs
                 .into_iter()
                 .map(|run| run.and_then(|(job, stamped)| mine.next().map(|p| (job, stamped, p))))
@@ -67,7 +78,7 @@ impl Worker {
                 let pairs: Vec<(&[u8], &[u8])> = back
                     .iter()
                     .rev()
-                    .map(|r| (r.as_slice(), r.as_slice()))
+                    .map(|(held, original)| (held.as_slice(), original.as_slice()))
                     .collect();
                 let returned = self
                     .redis
@@ -78,6 +89,9 @@ impl Worker {
                 if returned.is_err() {
                     self.suspect_lost_reply();
                 }
+            }
+            if actions.is_empty() {
+                continue;
             }
             let pending = &actions;
             let settled = self
@@ -95,21 +109,7 @@ impl Worker {
             for ((action, run), kept) in actions.iter().zip(runs).zip(settled) {
                 match (action, run) {
                     (IntakeAction::Run { .. }, Some((job, stamped, permit))) if kept => {
-                        let seq = {
-                            let mut ledger = self.ledger();
-                            let seq = ledger.next;
-                            ledger.next += 1;
-                            ledger.queues[qi].insert(
-                                seq,
-                                Held {
-                                    payload: stamped.clone(),
-                                    job: job.clone(),
-                                },
-                            );
-                            seq
-                        };
-                        self.tracker
-                            .spawn(self.clone().run_job(qi, seq, job, stamped, permit));
+                        self.start_job(qi, job, stamped, permit);
                     }
                     (IntakeAction::Schedule { .. }, _) if kept => {
                         self.metrics
@@ -128,26 +128,56 @@ impl Worker {
             }
         }
     }
+
+    /// Records a job in the ledger and starts its task.
+    fn start_job(
+        self: &Arc<Self>,
+        qi: usize,
+        job: Arc<Job>,
+        stamped: Arc<str>,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let seq = {
+            let mut ledger = self.ledger();
+            let seq = ledger.next;
+            ledger.next += 1;
+            ledger.queues[qi].insert(
+                seq,
+                Held {
+                    payload: stamped.clone(),
+                    job: job.clone(),
+                },
+            );
+            seq
+        };
+        self.tracker
+            .spawn(self.clone().run_job(qi, seq, job, stamped, permit));
+    }
 }
 
 /// What intake does with one queue's fresh payloads.
 #[derive(Debug, Default)]
 pub(super) struct Plan {
-    /// One per payload that stays (runs, is scheduled or dead-lettered), in
-    /// order: what the intake script does with it.
+    /// Jobs the taking script stamped as the worker reads them, with their
+    /// payload as held: they start without another round trip.
+    pub(super) ready: Vec<(Arc<Job>, Arc<str>)>,
+    /// One per payload that needs the intake script (runs after a stamp of
+    /// the worker's, is scheduled or dead-lettered), in order.
     pub(super) actions: Vec<IntakeAction>,
     /// Beside each action: the job and its stamped payload when it runs.
     pub(super) runs: Vec<Option<(Arc<Job>, Arc<str>)>>,
-    /// Jobs beyond the free slots: back to the head of the queue, untouched.
-    pub(super) back: Vec<Payload>,
+    /// Jobs beyond the free slots, as held and as they were before any
+    /// stamp: back to the head of the queue, their attempt not counted.
+    pub(super) back: Vec<(Payload, Payload)>,
     /// The dead letters among the actions.
     pub(super) dead: Vec<DeadLetter>,
 }
 
-/// Plans the intake of `raws` (as fetched, oldest first) with `free` slots:
-/// pure, so the rules are tested without Redis.
+/// Plans the intake of `taken` (as held, oldest first, with the taking
+/// script's stamp) with `free` slots: pure, so the rules are tested
+/// without Redis.
 pub(super) fn plan(
-    raws: Vec<Payload>,
+    taken: Vec<(Payload, Stamp)>,
     free: usize,
     now_ms: u64,
     max_attempts: u32,
@@ -155,27 +185,50 @@ pub(super) fn plan(
 ) -> Plan {
     let mut plan = Plan::default();
     let mut running = 0;
-    for raw in raws {
-        match intake(&raw, now_ms, max_attempts, instance) {
+    for (held, stamp) in taken {
+        if let Some(job) = job::stamped(&held, stamp)
+            && let Ok(text) = std::str::from_utf8(&held)
+        {
+            if running < free {
+                running += 1;
+                plan.ready.push((Arc::new(job), Arc::from(text)));
+            } else {
+                let original = job::unstamped(&held, stamp);
+                plan.back.push((held, original));
+            }
+            continue;
+        }
+        // The worker's own intake, on the payload as it was pushed.
+        let original: Cow<'_, [u8]> = match stamp {
+            Stamp::Untouched => Cow::Borrowed(&held),
+            _ => Cow::Owned(job::unstamped(&held, stamp)),
+        };
+        match intake(&original, now_ms, max_attempts, instance) {
             Intake::Run { job, stamped } => {
                 if running < free {
                     running += 1;
                     plan.runs
                         .push(Some((Arc::new(job), Arc::<str>::from(stamped.as_str()))));
-                    plan.actions.push(IntakeAction::Run { raw, stamped });
+                    plan.actions.push(IntakeAction::Run { held, stamped });
                 } else {
                     // More arrived at once than slots are free.
-                    plan.back.push(raw);
+                    let original = original.into_owned();
+                    plan.back.push((held, original));
                 }
             }
             Intake::Schedule { run_at } => {
+                let payload = original.into_owned();
                 plan.runs.push(None);
-                plan.actions.push(IntakeAction::Schedule { raw, run_at });
+                plan.actions.push(IntakeAction::Schedule {
+                    held,
+                    payload,
+                    run_at,
+                });
             }
             Intake::Dead(letter) => {
                 plan.runs.push(None);
                 plan.actions.push(IntakeAction::Dead {
-                    raw,
+                    held,
                     envelope: letter.to_json(),
                 });
                 plan.dead.push(letter);
@@ -191,8 +244,11 @@ mod tests {
 
     const NOW: u64 = 1_700_000_000_000;
 
-    fn raws(payloads: &[&[u8]]) -> Vec<Payload> {
-        payloads.iter().map(|p| p.to_vec()).collect()
+    fn raws(payloads: &[&[u8]]) -> Vec<(Payload, Stamp)> {
+        payloads
+            .iter()
+            .map(|p| (p.to_vec(), Stamp::Untouched))
+            .collect()
     }
 
     #[test]
@@ -205,8 +261,11 @@ mod tests {
             "w~1",
         );
         assert_eq!(plan.actions.len(), 2);
-        assert!(matches!(&plan.actions[0], IntakeAction::Run { raw, .. } if raw == b"{\"n\":1}"));
-        assert_eq!(plan.back, raws(&[b"{\"n\":3}"]));
+        assert!(matches!(&plan.actions[0], IntakeAction::Run { held, .. } if held == b"{\"n\":1}"));
+        assert_eq!(
+            plan.back,
+            vec![(b"{\"n\":3}".to_vec(), b"{\"n\":3}".to_vec())]
+        );
         assert_eq!(plan.runs.iter().flatten().count(), 2);
     }
 
@@ -228,6 +287,90 @@ mod tests {
     fn with_no_free_slot_every_job_goes_back_untouched() {
         let plan = plan(raws(&[b"{}", b"{}"]), 0, NOW, 5, "w~1");
         assert!(plan.actions.is_empty());
-        assert_eq!(plan.back, raws(&[b"{}", b"{}"]));
+        let both = (b"{}".to_vec(), b"{}".to_vec());
+        assert_eq!(plan.back, vec![both.clone(), both]);
+    }
+
+    /// A payload as the fetch script stamps a fresh one.
+    fn fresh(rest: &str) -> (Payload, Stamp) {
+        let add =
+            r#""attempt":1,"id":"00112233445566778899aabbccddeeff","enqueued_at":1700000000000,"#;
+        (
+            format!("{{{add}{rest}").into_bytes(),
+            Stamp::Fresh(add.len()),
+        )
+    }
+
+    #[test]
+    fn jobs_the_fetch_script_stamped_start_without_the_intake_script() {
+        let counted = br#"{"attempt":3,"id":"a","enqueued_at":1,"task":"t"}"#.to_vec();
+        let plan = plan(
+            vec![fresh(r#""task":"t"}"#), (counted.clone(), Stamp::Counted)],
+            2,
+            NOW,
+            5,
+            "w~1",
+        );
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        assert_eq!(plan.ready.len(), 2);
+        assert_eq!(plan.ready[0].0.attempt(), 1);
+        assert_eq!(plan.ready[0].0.id(), "00112233445566778899aabbccddeeff");
+        assert_eq!(plan.ready[1].0.attempt(), 3);
+        assert_eq!(
+            &*plan.ready[1].1,
+            std::str::from_utf8(&counted).expect("UTF-8")
+        );
+    }
+
+    #[test]
+    fn a_stamped_job_beyond_the_free_slots_goes_back_as_it_was_pushed() {
+        let plan = plan(vec![fresh(r#""task":"t"}"#)], 0, NOW, 5, "w~1");
+        assert!(plan.ready.is_empty());
+        assert_eq!(plan.back.len(), 1);
+        assert_eq!(plan.back[0].1, br#"{"task":"t"}"#.to_vec());
+    }
+
+    #[test]
+    fn a_stamp_the_worker_does_not_agree_with_goes_through_intake_on_the_pushed_bytes() {
+        // A wrong field type and bytes that are not UTF-8: dead-lettered,
+        // the letter keeping the payload as pushed, the held one removed.
+        let (held, stamp) = fresh(r#""task":5}"#);
+        let (binary, binary_stamp) = fresh("\"data\":\"\u{0}\"}");
+        let mut binary = binary;
+        let at = binary.len() - 3;
+        binary[at] = 0xff;
+        // An escaped field name the text stamp cannot see: the worker stamps it.
+        let (escaped, escaped_stamp) = fresh(r#""\u0061ttempt":2}"#);
+        let plan = plan(
+            vec![
+                (held.clone(), stamp),
+                (binary.clone(), binary_stamp),
+                (escaped.clone(), escaped_stamp),
+            ],
+            3,
+            NOW,
+            5,
+            "w~1",
+        );
+        assert!(plan.ready.is_empty());
+        assert!(
+            matches!(&plan.actions[0], IntakeAction::Dead { held: h, envelope } if *h == held && envelope.contains(r#""job":{"task":5}"#)),
+            "{:?}",
+            plan.actions[0]
+        );
+        let IntakeAction::Dead { held: h, .. } = &plan.actions[1] else {
+            panic!("{:?}", plan.actions[1]);
+        };
+        assert_eq!(*h, binary);
+        assert_eq!(
+            plan.dead[1].raw_payload(),
+            Some(job::unstamped(&binary, binary_stamp))
+        );
+        let IntakeAction::Run { held: h, stamped } = &plan.actions[2] else {
+            panic!("{:?}", plan.actions[2]);
+        };
+        assert_eq!(*h, escaped);
+        assert!(stamped.starts_with(r#"{"attempt":3,"#), "{stamped}");
+        assert_eq!(plan.dead.len(), 2);
     }
 }

@@ -152,8 +152,15 @@ impl Worker {
             .persist("settle", &stop, |mut c| {
                 let finished = &finished;
                 async move {
-                    let reply =
-                        queue::settle(&mut c, &self.queues, &self.instance, finished, take).await;
+                    let reply = queue::settle(
+                        &mut c,
+                        &self.queues,
+                        &self.instance,
+                        finished,
+                        take,
+                        self.config.max_attempts,
+                    )
+                    .await;
                     if reply.is_err() && take > 0 {
                         // Jobs may have been taken before the reply was lost.
                         self.suspect_lost_reply();
