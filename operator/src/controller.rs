@@ -55,7 +55,7 @@ pub enum Error {
     PatchPod(#[source] kube::Error),
     /// The spec cannot be turned into a Deployment.
     #[error("invalid spec: {0}")]
-    InvalidSpec(String),
+    InvalidSpec(#[source] deployment::BuildError),
 }
 
 impl Error {
@@ -428,8 +428,7 @@ fn plan(
     } else {
         None
     };
-    let deployment =
-        deployment::build(pool, desired).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let deployment = deployment::build(pool, desired).map_err(Error::InvalidSpec)?;
     let mut events = Vec::new();
     if desired != current && observed.existing.is_some() {
         let (reason, verb) = if desired > current {
@@ -745,5 +744,4 @@ pub fn error_policy(pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> 
 }
 
 #[cfg(test)]
-#[path = "controller_tests.rs"]
 mod tests;
