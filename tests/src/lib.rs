@@ -40,11 +40,21 @@ impl TestRedis {
             persistent,
             child: None,
         };
-        redis.spawn();
-        redis
+        // A port found free can be taken before the server binds it (by
+        // another test's client socket): the server then exits, and starts
+        // again on another port.
+        for _ in 0..5 {
+            if redis.spawn() {
+                return redis;
+            }
+            redis.port = free_port();
+        }
+        panic!("redis-server did not start on 5 ports");
     }
 
-    fn spawn(&mut self) {
+    /// Starts the server; `false` when it exited at once (its port was
+    /// taken).
+    fn spawn(&mut self) -> bool {
         let mut cmd = Command::new(redis_server());
         cmd.arg("--port")
             .arg(self.port.to_string())
@@ -56,19 +66,24 @@ impl TestRedis {
         } else {
             cmd.args(["--appendonly", "no"]);
         }
-        let child = cmd
+        let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("redis-server must be installed (apt-get install redis-server)");
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.ping() {
-                return;
+                self.child = Some(child);
+                return true;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("redis-server did not answer on port {}", self.port);
     }
 
@@ -135,7 +150,11 @@ impl TestRedis {
     /// Starts it again on the same port and directory.
     pub fn resume(&mut self) {
         assert!(self.child.is_none(), "stop before resume");
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "redis-server exited at start on port {} (taken meanwhile?)",
+            self.port
+        );
     }
 
     /// Stops and starts it again.

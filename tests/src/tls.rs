@@ -136,36 +136,34 @@ impl TestTlsRedis {
         let dir = tempfile::tempdir().expect("temp dir for redis");
         let certs = Certificates::make(dir.path());
         let port = free_port();
-        let child = Command::new(redis_server())
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--tls-cert-file")
-            .arg(&certs.server_cert)
-            .arg("--tls-key-file")
-            .arg(&certs.server_key)
-            .arg("--tls-ca-cert-file")
-            .arg(&certs.ca)
-            .args(["--tls-auth-clients", if mutual { "yes" } else { "no" }])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("redis-server must be installed (apt-get install redis-server)");
-        let redis = Self {
+        let child = spawn_tls(dir.path(), &certs, port, mutual);
+        let mut redis = Self {
             port,
             dir,
             certs,
             child,
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if redis.ping() {
-                return redis;
+        // A port found free can be taken before the server binds it (by
+        // another test's client socket): the server then exits, and starts
+        // again on another port.
+        for _ in 0..5 {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if redis.ping() {
+                    return redis;
+                }
+                if let Ok(Some(_)) = redis.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            let _ = redis.child.kill();
+            let _ = redis.child.wait();
+            redis.port = free_port();
+            redis.child = spawn_tls(redis.dir.path(), &redis.certs, redis.port, mutual);
         }
-        panic!("TLS redis-server did not answer on port {port}");
+        let said = std::fs::read_to_string(redis.dir.path().join("redis.log")).unwrap_or_default();
+        panic!("TLS redis-server did not start on 5 ports; its log:\n{said}");
     }
 
     fn ping(&self) -> bool {
@@ -208,6 +206,28 @@ impl TestTlsRedis {
             .await
             .expect("connect to test redis over TLS")
     }
+}
+
+/// A TLS-only `redis-server` on `port` of 127.0.0.1, logging into `dir`.
+fn spawn_tls(dir: &Path, certs: &Certificates, port: u16, mutual: bool) -> Child {
+    Command::new(redis_server())
+        .args(["--port", "0", "--tls-port", &port.to_string()])
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--tls-cert-file")
+        .arg(&certs.server_cert)
+        .arg("--tls-key-file")
+        .arg(&certs.server_key)
+        .arg("--tls-ca-cert-file")
+        .arg(&certs.ca)
+        .args(["--tls-auth-clients", if mutual { "yes" } else { "no" }])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("redis-server must be installed (apt-get install redis-server)")
 }
 
 impl Drop for TestTlsRedis {
