@@ -13,7 +13,7 @@
 pub use workerpool_queue::ops as queue;
 pub use workerpool_queue::{admin, job, keys, scripts, snapshot, text};
 
-pub mod backoff;
+mod backoff;
 pub mod cli;
 pub mod config;
 pub mod handler;
