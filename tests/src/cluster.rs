@@ -51,15 +51,25 @@ impl TestRedisCluster {
             dir,
         };
         for _ in 0..primaries * (1 + replicas) {
-            let port = cluster_port();
-            let child = cluster.spawn(port);
-            cluster.nodes.push(Node {
-                port,
-                child: Some(child),
+            // A port found free can be taken before the node binds it (by
+            // another test's client socket): the node then exits, and
+            // starts again on other ports.
+            let node = (0..5).find_map(|_| {
+                let port = cluster_port();
+                let mut child = cluster.spawn(port);
+                if answers(port, &mut child) {
+                    return Some(Node {
+                        port,
+                        child: Some(child),
+                    });
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                None
             });
-        }
-        for node in &cluster.nodes {
-            wait_for_ping(node.port);
+            cluster
+                .nodes
+                .push(node.expect("a cluster node did not start on 5 ports"));
         }
         let mut create = Command::new(redis_cli());
         create.arg("--cluster").arg("create");
@@ -341,18 +351,27 @@ fn cluster_port() -> u16 {
     }
 }
 
-fn wait_for_ping(port: u16) {
+fn pings(port: u16) -> bool {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_ok()
+}
+
+/// Whether a node just started answers; `false` when it exited (its port
+/// was taken) or stayed silent for 10 s.
+fn answers(port: u16, child: &mut Child) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        let pong = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-        if pong.is_ok() {
-            return;
+        if pings(port) {
+            return true;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("redis-server did not answer on port {port}");
+    false
 }
 
 /// The `redis-cli` next to [`redis_server`]: `$REDIS_CLI`, else on `PATH`.
