@@ -880,7 +880,25 @@ fn with_two_operators_one_leads_and_the_other_takes_over_when_it_goes(e2e: &E2e)
     let took = t.elapsed();
     let ids: Vec<String> = (0..10).map(|i| format!("job-{i}")).collect();
     redis.push("mail", &ids, 1000);
-    ready_workers(k, &ns.name, "mail", 2);
+    // What the successor did, should the workers not come: the pods, the
+    // Deployment's size, the pool's decision and who holds the Lease.
+    eventually(Duration::from_secs(90), "2 Ready workers", |last| {
+        let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
+        let deployment = k.get(&["deployment", "-n", &ns.name, "mail"]);
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"]);
+        *last = format!(
+            "pods [{}], deployment replicas {}, pool desired {} ({}), lease held by {:?}, operators {:?}",
+            summary_of_pods(&pods),
+            deployment.map_or(Value::Null, |d| d["spec"]["replicas"].clone()),
+            wp.as_ref()
+                .map_or(Value::Null, |w| w["status"]["desiredReplicas"].clone()),
+            wp.as_ref()
+                .map_or(Value::Null, |w| w["status"]["reason"].clone()),
+            lease_holder(k),
+            operator_pods(k),
+        );
+        (ready_pods(&pods).len() == 2).then_some(())
+    });
     every_job_ran_once(&redis, "mail", &ids);
     eprintln!("  {successor} took over from {leader} after {took:.1?}");
     drop(ns);
