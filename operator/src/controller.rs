@@ -96,10 +96,6 @@ pub struct Context {
     /// The workload problem last announced with an event, per pool: the
     /// pool's status says it too, but may lag behind a reconcile.
     announced: Mutex<HashMap<String, String>>,
-    /// The Deployment last applied per pool: what was applied (a hash of
-    /// it) and the generation the API server gave it. While both still
-    /// hold, applying it again would change nothing.
-    applied: Mutex<HashMap<String, (u64, Option<i64>)>>,
     started: Instant,
 }
 
@@ -124,7 +120,6 @@ impl Context {
             redis: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             announced: Mutex::new(HashMap::new()),
-            applied: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -138,7 +133,6 @@ impl Context {
         lock(&self.engines).remove(key);
         lock(&self.failures).remove(key);
         lock(&self.announced).remove(key);
-        lock(&self.applied).remove(key);
     }
 
     async fn redis_conn(&self, endpoint: &Endpoint) -> Result<Connection, QueueProblem> {
@@ -349,7 +343,6 @@ struct Plan {
 }
 
 async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
-    let started = Instant::now();
     let key = pool_key(pool);
     let observed = observe(pool, ctx).await?;
     let decided_at = ctx.now();
@@ -370,27 +363,7 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
     );
     let announced = lock(&ctx.announced).get(&key).cloned();
     let plan = plan(pool, &observed, &verdict, announced.as_deref())?;
-    // The next look is an interval after this one began, not after it
-    // ended: with many pools a reconcile waits on the API server.
-    let next = plan
-        .requeue
-        .saturating_sub(started.elapsed())
-        .max(MIN_REQUEUE);
-    apply(pool, ctx, observed, plan, decided_at).await?;
-    Ok(Action::requeue(next))
-}
-
-/// The shortest wait before a pool is looked at again.
-const MIN_REQUEUE: Duration = Duration::from_millis(200);
-
-/// A hash of what an apply sends.
-fn fingerprint(deployment: &Deployment) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(deployment)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    apply(pool, ctx, observed, plan, decided_at).await
 }
 
 /// Reads the Deployment, the pods when workers are missing, and the queue.
@@ -508,7 +481,7 @@ async fn apply(
     observed: Observed,
     plan: Plan,
     decided_at: Duration,
-) -> Result<(), Error> {
+) -> Result<Action, Error> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
     if let Ok(snap) = &observed.reading {
@@ -527,25 +500,15 @@ async fn apply(
             mark_idle_pods(pool, ctx, snap, pods).await?;
         }
     }
-    // Applied before and unchanged since (its generation moves with any
-    // edit of its spec, ours or someone else's): no apply needed.
-    let key = pool_key(pool);
-    let sent = fingerprint(&plan.deployment);
-    let unchanged = observed.existing.as_ref().is_some_and(|live| {
-        lock(&ctx.applied).get(&key) == Some(&(sent, live.metadata.generation))
-    });
-    if !unchanged {
-        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-        let live = deployments
-            .patch(
-                &name,
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&plan.deployment),
-            )
-            .await
-            .map_err(Error::ApplyDeployment)?;
-        lock(&ctx.applied).insert(key.clone(), (sent, live.metadata.generation));
-    }
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    deployments
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&plan.deployment),
+        )
+        .await
+        .map_err(Error::ApplyDeployment)?;
     // The scale event counts for the rate policies only now that it was
     // applied: a refused apply changed nothing.
     if let Some((from, to)) = plan.scale
@@ -561,20 +524,16 @@ async fn apply(
         Some(reason) => lock(&ctx.announced).insert(pool_key(pool), reason),
         None => lock(&ctx.announced).remove(&pool_key(pool)),
     };
-    // An unchanged status is not written again: for an idle pool that is
-    // every look but the first.
-    if pool.status.as_ref() != Some(&plan.status) {
-        let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
-        pools
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": plan.status })),
-            )
-            .await
-            .map_err(Error::PatchStatus)?;
-    }
-    Ok(())
+    let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
+    pools
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": plan.status })),
+        )
+        .await
+        .map_err(Error::PatchStatus)?;
+    Ok(Action::requeue(plan.requeue))
 }
 
 async fn publish(
