@@ -7,8 +7,9 @@
 # how often each pool's queue was read (snapshot scripts per pool per
 # poll interval: 1.00 means every pool every pollIntervalSeconds), and the
 # time from a backlog appearing on one pool's queue to that pool's scale-up.
-# Creating pools is bound by the API server (about 30 a second on 2 cores):
-# the default run takes about 8 minutes. See docs/benchmarks.md.
+# Creating pools is bound by the API server (about 5 a second on 2 cores
+# while the operator reconciles the new ones): 5,000 take about 20 minutes.
+# See docs/benchmarks.md.
 #
 #   K8S_KIT=DIR scripts/bench-operator.sh             # 1,000 then 5,000 pools
 #   K8S_KIT=DIR POOLS="100 500" STEADY=30 scripts/bench-operator.sh
