@@ -24,7 +24,7 @@ use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Replicas};
 use crate::scaling::{self, Engine, Observation, Verdict};
 use crate::workload;
 
@@ -133,6 +133,9 @@ impl Context {
         lock(&self.engines).remove(key);
         lock(&self.failures).remove(key);
         lock(&self.announced).remove(key);
+        if let Some((namespace, pool)) = key.split_once('/') {
+            self.metrics.forget_pool(namespace, pool);
+        }
     }
 
     async fn redis_conn(&self, endpoint: &Endpoint) -> Result<Connection, QueueProblem> {
@@ -484,21 +487,28 @@ async fn apply(
 ) -> Result<Action, Error> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    if let Ok(snap) = &observed.reading {
-        ctx.metrics.observe_pool(
-            &ns,
-            &name,
-            snap.backlog(),
-            snap.in_flight(),
-            plan.status.desired_replicas,
-        );
-        if plan.mark_idle {
-            let pods = match observed.pods {
-                Some(p) => p,
-                None => list_pods(pool, ctx).await?,
-            };
-            mark_idle_pods(pool, ctx, snap, pods).await?;
-        }
+    ctx.metrics.observe_pool(
+        &ns,
+        &name,
+        observed.reading.as_ref().ok(),
+        Replicas {
+            desired: plan.status.desired_replicas,
+            ready: plan.status.ready_replicas,
+            max: pool
+                .spec
+                .scaling
+                .as_ref()
+                .map(|s| s.max_replicas.max(s.min_replicas)),
+        },
+    );
+    if plan.mark_idle
+        && let Ok(snap) = &observed.reading
+    {
+        let pods = match observed.pods {
+            Some(p) => p,
+            None => list_pods(pool, ctx).await?,
+        };
+        mark_idle_pods(pool, ctx, snap, pods).await?;
     }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     deployments
@@ -511,6 +521,9 @@ async fn apply(
         .map_err(Error::ApplyDeployment)?;
     // The scale event counts for the rate policies only now that it was
     // applied: a refused apply changed nothing.
+    if let Some((from, to)) = plan.scale {
+        ctx.metrics.observe_scale(&ns, &name, from, to);
+    }
     if let Some((from, to)) = plan.scale
         && let Some(engine) = lock(&ctx.engines).get_mut(&pool_key(pool))
     {

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+use workerpool_queue::snapshot::Snapshot;
 
 /// Every metric the operator exports.
 #[derive(Debug, Clone)]
@@ -21,6 +24,29 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     /// Desired replicas per pool.
     pub desired: IntGaugeVec,
+    /// Ready replicas per pool (the Deployment's status).
+    pub ready: IntGaugeVec,
+    /// The most replicas the pool may scale to (scaled pools only).
+    pub max: IntGaugeVec,
+    /// Age of the oldest waiting job per pool.
+    pub oldest_job_age: GaugeVec,
+    /// Dead letters kept per pool (the dead lists' length).
+    pub dead_letters: IntGaugeVec,
+    /// Replica changes applied, per pool and direction.
+    pub scale_events: IntCounterVec,
+    /// Whether the pool's last queue read succeeded.
+    pub queue_up: IntGaugeVec,
+}
+
+/// A pool's replica counts as one reconcile saw and decided them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replicas {
+    /// What the pool should run.
+    pub desired: i32,
+    /// Pods ready.
+    pub ready: i32,
+    /// The upper bound of a scaled pool; `None` for a fixed size.
+    pub max: Option<i32>,
 }
 
 impl Metrics {
@@ -72,6 +98,48 @@ impl Metrics {
                 pool,
             )
             .expect("valid metric"),
+            ready: IntGaugeVec::new(
+                Opts::new("workerpool_pool_ready_replicas", "Ready workers per pool"),
+                pool,
+            )
+            .expect("valid metric"),
+            max: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_max_replicas",
+                    "The most workers a scaled pool may run (spec.scaling.maxReplicas)",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
+            oldest_job_age: GaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_oldest_job_age_seconds",
+                    "Age of the oldest waiting job per pool (0 when none waits)",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
+            dead_letters: IntGaugeVec::new(
+                Opts::new("workerpool_pool_dead_letters", "Dead letters kept per pool"),
+                pool,
+            )
+            .expect("valid metric"),
+            scale_events: IntCounterVec::new(
+                Opts::new(
+                    "workerpool_pool_scale_events_total",
+                    "Replica changes applied per pool, by direction (up or down)",
+                ),
+                &["namespace", "pool", "direction"],
+            )
+            .expect("valid metric"),
+            queue_up: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_queue_up",
+                    "1 when the pool's last queue read succeeded, 0 when it failed",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
         };
         for c in [
             Box::new(m.reconciles.clone()) as Box<dyn prometheus::core::Collector>,
@@ -80,6 +148,12 @@ impl Metrics {
             Box::new(m.backlog.clone()),
             Box::new(m.in_flight.clone()),
             Box::new(m.desired.clone()),
+            Box::new(m.ready.clone()),
+            Box::new(m.max.clone()),
+            Box::new(m.oldest_job_age.clone()),
+            Box::new(m.dead_letters.clone()),
+            Box::new(m.scale_events.clone()),
+            Box::new(m.queue_up.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }
@@ -96,23 +170,88 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Records a pool's latest reading.
+    /// Records what one reconcile saw of a pool: its replica counts, and
+    /// the queue as read (`None`: the read failed, and the queue's figures
+    /// keep their last values, as the pool's status does).
     pub fn observe_pool(
         &self,
         namespace: &str,
         pool: &str,
-        backlog: u64,
-        in_flight: u64,
-        desired: i32,
+        queue: Option<&Snapshot>,
+        replicas: Replicas,
     ) {
         let labels = [namespace, pool];
-        self.backlog.with_label_values(&labels).set(backlog as i64);
-        self.in_flight
-            .with_label_values(&labels)
-            .set(in_flight as i64);
         self.desired
             .with_label_values(&labels)
-            .set(i64::from(desired));
+            .set(i64::from(replicas.desired));
+        self.ready
+            .with_label_values(&labels)
+            .set(i64::from(replicas.ready));
+        match replicas.max {
+            Some(max) => self.max.with_label_values(&labels).set(i64::from(max)),
+            None => {
+                let _ = self.max.remove_label_values(&labels);
+            }
+        }
+        self.queue_up
+            .with_label_values(&labels)
+            .set(i64::from(queue.is_some()));
+        let Some(snap) = queue else {
+            return;
+        };
+        self.backlog
+            .with_label_values(&labels)
+            .set(saturating(snap.backlog()));
+        self.in_flight
+            .with_label_values(&labels)
+            .set(saturating(snap.in_flight()));
+        self.dead_letters
+            .with_label_values(&labels)
+            .set(saturating(snap.queues.iter().map(|q| q.dead).sum()));
+        // An empty queue's oldest job is 0 s old; jobs waiting without an
+        // `enqueued_at` have no known age, and the series goes.
+        match snap.oldest_job_age_seconds() {
+            Some(age) => self.oldest_job_age.with_label_values(&labels).set(age),
+            None if snap.queues.iter().all(|q| q.waiting == 0) => {
+                self.oldest_job_age.with_label_values(&labels).set(0.0)
+            }
+            None => {
+                let _ = self.oldest_job_age.remove_label_values(&labels);
+            }
+        }
+    }
+
+    /// Records an applied change of a pool's replicas from `from` to `to`.
+    pub fn observe_scale(&self, namespace: &str, pool: &str, from: i32, to: i32) {
+        if from == to {
+            return;
+        }
+        let direction = if to > from { "up" } else { "down" };
+        self.scale_events
+            .with_label_values(&[namespace, pool, direction])
+            .inc();
+    }
+
+    /// Drops a deleted pool's series.
+    pub fn forget_pool(&self, namespace: &str, pool: &str) {
+        let labels = [namespace, pool];
+        for gauge in [
+            &self.backlog,
+            &self.in_flight,
+            &self.desired,
+            &self.ready,
+            &self.max,
+            &self.dead_letters,
+            &self.queue_up,
+        ] {
+            let _ = gauge.remove_label_values(&labels);
+        }
+        let _ = self.oldest_job_age.remove_label_values(&labels);
+        for direction in ["up", "down"] {
+            let _ = self
+                .scale_events
+                .remove_label_values(&[namespace, pool, direction]);
+        }
     }
 
     /// The metrics in the Prometheus text format.
@@ -126,5 +265,172 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+fn saturating(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use workerpool_queue::snapshot::{QueueFigures, Snapshot};
+
+    use super::{Metrics, Replicas};
+
+    fn snapshot(waiting: u64, oldest_enqueued_at_ms: Option<u64>, dead: u64) -> Snapshot {
+        Snapshot {
+            server_time_ms: 100_000,
+            queues: vec![
+                QueueFigures {
+                    name: "mail".into(),
+                    waiting,
+                    oldest_enqueued_at_ms,
+                    dead,
+                    ..QueueFigures::default()
+                },
+                QueueFigures {
+                    name: "mail:low".into(),
+                    dead: 1,
+                    ..QueueFigures::default()
+                },
+            ],
+        }
+    }
+
+    const SCALED: Replicas = Replicas {
+        desired: 4,
+        ready: 3,
+        max: Some(10),
+    };
+
+    fn has(m: &Metrics, line: &str) -> bool {
+        m.render().lines().any(|l| l == line)
+    }
+
+    #[test]
+    fn a_read_pool_exports_its_replicas_queue_figures_and_reachability() {
+        let m = Metrics::new();
+        m.observe_pool("jobs", "mail", Some(&snapshot(7, Some(58_000), 2)), SCALED);
+        for line in [
+            r#"workerpool_pool_backlog{namespace="jobs",pool="mail"} 7"#,
+            r#"workerpool_pool_desired_replicas{namespace="jobs",pool="mail"} 4"#,
+            r#"workerpool_pool_ready_replicas{namespace="jobs",pool="mail"} 3"#,
+            r#"workerpool_pool_max_replicas{namespace="jobs",pool="mail"} 10"#,
+            r#"workerpool_pool_oldest_job_age_seconds{namespace="jobs",pool="mail"} 42"#,
+            r#"workerpool_pool_dead_letters{namespace="jobs",pool="mail"} 3"#,
+            r#"workerpool_pool_queue_up{namespace="jobs",pool="mail"} 1"#,
+        ] {
+            assert!(has(&m, line), "no {line} in\n{}", m.render());
+        }
+    }
+
+    #[test]
+    fn an_unreadable_queue_is_down_and_keeps_the_last_figures() {
+        let m = Metrics::new();
+        m.observe_pool("jobs", "mail", Some(&snapshot(7, Some(58_000), 2)), SCALED);
+        let held = Replicas {
+            desired: 2,
+            ..SCALED
+        };
+        m.observe_pool("jobs", "mail", None, held);
+        for line in [
+            r#"workerpool_pool_queue_up{namespace="jobs",pool="mail"} 0"#,
+            r#"workerpool_pool_backlog{namespace="jobs",pool="mail"} 7"#,
+            r#"workerpool_pool_desired_replicas{namespace="jobs",pool="mail"} 2"#,
+        ] {
+            assert!(has(&m, line), "no {line} in\n{}", m.render());
+        }
+    }
+
+    #[test]
+    fn the_oldest_job_is_0_s_old_in_an_empty_queue_and_unknown_without_a_stamp() {
+        let m = Metrics::new();
+        m.observe_pool("jobs", "mail", Some(&snapshot(0, None, 0)), SCALED);
+        assert!(has(
+            &m,
+            r#"workerpool_pool_oldest_job_age_seconds{namespace="jobs",pool="mail"} 0"#
+        ));
+        m.observe_pool("jobs", "mail", Some(&snapshot(5, None, 0)), SCALED);
+        assert!(
+            !m.render()
+                .contains("workerpool_pool_oldest_job_age_seconds{"),
+            "{}",
+            m.render()
+        );
+    }
+
+    #[test]
+    fn a_fixed_size_pool_has_no_max() {
+        let m = Metrics::new();
+        m.observe_pool("jobs", "mail", None, SCALED);
+        let fixed = Replicas {
+            max: None,
+            ..SCALED
+        };
+        m.observe_pool("jobs", "mail", None, fixed);
+        assert!(!m.render().contains("workerpool_pool_max_replicas{"));
+    }
+
+    #[test]
+    fn scale_events_count_by_direction() {
+        let m = Metrics::new();
+        m.observe_scale("jobs", "mail", 1, 3);
+        m.observe_scale("jobs", "mail", 3, 5);
+        m.observe_scale("jobs", "mail", 5, 2);
+        m.observe_scale("jobs", "mail", 2, 2);
+        for line in [
+            r#"workerpool_pool_scale_events_total{direction="up",namespace="jobs",pool="mail"} 2"#,
+            r#"workerpool_pool_scale_events_total{direction="down",namespace="jobs",pool="mail"} 1"#,
+        ] {
+            assert!(has(&m, line), "no {line} in\n{}", m.render());
+        }
+    }
+
+    #[test]
+    fn a_forgotten_pool_leaves_no_series_and_others_stay() {
+        let m = Metrics::new();
+        for pool in ["mail", "video"] {
+            m.observe_pool("jobs", pool, Some(&snapshot(7, Some(58_000), 2)), SCALED);
+            m.observe_scale("jobs", pool, 1, 3);
+            m.observe_scale("jobs", pool, 3, 1);
+        }
+        m.forget_pool("jobs", "mail");
+        let text = m.render();
+        assert!(!text.contains(r#"pool="mail""#), "{text}");
+        assert!(
+            has(
+                &m,
+                r#"workerpool_pool_queue_up{namespace="jobs",pool="video"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn metric_names_follow_the_prometheus_conventions() {
+        let m = Metrics::new();
+        m.observe_pool("jobs", "mail", Some(&snapshot(1, Some(1), 1)), SCALED);
+        m.observe_scale("jobs", "mail", 1, 2);
+        m.observe_reconcile(std::time::Duration::from_millis(3), None);
+        m.reconcile_errors
+            .with_label_values(&["patch_status"])
+            .inc();
+        for family in m.registry.gather() {
+            let name = family.name();
+            assert!(name.starts_with("workerpool_"), "{name}");
+            let counter = family.get_field_type() == prometheus::proto::MetricType::COUNTER;
+            assert_eq!(counter, name.ends_with("_total"), "{name}");
+            for metric in family.get_metric() {
+                for label in metric.get_label() {
+                    assert!(
+                        ["namespace", "pool", "direction", "result", "operation"]
+                            .contains(&label.name()),
+                        "{name} has label {}",
+                        label.name()
+                    );
+                }
+            }
+        }
     }
 }

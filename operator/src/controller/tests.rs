@@ -255,11 +255,21 @@ async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
         Action::requeue(Duration::from_secs(7))
     );
     api.done().await;
-    assert!(
-        ctx.metrics
-            .render()
-            .contains(r#"workerpool_pool_desired_replicas{namespace="jobs",pool="mail"} 3"#)
-    );
+    let metrics = ctx.metrics.render();
+    for line in [
+        r#"workerpool_pool_desired_replicas{namespace="jobs",pool="mail"} 3"#,
+        r#"workerpool_pool_ready_replicas{namespace="jobs",pool="mail"} 1"#,
+        r#"workerpool_pool_max_replicas{namespace="jobs",pool="mail"} 10"#,
+        r#"workerpool_pool_queue_up{namespace="jobs",pool="mail"} 1"#,
+        r#"workerpool_pool_scale_events_total{direction="up",namespace="jobs",pool="mail"} 1"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
+    ctx.forget("jobs/mail");
+    assert!(!ctx.metrics.render().contains(r#"pool="mail""#));
 }
 
 #[tokio::test]
@@ -383,7 +393,7 @@ async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
         "template": template(),
         "scaling": {},
     }));
-    let (task, mut api, _) = start(p);
+    let (task, mut api, ctx) = start(p);
     let (_, send) = api.expect("GET", DEPLOYMENT).await;
     reply(send, StatusCode::OK, &existing_deployment(4, 4));
     let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
@@ -408,6 +418,16 @@ async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
     reply(send, StatusCode::OK, &pool_object(&status));
     task.await.expect("task").expect("reconcile");
     api.done().await;
+    let metrics = ctx.metrics.render();
+    for line in [
+        r#"workerpool_pool_queue_up{namespace="jobs",pool="mail"} 0"#,
+        r#"workerpool_pool_desired_replicas{namespace="jobs",pool="mail"} 4"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test]
