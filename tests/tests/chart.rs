@@ -176,6 +176,8 @@ fn check_object(doc: &Value) -> Result<(), String> {
             strict::<CustomResourceDefinition>(doc).map(drop)
         }
         ("monitoring.coreos.com/v1", "ServiceMonitor") => check_service_monitor(doc),
+        ("monitoring.coreos.com/v1", "PodMonitor") => check_pod_monitor(doc),
+        ("monitoring.coreos.com/v1", "PrometheusRule") => check_prometheus_rule(doc),
         ("workerpool.dev/v1alpha1", "WorkerPool") => check_worker_pool(doc),
         (api_version, kind) => Err(format!(
             "no schema to check {api_version} {kind} against: add it to check_object"
@@ -196,6 +198,96 @@ fn check_service_monitor(doc: &Value) -> Result<(), String> {
         for key in ["port", "path", "interval", "scrapeTimeout"] {
             if !endpoint[key].is_string() {
                 return Err(format!("endpoint without a string {key}: {endpoint}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A PodMonitor, by hand like the ServiceMonitor.
+fn check_pod_monitor(doc: &Value) -> Result<(), String> {
+    let spec = doc["spec"].as_object().ok_or("no spec")?;
+    let known: BTreeSet<&str> = ["selector", "namespaceSelector", "podMetricsEndpoints"].into();
+    if let Some(unknown) = spec.keys().find(|k| !known.contains(k.as_str())) {
+        return Err(format!("unexpected spec.{unknown}"));
+    }
+    let selector = doc["spec"]["namespaceSelector"]
+        .as_object()
+        .ok_or("no namespaceSelector")?;
+    match (selector.get("any"), selector.get("matchNames")) {
+        (Some(Value::Bool(true)), None) => {}
+        (None, Some(Value::Array(names)))
+            if !names.is_empty() && names.iter().all(Value::is_string) => {}
+        _ => return Err(format!("namespaceSelector: {selector:?}")),
+    }
+    let endpoints = doc["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .ok_or("no podMetricsEndpoints")?;
+    let known: BTreeSet<&str> = ["port", "path", "interval", "scrapeTimeout", "relabelings"].into();
+    for endpoint in endpoints {
+        let endpoint = endpoint.as_object().ok_or("an endpoint is not an object")?;
+        if let Some(unknown) = endpoint.keys().find(|k| !known.contains(k.as_str())) {
+            return Err(format!("unexpected endpoint field {unknown}"));
+        }
+        for key in ["port", "path", "interval", "scrapeTimeout"] {
+            if !endpoint.get(key).is_some_and(Value::is_string) {
+                return Err(format!("endpoint without a string {key}"));
+            }
+        }
+        for relabeling in endpoint
+            .get("relabelings")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if !relabeling["sourceLabels"].is_array() || !relabeling["targetLabel"].is_string() {
+                return Err(format!("relabeling: {relabeling}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A PrometheusRule: groups of alerts, each with an expression, a
+/// duration, a severity and the annotations a person acts on. The
+/// expressions themselves are checked by promtool (tests/tests/monitoring.rs).
+fn check_prometheus_rule(doc: &Value) -> Result<(), String> {
+    let spec = doc["spec"].as_object().ok_or("no spec")?;
+    if let Some(unknown) = spec.keys().find(|k| k.as_str() != "groups") {
+        return Err(format!("unexpected spec.{unknown}"));
+    }
+    let groups = doc["spec"]["groups"].as_array().ok_or("no groups")?;
+    for group in groups {
+        let name = group["name"].as_str().ok_or("a group without a name")?;
+        for rule in group["rules"].as_array().ok_or("a group without rules")? {
+            let rule = rule.as_object().ok_or("a rule is not an object")?;
+            let known: BTreeSet<&str> = ["alert", "expr", "for", "labels", "annotations"].into();
+            if let Some(unknown) = rule.keys().find(|k| !known.contains(k.as_str())) {
+                return Err(format!("{name}: unexpected rule field {unknown}"));
+            }
+            let alert = rule
+                .get("alert")
+                .and_then(Value::as_str)
+                .ok_or("no alert")?;
+            for (field, value) in [
+                ("expr", rule.get("expr")),
+                ("for", rule.get("for")),
+                (
+                    "labels.severity",
+                    rule.get("labels").map(|l| &l["severity"]),
+                ),
+                (
+                    "annotations.summary",
+                    rule.get("annotations").map(|a| &a["summary"]),
+                ),
+                (
+                    "annotations.description",
+                    rule.get("annotations").map(|a| &a["description"]),
+                ),
+            ] {
+                if !value.and_then(Value::as_str).is_some_and(|v| !v.is_empty()) {
+                    return Err(format!("{alert}: no string {field}"));
+                }
             }
         }
     }
@@ -383,7 +475,7 @@ fn every_object_rendered_with_default_values_is_a_valid_kubernetes_object() {
             "Service",
             "Deployment",
         ]),
-        "the optional ServiceMonitor and PodDisruptionBudget are off by default"
+        "the optional ServiceMonitor, PodMonitor, PrometheusRule, dashboard ConfigMap and PodDisruptionBudget are off by default"
     );
 }
 
@@ -427,6 +519,10 @@ fn every_object_rendered_with_non_default_values_is_a_valid_kubernetes_object() 
     let service = one(&docs, "Service");
     let monitor = one(&docs, "ServiceMonitor");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["honorLabels"], true,
+        "the pool metrics keep their own namespace label"
+    );
     assert_eq!(
         monitor["spec"]["endpoints"][0]["port"],
         service["spec"]["ports"][0]["name"]
@@ -774,6 +870,15 @@ fn values_outside_the_schema_are_refused() {
         "image.pullPolicy=Sometimes",
         "unknownSetting=1",
         "watchNamespace=Not_A_Namespace",
+        "prometheusRule.backlogAge.seconds=soon",
+        "prometheusRule.deadLetters.threshold=-1",
+        "prometheusRule.reconcileErrors.window=ten minutes",
+        "prometheusRule.queueUnreachable.severity=",
+        "prometheusRule.workersLost.unknownSetting=1",
+        "podMonitor.interval=30",
+        "podMonitor.namespaces[0]=Not_A_Namespace",
+        "grafana.dashboard.enabled=yes",
+        "grafana.dashboard.label=",
     ] {
         let err = try_helm(&["template", "x", CHART, "--set", bad])
             .expect_err("values.schema.json refuses it");
@@ -998,4 +1103,297 @@ fn clusters_without_crd_validation_rules_are_refused() {
     let refused = try_helm(&["template", "x", CHART, "--kube-version", "1.24.17"])
         .expect_err("Kubernetes 1.24 is refused");
     assert!(refused.contains("kubeVersion"), "{refused}");
+}
+
+/// Every alert the chart's PrometheusRule defines.
+const ALERTS: [&str; 6] = [
+    "WorkerPoolBacklogTooOld",
+    "WorkerPoolAtMaxReplicas",
+    "WorkerPoolQueueUnreachable",
+    "WorkerPoolDeadLettersGrowing",
+    "WorkerPoolWorkersLost",
+    "WorkerPoolOperatorReconcileErrors",
+];
+
+fn alert_rules(docs: &[Value]) -> Vec<&Value> {
+    one(docs, "PrometheusRule")["spec"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
+        .collect()
+}
+
+#[test]
+fn the_monitoring_objects_render_only_when_enabled_and_are_valid() {
+    let enabled = [
+        "--set",
+        "podMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "grafana.dashboard.enabled=true",
+    ];
+    let docs = render("workerpool-operator", INSTALL_NAMESPACE, &enabled);
+    check_all(&docs, "helm template (monitoring enabled)");
+    for kind in ["PodMonitor", "PrometheusRule", "ConfigMap"] {
+        let doc = one(&docs, kind);
+        assert_eq!(doc["metadata"]["namespace"], INSTALL_NAMESPACE, "{kind}");
+    }
+    let defaults = render("workerpool-operator", INSTALL_NAMESPACE, &[]);
+    for kind in [
+        "PodMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+        "ServiceMonitor",
+    ] {
+        assert!(find(&defaults, kind).is_empty(), "{kind} is off by default");
+    }
+}
+
+#[test]
+fn the_dashboard_configmap_carries_the_sidecar_label_and_the_dashboard() {
+    let docs = render(
+        "workerpool-operator",
+        INSTALL_NAMESPACE,
+        &["--set", "grafana.dashboard.enabled=true"],
+    );
+    let map = one(&docs, "ConfigMap");
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: Value = serde_json::from_str(
+        map["data"]["workerpool.json"]
+            .as_str()
+            .expect("workerpool.json"),
+    )
+    .expect("the dashboard in the ConfigMap is JSON");
+    let file: Value = serde_json::from_str(&read(&format!("{CHART}/dashboards/workerpool.json")))
+        .expect("dashboards/workerpool.json is JSON");
+    assert_eq!(shipped, file, "the ConfigMap holds the file as it is");
+    assert_eq!(shipped["uid"], "workerpool");
+
+    // The label the sidecar looks for, a folder annotation, extra labels,
+    // another namespace.
+    let docs = render(
+        "wp",
+        INSTALL_NAMESPACE,
+        &[
+            "--set",
+            "grafana.dashboard.enabled=true",
+            "--set",
+            "grafana.dashboard.label=dashboards",
+            "--set",
+            "grafana.dashboard.labelValue=workerpool",
+            "--set",
+            "grafana.dashboard.namespace=monitoring",
+            "--set",
+            "grafana.dashboard.annotations.grafana_folder=Workers",
+            "--set",
+            "grafana.dashboard.labels.team=platform",
+        ],
+    );
+    let map = one(&docs, "ConfigMap");
+    let meta = &map["metadata"];
+    assert_eq!(meta["namespace"], "monitoring");
+    assert_eq!(meta["labels"]["dashboards"], "workerpool");
+    assert_eq!(meta["labels"]["team"], "platform");
+    assert!(meta["labels"].get("grafana_dashboard").is_none());
+    assert_eq!(meta["annotations"]["grafana_folder"], "Workers");
+}
+
+#[test]
+fn the_prometheus_rule_has_every_alert_with_what_to_do_and_its_thresholds() {
+    let docs = render(
+        "workerpool-operator",
+        INSTALL_NAMESPACE,
+        &["--set", "prometheusRule.enabled=true"],
+    );
+    let rules = alert_rules(&docs);
+    let names: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    assert_eq!(names, ALERTS);
+    let readme = read(&format!("{CHART}/README.md"));
+    let app_version = chart_yaml()["appVersion"]
+        .as_str()
+        .expect("appVersion")
+        .to_owned();
+    for rule in &rules {
+        let alert = rule["alert"].as_str().expect("alert");
+        let annotations = &rule["annotations"];
+        for text in [&annotations["summary"], &annotations["description"]] {
+            let text = text.as_str().expect("annotation");
+            assert!(text.contains("{{ $labels."), "{alert}: {text}");
+        }
+        // The runbook is the chart README's section on the alert, at the
+        // chart's version.
+        let url = annotations["runbook_url"].as_str().expect("runbook_url");
+        assert_eq!(
+            url,
+            format!(
+                "https://github.com/workerpool-dev/workerpool/blob/v{app_version}/charts/workerpool-operator/README.md#{}",
+                alert.to_lowercase()
+            )
+        );
+        assert!(
+            readme.lines().any(|l| l == format!("#### {alert}")),
+            "the chart README has no section on {alert}"
+        );
+        assert!(
+            ["warning", "critical"].contains(&rule["labels"]["severity"].as_str().unwrap_or(""))
+        );
+    }
+    let expr = |docs: &[Value], alert: &str| -> String {
+        alert_rules(docs)
+            .iter()
+            .find(|r| r["alert"] == alert)
+            .and_then(|r| r["expr"].as_str())
+            .expect("the alert")
+            .to_owned()
+    };
+    assert!(expr(&docs, "WorkerPoolBacklogTooOld").ends_with("> 600"));
+
+    // Thresholds, durations, severities and labels come from the values.
+    let docs = render(
+        "workerpool-operator",
+        INSTALL_NAMESPACE,
+        &[
+            "--set",
+            "prometheusRule.enabled=true",
+            "--set",
+            "prometheusRule.backlogAge.seconds=900",
+            "--set",
+            "prometheusRule.backlogAge.for=20m",
+            "--set",
+            "prometheusRule.backlogAge.severity=critical",
+            "--set",
+            "prometheusRule.deadLetters.window=1h",
+            "--set",
+            "prometheusRule.alertLabels.team=platform",
+            "--set",
+            "prometheusRule.labels.release=prometheus",
+            "--set",
+            "prometheusRule.runbookBaseUrl=https://runbooks.example.com/wp",
+        ],
+    );
+    let rules = alert_rules(&docs);
+    let backlog = rules
+        .iter()
+        .find(|r| r["alert"] == "WorkerPoolBacklogTooOld")
+        .expect("the alert");
+    assert!(expr(&docs, "WorkerPoolBacklogTooOld").ends_with("> 900"));
+    assert_eq!(backlog["for"], "20m");
+    assert_eq!(backlog["labels"]["severity"], "critical");
+    assert_eq!(
+        backlog["annotations"]["runbook_url"],
+        "https://runbooks.example.com/wp#workerpoolbacklogtooold"
+    );
+    assert!(expr(&docs, "WorkerPoolDeadLettersGrowing").contains("[1h]"));
+    for rule in &rules {
+        assert_eq!(rule["labels"]["team"], "platform", "{}", rule["alert"]);
+    }
+    assert_eq!(
+        one(&docs, "PrometheusRule")["metadata"]["labels"]["release"],
+        "prometheus"
+    );
+}
+
+#[test]
+fn the_pod_monitor_selects_the_workers_the_operator_runs_on_their_metrics_port() {
+    let docs = render(
+        "workerpool-operator",
+        INSTALL_NAMESPACE,
+        &["--set", "podMonitor.enabled=true"],
+    );
+    let monitor = one(&docs, "PodMonitor");
+    let spec = &monitor["spec"];
+
+    // The labels and the port name the operator gives a pool's pods.
+    let text = read("manifests/examples/exec-pool.yaml");
+    let mut pool: WorkerPool = serde_json::from_value(documents(&text).remove(0)).expect("a pool");
+    pool.metadata.namespace = Some("jobs".into());
+    pool.metadata.uid = Some("00000000-0000-0000-0000-000000000000".into());
+    let built = deployment::build(&pool, 1).expect("a Deployment");
+    let template = built.spec.expect("spec").template;
+    let pod_labels = template
+        .metadata
+        .and_then(|m| m.labels)
+        .expect("pod labels");
+    for (key, value) in spec["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+    {
+        assert_eq!(
+            pod_labels.get(key).map(String::as_str),
+            value.as_str(),
+            "the worker pods carry {key}"
+        );
+    }
+    for expression in spec["selector"]["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(expression["operator"], "Exists");
+        let key = expression["key"].as_str().expect("key");
+        assert!(pod_labels.contains_key(key), "the worker pods carry {key}");
+    }
+    assert!(
+        spec["selector"]["matchLabels"]
+            .as_object()
+            .expect("matchLabels")
+            .contains_key("app.kubernetes.io/managed-by")
+    );
+    let port = template
+        .spec
+        .expect("pod spec")
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.container_port == deployment::WORKER_PORT)
+        .and_then(|p| p.name.clone())
+        .expect("a named metrics port");
+    let endpoint = &spec["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], port);
+    assert_eq!(endpoint["path"], "/metrics");
+    // The pool's name becomes the `pool` label of the workers' series, as
+    // in the operator's.
+    let pool_label = format!(
+        "__meta_kubernetes_pod_label_{}",
+        deployment::POOL_LABEL.replace(['.', '/', '-'], "_")
+    );
+    assert_eq!(
+        endpoint["relabelings"][0],
+        json!({"sourceLabels": [pool_label], "targetLabel": "pool"})
+    );
+
+    // Which namespaces: every one, the watched one, or those listed.
+    assert_eq!(spec["namespaceSelector"], json!({"any": true}));
+    let watched = render(
+        "wp",
+        INSTALL_NAMESPACE,
+        &[
+            "--set",
+            "podMonitor.enabled=true",
+            "--set",
+            "watchNamespace=jobs",
+        ],
+    );
+    assert_eq!(
+        one(&watched, "PodMonitor")["spec"]["namespaceSelector"],
+        json!({"matchNames": ["jobs"]})
+    );
+    let listed = render(
+        "wp",
+        INSTALL_NAMESPACE,
+        &[
+            "--set",
+            "podMonitor.enabled=true",
+            "--set",
+            "watchNamespace=jobs",
+            "--set",
+            "podMonitor.namespaces={mail,video}",
+        ],
+    );
+    assert_eq!(
+        one(&listed, "PodMonitor")["spec"]["namespaceSelector"],
+        json!({"matchNames": ["mail", "video"]})
+    );
 }

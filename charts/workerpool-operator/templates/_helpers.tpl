@@ -60,3 +60,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "workerpool-operator.leaseName" -}}
 {{- default (include "workerpool-operator.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
+
+{{/* The runbook link of an alert: (list $ "AlertName"). */}}
+{{- define "workerpool-operator.runbookUrl" -}}
+{{- $root := index . 0 -}}
+{{- $base := $root.Values.prometheusRule.runbookBaseUrl | default (printf "https://github.com/workerpool-dev/workerpool/blob/v%s/charts/workerpool-operator/README.md" $root.Chart.AppVersion) -}}
+{{- printf "%s#%s" $base (index . 1 | lower) -}}
+{{- end }}
