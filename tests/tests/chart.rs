@@ -285,7 +285,7 @@ fn check_prometheus_rule(doc: &Value) -> Result<(), String> {
                     rule.get("annotations").map(|a| &a["description"]),
                 ),
             ] {
-                if !value.and_then(Value::as_str).is_some_and(|v| !v.is_empty()) {
+                if value.and_then(Value::as_str).is_none_or(str::is_empty) {
                     return Err(format!("{alert}: no string {field}"));
                 }
             }
