@@ -546,6 +546,14 @@ async fn apply(
         )
         .await
         .map_err(Error::PatchStatus)?;
+    tracing::debug!(
+        pool = %pool_key(pool),
+        backlog = plan.status.backlog,
+        desired = plan.status.desired_replicas,
+        reason = plan.status.reason.as_deref().unwrap_or_default(),
+        requeue = ?plan.requeue,
+        "reconciled"
+    );
     Ok(Action::requeue(plan.requeue))
 }
 

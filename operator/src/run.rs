@@ -153,7 +153,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                         let ns = pool.namespace.unwrap_or_default();
                         ctx.forget(&format!("{ns}/{}", pool.name));
                     }
-                    Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
+                    // A failed reconcile is logged by the error policy; a
+                    // failing watch or queue is not, and stops every pool.
+                    Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+                    Err(e) => tracing::warn!(error = %e, "the controller's watch failed"),
                     Ok(_) => {}
                 }
             }

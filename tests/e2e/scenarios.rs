@@ -96,6 +96,9 @@ fn helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics(e2e: 
         &tag,
         "--set",
         "image.pullPolicy=Never",
+        // Each reconcile is logged, for the logs a failed scenario prints.
+        "--set",
+        "logLevel=info\\,workerpool_operator=debug",
     ])
     .unwrap_or_else(|e| panic!("{e}"));
 
@@ -882,22 +885,22 @@ fn with_two_operators_one_leads_and_the_other_takes_over_when_it_goes(e2e: &E2e)
     redis.push("mail", &ids, 1000);
     // What the successor did, should the workers not come: the pods, the
     // Deployment's size, the pool's decision and who holds the Lease.
-    eventually(Duration::from_secs(90), "2 Ready workers", |last| {
-        let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
-        let deployment = k.get(&["deployment", "-n", &ns.name, "mail"]);
-        let wp = k.get(&["wp", "-n", &ns.name, "mail"]);
-        *last = format!(
-            "pods [{}], deployment replicas {}, pool desired {} ({}), lease held by {:?}, operators {:?}",
-            summary_of_pods(&pods),
-            deployment.map_or(Value::Null, |d| d["spec"]["replicas"].clone()),
-            wp.as_ref()
-                .map_or(Value::Null, |w| w["status"]["desiredReplicas"].clone()),
-            wp.as_ref()
-                .map_or(Value::Null, |w| w["status"]["reason"].clone()),
-            lease_holder(k),
-            operator_pods(k),
-        );
-        (ready_pods(&pods).len() == 2).then_some(())
+    with_operator_logs(k, || {
+        eventually(Duration::from_secs(90), "2 Ready workers", |last| {
+            let pods = k.get(&["pods", "-n", &ns.name, "-l", "workerpool.dev/pool=mail"])?;
+            let deployment = k.get(&["deployment", "-n", &ns.name, "mail"]);
+            let wp = k.get(&["wp", "-n", &ns.name, "mail"]);
+            *last = format!(
+                "pods [{}], deployment replicas {}, waiting {}, pool status {}, lease held by {:?}, operators {:?}",
+                summary_of_pods(&pods),
+                deployment.map_or(Value::Null, |d| d["spec"]["replicas"].clone()),
+                redis.cli(&["LLEN", "mail"]).trim(),
+                wp.as_ref().map_or(Value::Null, |w| w["status"].clone()),
+                lease_holder(k),
+                operator_pods(k),
+            );
+            (ready_pods(&pods).len() == 2).then_some(())
+        })
     });
     every_job_ran_once(&redis, "mail", &ids);
     eprintln!("  {successor} took over from {leader} after {took:.1?}");
@@ -909,6 +912,22 @@ fn with_two_operators_one_leads_and_the_other_takes_over_when_it_goes(e2e: &E2e)
         let holder = lease_holder(k)?;
         (pods.len() == 1 && pods.contains(&holder)).then_some(())
     });
+}
+
+/// Runs `check`; should it panic, prints the operator Pods' logs first.
+fn with_operator_logs<T>(k: &Cluster, check: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
+        Ok(v) => v,
+        Err(panic) => {
+            for pod in operator_pods(k) {
+                let logs = k
+                    .try_kubectl(&["logs", "-n", OPERATOR_NAMESPACE, &pod, "--tail=300"])
+                    .unwrap_or_else(|e| e);
+                eprintln!("--- logs of {pod} ---\n{logs}");
+            }
+            std::panic::resume_unwind(panic)
+        }
+    }
 }
 
 /// One operator Pod's /metrics, through the API server's Pod proxy.
