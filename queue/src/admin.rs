@@ -210,6 +210,83 @@ pub async fn dead_letters(
         .collect())
 }
 
+/// One page of the waiting list, next to run first: entries `offset` to
+/// `offset + count - 1` counted from the end workers take from. One
+/// `LRANGE` near the tail, so a page costs the same with a million jobs
+/// waiting.
+pub async fn waiting_page(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    offset: u64,
+    count: u64,
+) -> RedisResult<Vec<Vec<u8>>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // Workers pop from the right: index -1 runs next.
+    let offset = i64::try_from(offset).unwrap_or(i64::MAX);
+    let count = i64::try_from(count).unwrap_or(i64::MAX);
+    let stop = (-1i64).saturating_sub(offset);
+    let start = stop.saturating_sub(count - 1);
+    let mut page: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(q.waiting())
+        .arg(start)
+        .arg(stop)
+        .query_async(conn)
+        .await?;
+    page.reverse();
+    Ok(page)
+}
+
+/// One page of a sorted set of jobs (`<q>:retry` or `<q>:scheduled`),
+/// soonest first, with each member's score (due time, unix ms).
+pub async fn due_page(
+    conn: &mut impl Conn,
+    key: &str,
+    offset: u64,
+    count: u64,
+) -> RedisResult<Vec<(Vec<u8>, u64)>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let entries: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(offset)
+        .arg(offset.saturating_add(count - 1))
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    Ok(entries
+        .into_iter()
+        .map(|(raw, score)| (raw, score as u64))
+        .collect())
+}
+
+/// One page of the dead letters of `q`, newest first.
+pub async fn dead_page(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    offset: u64,
+    count: u64,
+) -> RedisResult<Vec<DeadEntry>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(q.dead())
+        .arg(offset)
+        .arg(offset.saturating_add(count - 1))
+        .query_async(conn)
+        .await?;
+    Ok(raw
+        .into_iter()
+        .map(|raw| DeadEntry {
+            letter: serde_json::from_slice(&raw).ok(),
+            raw,
+        })
+        .collect())
+}
+
 /// The payload a dead job restarts with: its object without `attempt`,
 /// `error` and `run_at`, enqueued now. `None` for a malformed payload
 /// (it would only die again).
