@@ -22,7 +22,8 @@ use workerpool_queue::connection::{Connection, describe};
     seq 100 | jq -c '{data:{n:.}}' | workerpool enqueue --queue numbers\n  \
     workerpool stats --queue emails\n  \
     workerpool dead list --queue emails --json\n  \
-    workerpool dead retry --queue emails --id 3f2a…")]
+    workerpool dead retry --queue emails --id 3f2a…\n  \
+    workerpool dashboard --queue emails --queue reports   # http://127.0.0.1:9090")]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -73,6 +74,56 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve a web UI of the queues (counts, a live chart of the last hour,
+    /// workers, waiting, scheduled and retrying jobs, dead letters with
+    /// retry and purge) and the JSON it is drawn from, until Ctrl-C.
+    Dashboard(DashboardArgs),
+}
+
+/// `dashboard` settings.
+#[derive(Debug, Clone, Args)]
+pub struct DashboardArgs {
+    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
+    /// for TLS. The page shows it with the password hidden.
+    #[arg(
+        long,
+        env = "WORKERPOOL_REDIS_URL",
+        value_name = "URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub redis: crate::config::RedisArgs,
+    /// A queue to show; repeat for several (the environment variable takes
+    /// a comma-separated list).
+    #[arg(
+        long = "queue",
+        env = "WORKERPOOL_QUEUE",
+        value_name = "NAME",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub queues: Vec<String>,
+    /// Address to serve on. Loopback by default: anything else lets the
+    /// network see the jobs (and act on dead letters unless --read-only),
+    /// so give it a --token-file too.
+    #[arg(
+        long,
+        env = "WORKERPOOL_DASHBOARD_LISTEN",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub listen: std::net::SocketAddr,
+    /// No actions: the retry, delete and purge buttons are not shown and
+    /// their requests are refused.
+    #[arg(long, env = "WORKERPOOL_DASHBOARD_READ_ONLY")]
+    pub read_only: bool,
+    /// File holding a token every request must carry: `Authorization:
+    /// Bearer TOKEN`, or a browser opens the page once with ?token=TOKEN
+    /// and keeps a cookie.
+    #[arg(long, env = "WORKERPOOL_DASHBOARD_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// `dead` subcommands.
@@ -175,6 +226,26 @@ pub enum CliError {
     /// Reading stdin failed.
     #[error("reading stdin: {0}")]
     Stdin(#[source] std::io::Error),
+    /// The dashboard's token file cannot be used.
+    #[error("--token-file {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The dashboard's address cannot be bound.
+    #[error("--listen {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving the dashboard failed.
+    #[error(transparent)]
+    Dashboard(#[from] workerpool_dashboard::Error),
 }
 
 /// Runs a command; returns what to print on stdout.
@@ -216,6 +287,7 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
             let workers = admin::workers(&mut c, &q, now).await?;
             Ok(render_workers(&workers, json))
         }
+        Command::Dashboard(args) => dashboard(args).await,
         Command::Dead { action } => match action {
             DeadAction::List {
                 target,
@@ -297,6 +369,119 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
         });
     }
     Ok((c, q))
+}
+
+/// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
+async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let token = match &args.token_file {
+        Some(path) => Some(read_token(path)?),
+        None => None,
+    };
+    let endpoint = args.redis.endpoint(args.redis_url.clone())?;
+    let url = endpoint.redacted();
+    if endpoint.tls().insecure_skip_verify {
+        eprintln!(
+            "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
+        );
+    }
+    let mut conn = endpoint
+        .connect(Duration::from_secs(3), Duration::from_secs(10))
+        .await
+        .map_err(|e| CliError::Connect {
+            url: url.clone(),
+            reason: describe(&e),
+        })?;
+    let queues: Vec<QueueKeys> = args.queues.iter().map(QueueKeys::new).collect();
+    if conn.is_cluster() {
+        // Each queue is read on its own, so only its own keys must share a slot.
+        for q in &queues {
+            if let Some(problem) = workerpool_queue::keys::cluster_problem(std::slice::from_ref(q))
+            {
+                return Err(CliError::ClusterNaming(problem));
+            }
+        }
+    }
+    for q in &queues {
+        if !admin::exists(&mut conn, q).await? {
+            eprintln!(
+                "note: queue {:?} has no keys at {url} yet (nothing pushed, served or counted)",
+                q.name()
+            );
+        }
+    }
+    if !args.listen.ip().is_loopback() && token.is_none() {
+        eprintln!(
+            "warning: --listen {} is not a loopback address and there is no --token-file: anyone who can reach it can read the jobs{}",
+            args.listen,
+            if args.read_only {
+                ""
+            } else {
+                " and retry or purge dead letters"
+            }
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| CliError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    eprintln!(
+        "dashboard of {} on http://{addr}/ (Redis {url}{}{}); Ctrl-C stops it",
+        args.queues.join(", "),
+        if args.read_only { ", read-only" } else { "" },
+        if token.is_some() {
+            ", token required"
+        } else {
+            ""
+        },
+    );
+    let options = workerpool_dashboard::Options {
+        read_only: args.read_only,
+        token,
+        redis_label: url,
+    };
+    workerpool_dashboard::Dashboard::new(conn, queues, options)
+        .serve(listener, stop_signal())
+        .await?;
+    Ok(String::new())
+}
+
+fn read_token(path: &std::path::Path) -> Result<String, CliError> {
+    let fail = |reason: String| CliError::TokenFile {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(fail("the file is empty".into()));
+    }
+    Ok(token.to_string())
+}
+
+/// SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 fn read_jobs(input: impl BufRead) -> Result<Vec<Map<String, Value>>, CliError> {

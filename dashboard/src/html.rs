@@ -1,0 +1,760 @@
+//! The pages, as pure functions from data to HTML. Every value that comes
+//! from outside (queue names, job payloads, errors, worker names, pool
+//! reasons) goes through [`escape`]; nothing else writes one into a page.
+//! The pages carry no inline script: the Content-Security-Policy forbids
+//! it, and `dashboard.js` (served by the crate) does the live parts.
+
+use std::fmt::Write;
+
+use workerpool_queue::admin::WorkerInfo;
+
+use crate::model::{DeadRow, JobRow, ListKind, ListPage, Overview, PoolRow, QueueDetail, Rows};
+
+/// What every page needs besides its data.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// The Redis URL, password hidden.
+    pub redis: &'a str,
+    /// Whether the actions are off.
+    pub read_only: bool,
+    /// The value the action forms must send back (see `server`).
+    pub csrf: &'a str,
+}
+
+/// `s` safe to place in HTML text and in quoted attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` as one path segment of a URL: queue names hold `{`, `}` and `:`.
+pub fn path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The page of `queue`.
+pub fn queue_href(queue: &str) -> String {
+    format!("/queues/{}", path_segment(queue))
+}
+
+/// The page of one list of `queue`.
+pub fn list_href(queue: &str, kind: ListKind, page: u64) -> String {
+    let base = format!("{}/{}", queue_href(queue), kind.as_str());
+    if page > 1 {
+        format!("{base}?page={page}")
+    } else {
+        base
+    }
+}
+
+/// The whole document around `body`.
+pub fn layout(ctx: &Ctx<'_>, title: &str, crumbs: &[(String, String)], body: &str) -> String {
+    let mut nav = String::from(r#"<a class="brand" href="/">workerpool</a>"#);
+    for (href, label) in crumbs {
+        let _ = write!(
+            nav,
+            r#" <span class="sep">›</span> <a href="{}">{}</a>"#,
+            escape(href),
+            escape(label)
+        );
+    }
+    let mode = if ctx.read_only {
+        r#"<span class="badge" id="read-only">read-only</span>"#
+    } else {
+        ""
+    };
+    format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · workerpool</title>
+<link rel="stylesheet" href="/assets/dashboard.css">
+<script src="/assets/dashboard.js" defer></script>
+</head>
+<body>
+<header><nav>{nav}</nav><span class="redis" title="Redis">{redis}</span>{mode}<span id="live" class="live">not live</span></header>
+<main>
+{body}
+</main>
+</body>
+</html>
+"#,
+        title = escape(title),
+        redis = escape(ctx.redis),
+    )
+}
+
+/// The overview: the pools (from the operator), every queue, the charts.
+pub fn overview(ctx: &Ctx<'_>, o: &Overview) -> String {
+    let mut b = String::new();
+    if !o.pools.is_empty() {
+        b.push_str(&pools(&o.pools));
+    }
+    b.push_str(
+        r#"<section><h2>Queues</h2><table class="queues"><thead><tr><th>queue</th><th class="num">waiting</th><th class="num">in flight</th><th class="num">retries due</th><th class="num">retries later</th><th class="num">scheduled</th><th class="num">dead</th><th class="num">processed/s</th><th class="num">failed/s</th><th class="num">oldest job</th><th class="num">workers</th></tr></thead><tbody>"#,
+    );
+    for q in &o.queues {
+        let _ = write!(
+            b,
+            r#"<tr data-queue="{name}"><td><a href="{href}">{name}</a></td>{cells}</tr>"#,
+            name = escape(&q.name),
+            href = escape(&queue_href(&q.name)),
+            cells = [
+                ("waiting", num(q.waiting)),
+                ("in_flight", num(q.in_flight)),
+                ("retries_due", num(q.retries_due)),
+                ("retries_scheduled", num(q.retries_scheduled)),
+                ("scheduled", num(q.scheduled)),
+                ("dead", num(q.dead)),
+                ("processed_per_second", rate(q.processed_per_second)),
+                ("failed_per_second", rate(q.failed_per_second)),
+                ("oldest_job_age_seconds", seconds(q.oldest_job_age_seconds)),
+                ("workers", workers_count(q.workers_live, q.workers_lost)),
+            ]
+            .iter()
+            .map(|(f, v)| format!(r#"<td class="num" data-field="{f}">{}</td>"#, escape(v)))
+            .collect::<String>(),
+        );
+    }
+    if o.queues.is_empty() {
+        b.push_str(r#"<tr><td colspan="11" class="empty">no queues</td></tr>"#);
+    }
+    b.push_str("</tbody></table></section>");
+    b.push_str(
+        r#"<section class="charts"><figure><figcaption>Waiting jobs, last hour</figcaption><div class="chart" data-chart="waiting"><p class="empty">collecting samples…</p></div></figure><figure><figcaption>Processed per second, last hour</figcaption><div class="chart" data-chart="processed"><p class="empty">collecting samples…</p></div></figure></section>"#,
+    );
+    layout(ctx, "Overview", &[], &b)
+}
+
+fn pools(pools: &[PoolRow]) -> String {
+    let mut b = String::from(
+        r#"<section><h2>Pools</h2><table class="pools"><thead><tr><th>pool</th><th>queues</th><th class="num">replicas</th><th class="num">desired</th><th class="num">ready</th><th>last decision</th></tr></thead><tbody>"#,
+    );
+    for p in pools {
+        let name = if p.namespace.is_empty() {
+            p.name.clone()
+        } else {
+            format!("{}/{}", p.namespace, p.name)
+        };
+        let queues = p
+            .queues
+            .iter()
+            .map(|q| format!(r#"<a href="{}">{}</a>"#, escape(&queue_href(q)), escape(q)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let replicas = match (p.fixed_replicas, p.min_replicas, p.max_replicas) {
+            (Some(n), _, _) => format!("{n} (fixed)"),
+            (None, min, Some(max)) => format!("{}–{max}", min.unwrap_or(0)),
+            _ => "–".into(),
+        };
+        let opt = |v: Option<i32>| v.map_or("–".into(), |v| v.to_string());
+        let _ = write!(
+            b,
+            r#"<tr data-pool="{name}"><td>{name}</td><td>{queues}</td><td class="num">{replicas}</td><td class="num">{desired}</td><td class="num">{ready}</td><td>{reason}</td></tr>"#,
+            name = escape(&name),
+            replicas = escape(&replicas),
+            desired = escape(&opt(p.desired)),
+            ready = escape(&opt(p.ready)),
+            reason = escape(p.reason.as_deref().unwrap_or("–")),
+        );
+    }
+    b.push_str("</tbody></table></section>");
+    b
+}
+
+/// A queue's page: its counts, chart, workers and the head of each list.
+pub fn queue(ctx: &Ctx<'_>, d: &QueueDetail, notice: Option<&str>) -> String {
+    let s = &d.summary;
+    let name = escape(&s.name);
+    let mut b = format!("<h1>{name}</h1>");
+    if let Some(n) = notice {
+        let _ = write!(b, r#"<p class="notice">{}</p>"#, escape(n));
+    }
+    let _ = write!(b, r#"<dl class="counts" data-queue="{name}">"#);
+    for (field, label, value) in [
+        ("waiting", "waiting", num(s.waiting)),
+        ("in_flight", "in flight", num(s.in_flight)),
+        (
+            "held_by_lost_workers",
+            "held by lost workers",
+            num(s.held_by_lost_workers),
+        ),
+        ("retries_due", "retries due", num(s.retries_due)),
+        (
+            "retries_scheduled",
+            "retries later",
+            num(s.retries_scheduled),
+        ),
+        ("scheduled", "scheduled", num(s.scheduled)),
+        ("dead", "dead", num(s.dead)),
+        (
+            "processed_per_second",
+            "processed/s",
+            rate(s.processed_per_second),
+        ),
+        ("failed_per_second", "failed/s", rate(s.failed_per_second)),
+        (
+            "oldest_job_age_seconds",
+            "oldest job",
+            seconds(s.oldest_job_age_seconds),
+        ),
+        ("processed_total", "processed total", num(s.processed_total)),
+        ("failed_total", "failed total", num(s.failed_total)),
+    ] {
+        let _ = write!(
+            b,
+            r#"<div><dt>{label}</dt><dd data-field="{field}">{}</dd></div>"#,
+            escape(&value)
+        );
+    }
+    b.push_str("</dl>");
+    let _ = write!(
+        b,
+        r#"<section class="charts"><figure><figcaption>Waiting and in flight, last hour</figcaption><div class="chart" data-chart="waiting" data-chart-queue="{name}"><p class="empty">collecting samples…</p></div></figure></section>"#
+    );
+    b.push_str(&workers(&d.workers));
+    for list in &d.lists {
+        let _ = write!(
+            b,
+            r#"<section id="{kind}"><h2><a href="{href}">{title}</a> <span class="count">{total}</span></h2>"#,
+            kind = list.kind.as_str(),
+            href = escape(&list_href(&s.name, list.kind, 1)),
+            title = list.kind.title(),
+            total = num(list.total),
+        );
+        if list.kind == ListKind::Dead {
+            b.push_str(&dead_actions(ctx, &s.name, list.total));
+        }
+        b.push_str(&rows(ctx, list, d.server_time_ms));
+        if list.total > list.items.len() as u64 {
+            let _ = write!(
+                b,
+                r#"<p class="more"><a href="{}">all {} →</a></p>"#,
+                escape(&list_href(&s.name, list.kind, 1)),
+                num(list.total)
+            );
+        }
+        b.push_str("</section>");
+    }
+    layout(ctx, &s.name, &[(queue_href(&s.name), s.name.clone())], &b)
+}
+
+fn workers(workers: &[WorkerInfo]) -> String {
+    let mut b = String::from(
+        r#"<section id="workers"><h2>Workers</h2><table class="workers"><thead><tr><th>instance</th><th>status</th><th class="num">last beat</th><th class="num">jobs held</th><th class="num">concurrency</th><th class="num">pid</th><th>version</th><th>jobs</th></tr></thead><tbody>"#,
+    );
+    for w in workers {
+        let status = if w.alive { "alive" } else { "lost" };
+        let mut jobs = w
+            .jobs
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if w.jobs.len() > 5 {
+            jobs.push_str(", …");
+        }
+        let opt = |v: Option<u64>| v.map_or("?".into(), |v| v.to_string());
+        let _ = write!(
+            b,
+            r#"<tr class="worker {status}" data-instance="{instance}"><td class="instance">{instance}</td><td><span class="status {status}">{status}</span></td><td class="num">{beat} ago</td><td class="num">{held}</td><td class="num">{concurrency}</td><td class="num">{pid}</td><td>{version}</td><td class="ids">{jobs}</td></tr>"#,
+            instance = escape(&w.instance),
+            beat = escape(&age(w.last_beat_age_ms)),
+            held = w.jobs.len(),
+            concurrency = escape(&opt(w.concurrency)),
+            pid = escape(&opt(w.pid)),
+            version = escape(w.version.as_deref().unwrap_or("?")),
+            jobs = escape(&jobs),
+        );
+    }
+    if workers.is_empty() {
+        b.push_str(r#"<tr><td colspan="8" class="empty">no workers registered</td></tr>"#);
+    }
+    b.push_str("</tbody></table></section>");
+    b
+}
+
+/// One list of a queue, paged.
+pub fn list(ctx: &Ctx<'_>, page: &ListPage, now_ms: u64, notice: Option<&str>) -> String {
+    let mut b = format!(
+        r#"<h1>{} <span class="count">{}</span></h1>"#,
+        page.kind.title(),
+        num(page.total)
+    );
+    if let Some(n) = notice {
+        let _ = write!(b, r#"<p class="notice">{}</p>"#, escape(n));
+    }
+    if page.kind == ListKind::Dead {
+        b.push_str(&dead_actions(ctx, &page.queue, page.total));
+    }
+    let pager = pager(page);
+    b.push_str(&pager);
+    b.push_str(&rows(ctx, page, now_ms));
+    b.push_str(&pager);
+    layout(
+        ctx,
+        &format!("{} · {}", page.kind.title(), page.queue),
+        &[
+            (queue_href(&page.queue), page.queue.clone()),
+            (
+                list_href(&page.queue, page.kind, 1),
+                page.kind.title().into(),
+            ),
+        ],
+        &b,
+    )
+}
+
+fn pager(page: &ListPage) -> String {
+    let pages = page.pages();
+    let link = |p: u64, label: &str, rel: &str| {
+        format!(
+            r#"<a rel="{rel}" href="{}">{label}</a>"#,
+            escape(&list_href(&page.queue, page.kind, p))
+        )
+    };
+    let prev = if page.page > 1 {
+        link(page.page - 1, "← newer", "prev")
+    } else {
+        r#"<span class="off">← newer</span>"#.into()
+    };
+    let next = if page.page < pages {
+        link(page.page + 1, "older →", "next")
+    } else {
+        r#"<span class="off">older →</span>"#.into()
+    };
+    let (prev, next) = match page.kind {
+        // Waiting and due lists read "next to run" first.
+        ListKind::Dead => (prev, next),
+        _ => (
+            prev.replace("← newer", "← sooner"),
+            next.replace("older →", "later →"),
+        ),
+    };
+    format!(
+        r#"<nav class="pager">{prev} <span>page {} of {}</span> {next}</nav>"#,
+        num(page.page),
+        num(pages)
+    )
+}
+
+fn rows(ctx: &Ctx<'_>, page: &ListPage, now_ms: u64) -> String {
+    match &page.items {
+        Rows::Jobs(jobs) => job_rows(page.kind, jobs, now_ms),
+        Rows::Dead(dead) => dead_rows(ctx, &page.queue, dead, now_ms),
+    }
+}
+
+fn job_rows(kind: ListKind, jobs: &[JobRow], now_ms: u64) -> String {
+    let due = matches!(kind, ListKind::Scheduled | ListKind::Retries);
+    let mut b = format!(
+        r#"<table class="jobs {}"><thead><tr><th>id</th><th>task</th><th class="num">attempt</th><th class="num">enqueued</th>{}{}<th>payload</th></tr></thead><tbody>"#,
+        kind.as_str(),
+        if due {
+            r#"<th class="num">next attempt</th>"#
+        } else {
+            ""
+        },
+        if kind == ListKind::Retries {
+            "<th>last error</th>"
+        } else {
+            ""
+        },
+    );
+    for j in jobs {
+        let _ = write!(
+            b,
+            r#"<tr><td class="id">{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td>"#,
+            escape(j.id.as_deref().unwrap_or("–")),
+            escape(j.task.as_deref().unwrap_or("–")),
+            j.attempt.map_or("–".into(), |a| a.to_string()),
+            escape(&j.enqueued_at_ms.map_or("–".into(), |t| when(now_ms, t))),
+        );
+        if due {
+            let _ = write!(
+                b,
+                r#"<td class="num" title="{}">{}</td>"#,
+                escape(&j.due_at_ms.map(utc).unwrap_or_default()),
+                escape(&j.due_at_ms.map_or("–".into(), |t| when(now_ms, t))),
+            );
+        }
+        if kind == ListKind::Retries {
+            let _ = write!(
+                b,
+                r#"<td class="error">{}</td>"#,
+                escape(j.error.as_deref().unwrap_or("–"))
+            );
+        }
+        let _ = write!(
+            b,
+            r#"<td><code class="payload{}">{}</code></td></tr>"#,
+            if j.malformed { " malformed" } else { "" },
+            escape(&j.payload)
+        );
+    }
+    if jobs.is_empty() {
+        b.push_str(r#"<tr><td colspan="7" class="empty">none</td></tr>"#);
+    }
+    b.push_str("</tbody></table>");
+    b
+}
+
+fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> String {
+    let mut b = String::from(
+        r#"<table class="jobs dead"><thead><tr><th>id</th><th>task</th><th>reason</th><th class="num">attempts</th><th class="num">died</th><th>error</th><th>payload</th>"#,
+    );
+    if !ctx.read_only {
+        b.push_str("<th></th>");
+    }
+    b.push_str("</tr></thead><tbody>");
+    for d in dead {
+        let _ = write!(
+            b,
+            r#"<tr class="dead-letter"><td class="id">{}</td><td>{}</td><td><span class="reason {reason}">{reason}</span></td><td class="num">{}</td><td class="num" title="{}">{}</td><td class="error">{}</td><td><code class="payload">{}</code></td>"#,
+            escape(d.id.as_deref().unwrap_or("–")),
+            escape(d.task.as_deref().unwrap_or("–")),
+            d.attempts.map_or("–".into(), |a| a.to_string()),
+            escape(&d.died_at_ms.map(utc).unwrap_or_default()),
+            escape(&d.died_at_ms.map_or("–".into(), |t| when(now_ms, t))),
+            escape(&d.error),
+            escape(&d.payload),
+            reason = escape(&d.reason),
+        );
+        if !ctx.read_only {
+            b.push_str(r#"<td class="actions">"#);
+            match &d.id {
+                Some(id) => {
+                    b.push_str(&action_form(
+                        ctx,
+                        queue,
+                        "retry",
+                        Some(id),
+                        "retry",
+                        &format!("Put job {id} back on {queue}?"),
+                    ));
+                    b.push_str(&action_form(
+                        ctx,
+                        queue,
+                        "delete",
+                        Some(id),
+                        "delete",
+                        &format!("Delete the dead letter of job {id}?"),
+                    ));
+                }
+                None => b.push_str(
+                    r#"<span class="off" title="no job id: only purge removes it">no id</span>"#,
+                ),
+            }
+            b.push_str("</td>");
+        }
+        b.push_str("</tr>");
+    }
+    if dead.is_empty() {
+        b.push_str(r#"<tr><td colspan="8" class="empty">no dead letters</td></tr>"#);
+    }
+    b.push_str("</tbody></table>");
+    b
+}
+
+fn dead_actions(ctx: &Ctx<'_>, queue: &str, total: u64) -> String {
+    if ctx.read_only || total == 0 {
+        return String::new();
+    }
+    format!(
+        r#"<div class="bulk">{}{}</div>"#,
+        action_form(
+            ctx,
+            queue,
+            "retry",
+            None,
+            "retry all",
+            &format!("Put every dead job of {queue} back on the queue?"),
+        ),
+        action_form(
+            ctx,
+            queue,
+            "purge",
+            None,
+            "purge all",
+            &format!("Delete every dead letter of {queue}? This cannot be undone."),
+        )
+    )
+}
+
+/// A POST form to `/queues/<q>/dead/<action>`; `dashboard.js` asks
+/// `confirm` before it is sent.
+fn action_form(
+    ctx: &Ctx<'_>,
+    queue: &str,
+    action: &str,
+    id: Option<&str>,
+    label: &str,
+    confirm: &str,
+) -> String {
+    let id = id.map_or(String::new(), |id| {
+        format!(r#"<input type="hidden" name="id" value="{}">"#, escape(id))
+    });
+    format!(
+        r#"<form method="post" class="action {action}" action="{href}/dead/{action}" data-confirm="{confirm}"><input type="hidden" name="csrf" value="{csrf}">{id}<button type="submit">{label}</button></form>"#,
+        href = escape(&queue_href(queue)),
+        confirm = escape(confirm),
+        csrf = escape(ctx.csrf),
+        label = escape(label),
+    )
+}
+
+/// A small page for errors and refusals.
+pub fn message(ctx: &Ctx<'_>, title: &str, text: &str) -> String {
+    layout(
+        ctx,
+        title,
+        &[],
+        &format!(
+            r#"<h1>{}</h1><p class="message">{}</p>"#,
+            escape(title),
+            escape(text)
+        ),
+    )
+}
+
+/// `n` with thousands separators: 1,000,000.
+pub fn num(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn rate(r: Option<f64>) -> String {
+    r.map_or("–".into(), |r| format!("{r:.1}"))
+}
+
+fn seconds(s: Option<f64>) -> String {
+    s.map_or("–".into(), |s| age((s * 1000.0) as u64))
+}
+
+fn workers_count(live: u64, lost: u64) -> String {
+    if lost == 0 {
+        live.to_string()
+    } else {
+        format!("{live} (+{lost} lost)")
+    }
+}
+
+/// A duration for people: `850ms`, `42s`, `3m 10s`, `2h 5m`, `3d 4h`.
+pub fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        3600..86400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// `t` relative to `now` (unix ms): `5s ago`, `in 3m 0s`.
+pub fn when(now: u64, t: u64) -> String {
+    if t <= now {
+        format!("{} ago", age(now - t))
+    } else {
+        format!("in {}", age(t - now))
+    }
+}
+
+/// Unix ms as `2024-05-01 12:00:00 UTC`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86400, secs % 86400);
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{QueueSummary, Series};
+
+    const CTX: Ctx<'static> = Ctx {
+        redis: "redis://:***@host:6379/0",
+        read_only: false,
+        csrf: "c5",
+    };
+
+    #[test]
+    fn escape_neutralises_markup_quotes_and_ampersands() {
+        assert_eq!(
+            escape(r#"<script>alert("x")</script> & 'y'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
+        assert_eq!(escape("plain ✓"), "plain ✓");
+    }
+
+    #[test]
+    fn queue_names_are_escaped_in_text_and_encoded_in_links() {
+        assert_eq!(path_segment("{mail}:high"), "%7Bmail%7D%3Ahigh");
+        assert_eq!(path_segment("a/b c"), "a%2Fb%20c");
+        let page = overview(
+            &CTX,
+            &Overview {
+                queues: vec![QueueSummary {
+                    name: "<b>q\"".into(),
+                    waiting: 1_234_567,
+                    ..QueueSummary::default()
+                }],
+                ..Overview::default()
+            },
+        );
+        assert!(page.contains("&lt;b&gt;q&quot;"), "{page}");
+        assert!(!page.contains("<b>q"), "{page}");
+        assert!(page.contains(r#"href="/queues/%3Cb%3Eq%22""#), "{page}");
+        assert!(page.contains(">1,234,567<"), "{page}");
+    }
+
+    #[test]
+    fn a_payload_with_a_script_is_shown_as_text() {
+        let evil = r#"{"data":"<script>document.documentElement.setAttribute('data-pwned','1')</script>"}"#;
+        let page = ListPage {
+            queue: "q".into(),
+            kind: ListKind::Waiting,
+            total: 1,
+            page: 1,
+            per_page: 50,
+            items: Rows::Jobs(vec![JobRow::from_raw(evil.as_bytes(), None)]),
+        };
+        let html = list(&CTX, &page, 0, None);
+        assert!(!html.contains("<script>document"), "{html}");
+        assert!(html.contains("&lt;script&gt;document"), "{html}");
+        assert_eq!(html.matches("<script").count(), 1, "only dashboard.js");
+    }
+
+    #[test]
+    fn read_only_pages_have_no_forms() {
+        let dead = ListPage {
+            queue: "q".into(),
+            kind: ListKind::Dead,
+            total: 1,
+            page: 1,
+            per_page: 50,
+            items: Rows::Dead(vec![DeadRow {
+                id: Some("j1".into()),
+                reason: "exhausted".into(),
+                error: "boom & <bust>".into(),
+                ..DeadRow::default()
+            }]),
+        };
+        let writable = list(&CTX, &dead, 0, None);
+        assert!(writable.contains(r#"action="/queues/q/dead/retry""#));
+        assert!(writable.contains(r#"name="csrf" value="c5""#));
+        assert!(writable.contains("boom &amp; &lt;bust&gt;"));
+        let read_only = list(
+            &Ctx {
+                read_only: true,
+                ..CTX
+            },
+            &dead,
+            0,
+            None,
+        );
+        assert!(!read_only.contains("<form"), "{read_only}");
+        assert!(read_only.contains(r#"id="read-only""#));
+    }
+
+    #[test]
+    fn the_queue_page_shows_workers_and_every_list() {
+        let detail = QueueDetail {
+            summary: QueueSummary {
+                name: "emails".into(),
+                ..QueueSummary::default()
+            },
+            server_time_ms: 10_000,
+            workers: vec![WorkerInfo {
+                instance: "w-1~ab".into(),
+                alive: true,
+                last_beat_age_ms: 1_500,
+                dead_after_ms: 30_000,
+                pid: Some(42),
+                concurrency: Some(4),
+                version: Some("0.1.0".into()),
+                jobs: vec!["j1".into()],
+            }],
+            lists: ListKind::ALL
+                .into_iter()
+                .map(|kind| ListPage {
+                    queue: "emails".into(),
+                    kind,
+                    total: 0,
+                    page: 1,
+                    per_page: 10,
+                    items: if kind == ListKind::Dead {
+                        Rows::Dead(Vec::new())
+                    } else {
+                        Rows::Jobs(Vec::new())
+                    },
+                })
+                .collect(),
+            history: Series::default(),
+        };
+        let html = queue(&CTX, &detail, Some("Retried 1 dead job."));
+        assert!(html.contains(r#"data-instance="w-1~ab""#));
+        assert!(html.contains(r#"<span class="status alive">alive</span>"#));
+        for id in ["waiting", "scheduled", "retries", "dead"] {
+            assert!(html.contains(&format!(r#"<section id="{id}">"#)), "{id}");
+        }
+        assert!(html.contains("Retried 1 dead job."));
+    }
+
+    #[test]
+    fn numbers_and_times_read_well() {
+        assert_eq!(num(0), "0");
+        assert_eq!(num(999), "999");
+        assert_eq!(num(1000), "1,000");
+        assert_eq!(num(1_000_000), "1,000,000");
+        assert_eq!(age(850), "850ms");
+        assert_eq!(age(190_000), "3m 10s");
+        assert_eq!(when(10_000, 5_000), "5s ago");
+        assert_eq!(when(5_000, 10_000), "in 5s");
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_709_251_199_000), "2024-02-29 23:59:59 UTC");
+    }
+}
