@@ -27,6 +27,14 @@
     return Math.floor(s / 86400) + "d " + Math.floor((s % 86400) / 3600) + "h";
   }
 
+  // An axis label: 45s, 30m, 1h.
+  function short(ms) {
+    var s = Math.round(ms / 1000);
+    if (s < 120) return s + "s";
+    if (s < 7200) return Math.round(s / 60) + "m";
+    return Math.round(s / 3600) + "h";
+  }
+
   function fields(q) {
     return {
       waiting: int(q.waiting),
@@ -95,13 +103,19 @@
     if (!enough) return;
     var W = 640, H = 180, L = 56, R = 8, T = 10, B = 22;
     var now = data.server_time_ms;
-    var from = now - HOUR_MS;
+    // The last hour, or since the first sample when there is less.
+    var from = now;
     var top = 0;
     series.forEach(function (s) {
-      s.points.forEach(function (p) { if (p[1] > top) top = p[1]; });
+      s.points.forEach(function (p) {
+        if (p[1] > top) top = p[1];
+        if (p[0] < from) from = p[0];
+      });
     });
+    from = Math.max(from, now - HOUR_MS);
+    var span = Math.max(now - from, 1000);
     top = niceMax(top);
-    var x = function (t) { return L + ((Math.max(t, from) - from) / HOUR_MS) * (W - L - R); };
+    var x = function (t) { return L + ((Math.max(t, from) - from) / span) * (W - L - R); };
     var y = function (v) { return T + (1 - v / top) * (H - T - B); };
 
     var svg = node("svg", { viewBox: "0 0 " + W + " " + H, width: "100%", role: "img" });
@@ -111,7 +125,7 @@
       var label = node("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#6b7280" }, svg);
       label.textContent = v >= 1000 ? int(Math.round(v)) : String(Math.round(v * 100) / 100);
     });
-    [["-60m", from], ["-30m", from + HOUR_MS / 2], ["now", now]].forEach(function (tick, i) {
+    [["-" + short(span), from], ["-" + short(span / 2), from + span / 2], ["now", now]].forEach(function (tick, i) {
       var label = node("text", {
         x: x(tick[1]), y: H - 6, "font-size": 11, fill: "#6b7280",
         "text-anchor": i === 0 ? "start" : i === 2 ? "end" : "middle"

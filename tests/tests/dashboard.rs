@@ -1,0 +1,897 @@
+//! The dashboard against a real Redis: its JSON, its pages, its actions,
+//! its token and read-only mode, a million waiting jobs, and the pages in
+//! a real browser (headless Chromium from Debian, `apt-get install -y
+//! chromium`) reading the rendered DOM.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use redis::AsyncCommands;
+use tower::ServiceExt;
+use workerpool_dashboard::{Dashboard, Options};
+use workerpool_queue::connection::{Connection, Endpoint, Tls, redact};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_tests::{TestRedis, eventually, free_port};
+
+const EVIL: &str = "<script>document.documentElement.setAttribute('data-pwned','1')</script>";
+const DEAD_ERROR: &str = "smtp said 550: mailbox unavailable";
+
+async fn connect(url: &str) -> Connection {
+    Endpoint::new(url, Tls::default())
+        .expect("valid url")
+        .connect(Duration::from_secs(3), Duration::from_secs(10))
+        .await
+        .expect("connect to test redis")
+}
+
+async fn dashboard(redis: &TestRedis, queues: &[&str], options: Options) -> axum::Router {
+    let conn = connect(&redis.url()).await;
+    let queues = queues.iter().map(|q| QueueKeys::new(*q)).collect();
+    Dashboard::new(conn, queues, options).router()
+}
+
+fn writable() -> Options {
+    Options {
+        redis_label: "redis://127.0.0.1/0".into(),
+        ..Options::default()
+    }
+}
+
+/// A response's status, headers and body as text.
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn send(app: &axum::Router, req: Request<Body>) -> Reply {
+    let resp = app.clone().oneshot(req).await.expect("router answers");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+async fn get(app: &axum::Router, uri: &str) -> Reply {
+    send(app, Request::get(uri).body(Body::empty()).expect("request")).await
+}
+
+async fn post_form(app: &axum::Router, uri: &str, form: &str) -> Reply {
+    send(
+        app,
+        Request::post(uri)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(form.to_string()))
+            .expect("request"),
+    )
+    .await
+}
+
+fn json(reply: &Reply) -> serde_json::Value {
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    serde_json::from_str(&reply.body).expect("JSON body")
+}
+
+/// The value of the action forms' hidden `csrf` field in a page.
+fn csrf(page: &str) -> String {
+    let marker = r#"name="csrf" value=""#;
+    let at = page.find(marker).expect("a form with a csrf field") + marker.len();
+    page[at..].split('"').next().unwrap_or_default().to_string()
+}
+
+fn dead_letter(id: &str, error: &str) -> String {
+    serde_json::json!({
+        "reason": "exhausted", "error": error, "attempts": 5,
+        "died_at": 1_700_000_000_000u64, "worker": "mailer-1~00c0ffee",
+        "job": {"id": id, "task": "send_email", "data": {"to": "a@example.com"}, "attempt": 5},
+    })
+    .to_string()
+}
+
+/// Waiting jobs (one carrying a script), a delayed job, a retry and two
+/// dead letters on `q`.
+async fn populate(redis: &TestRedis, q: &QueueKeys) {
+    let mut c = redis.conn().await;
+    let now: u64 = {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
+        s * 1000 + us / 1000
+    };
+    let _: () = c
+        .lpush(
+            q.waiting(),
+            &[
+                format!(r#"{{"id":"w1","task":"send_email","enqueued_at":{now}}}"#),
+                serde_json::json!({"id": "evil", "task": "render", "data": {"html": EVIL}})
+                    .to_string(),
+                "not json at all \u{7}".to_string(),
+            ],
+        )
+        .await
+        .expect("push");
+    let _: () = c
+        .lpush(q.waiting(), b"\xff\xfe bytes".as_slice())
+        .await
+        .expect("push bytes");
+    let _: () = c
+        .zadd(
+            q.scheduled(),
+            r#"{"id":"later1","task":"reminder","run_at":1}"#,
+            now + 600_000,
+        )
+        .await
+        .expect("schedule");
+    let _: () = c
+        .zadd(
+            q.retry(),
+            r#"{"id":"r1","task":"send_email","attempt":2,"error":"connection reset by peer"}"#,
+            now + 30_000,
+        )
+        .await
+        .expect("retry");
+    let _: () = c
+        .lpush(
+            q.dead(),
+            &[
+                dead_letter("d1", DEAD_ERROR),
+                dead_letter("d2", "permanent: bad address"),
+            ],
+        )
+        .await
+        .expect("dead");
+}
+
+/// A worker's heartbeat as the worker runtime writes it.
+async fn register_worker(redis: &TestRedis, q: &QueueKeys, instance: &str) {
+    let mut c = redis.conn().await;
+    workerpool_queue::ops::heartbeat(
+        &mut c,
+        q,
+        instance,
+        Duration::from_secs(60),
+        &[
+            (
+                "id",
+                instance.split('~').next().unwrap_or(instance).to_string(),
+            ),
+            ("pid", "4242".into()),
+            ("concurrency", "8".into()),
+            ("in_flight", "0".into()),
+            ("queues", q.name().to_string()),
+            ("dead_after_ms", "30000".into()),
+            ("version", "0.1.0".into()),
+        ],
+    )
+    .await
+    .expect("heartbeat");
+}
+
+#[tokio::test]
+async fn the_json_api_counts_every_list_and_shows_the_workers() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    register_worker(&redis, &q, "mailer-7~1a2b3c4d").await;
+    let app = dashboard(&redis, &["emails", "{reports}"], writable()).await;
+
+    let o = json(&get(&app, "/api/overview").await);
+    let emails = &o["queues"][0];
+    assert_eq!(emails["name"], "emails");
+    assert_eq!(emails["waiting"], 4);
+    assert_eq!(emails["scheduled"], 1);
+    assert_eq!(emails["retries_scheduled"], 1);
+    assert_eq!(emails["dead"], 2);
+    assert_eq!(emails["workers_live"], 1);
+    assert_eq!(o["queues"][1]["name"], "{reports}");
+    assert_eq!(o["queues"][1]["waiting"], 0);
+
+    let d = json(&get(&app, "/api/queues/emails").await);
+    assert_eq!(d["workers"][0]["instance"], "mailer-7~1a2b3c4d");
+    assert_eq!(d["workers"][0]["alive"], true);
+
+    let dead = json(&get(&app, "/api/queues/emails/dead").await);
+    assert_eq!(dead["total"], 2);
+    // Newest first: d2 was pushed last.
+    assert_eq!(dead["items"][0]["id"], "d2");
+    assert_eq!(dead["items"][1]["error"], DEAD_ERROR);
+    let retries = json(&get(&app, "/api/queues/emails/retries").await);
+    assert_eq!(retries["items"][0]["error"], "connection reset by peer");
+    let waiting = json(&get(&app, "/api/queues/emails/waiting?per_page=2").await);
+    // Next to run first: the first pushed.
+    assert_eq!(waiting["items"][0]["id"], "w1");
+    assert_eq!(waiting["items"].as_array().map(Vec::len), Some(2));
+    let last = json(&get(&app, "/api/queues/emails/waiting?per_page=2&page=2").await);
+    assert_eq!(last["items"][1]["payload"], "\\xff\\xfe bytes");
+    assert_eq!(last["items"][1]["malformed"], true);
+
+    // A queue's name with braces in the URL, and queues not on the dashboard.
+    assert_eq!(
+        get(&app, "/queues/%7Breports%7D").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&app, "/queues/other").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(&app, "/api/queues/other/dead").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn pages_escape_payloads_and_forbid_inline_scripts() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    let app = dashboard(&redis, &["emails"], writable()).await;
+    for uri in ["/", "/queues/emails", "/queues/emails/waiting"] {
+        let page = get(&app, uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}");
+        let csp = page.headers[header::CONTENT_SECURITY_POLICY]
+            .to_str()
+            .expect("ascii");
+        assert!(csp.contains("script-src 'self'"), "{csp}");
+        assert_eq!(
+            page.body.matches("<script").count(),
+            1,
+            "{uri}: only dashboard.js"
+        );
+    }
+    let page = get(&app, "/queues/emails/waiting").await.body;
+    assert!(
+        page.contains("&lt;script&gt;document.documentElement"),
+        "{page}"
+    );
+    assert!(page.contains("\\xff\\xfe bytes"), "{page}");
+    let js = get(&app, "/assets/dashboard.js").await;
+    assert_eq!(
+        js.headers[header::CONTENT_TYPE],
+        "text/javascript; charset=utf-8"
+    );
+}
+
+#[tokio::test]
+async fn retrying_one_dead_letter_puts_that_job_back_on_the_queue() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    let app = dashboard(&redis, &["emails"], writable()).await;
+    let token = csrf(&get(&app, "/queues/emails/dead").await.body);
+
+    let reply = post_form(
+        &app,
+        "/queues/emails/dead/retry",
+        &format!("csrf={token}&id=d1"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+    let location = reply.headers[header::LOCATION].to_str().expect("ascii");
+    assert_eq!(location, "/queues/emails/dead?done=retried&n=1&skipped=0");
+    let mut c = redis.conn().await;
+    let dead: Vec<String> = c.lrange(q.dead(), 0, -1).await.expect("dead");
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].contains("\"d2\""), "{dead:?}");
+    let head: Vec<String> = c.lrange(q.waiting(), 0, 0).await.expect("waiting");
+    let job: serde_json::Value = serde_json::from_str(&head[0]).expect("a job");
+    assert_eq!(job["id"], "d1");
+    assert_eq!(job.get("attempt"), None, "a fresh start");
+
+    let notice = get(&app, location).await.body;
+    assert!(
+        notice.contains("Retried 1 dead job onto emails."),
+        "{notice}"
+    );
+
+    // Deleting one, then the same through GET: not an action.
+    let reply = post_form(
+        &app,
+        "/queues/emails/dead/delete",
+        &format!("csrf={token}&id=d2"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER);
+    assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
+    assert_eq!(
+        get(&app, "/queues/emails/dead/purge").await.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
+#[tokio::test]
+async fn purge_empties_the_dead_list_and_a_form_without_its_csrf_value_is_refused() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    let app = dashboard(&redis, &["emails"], writable()).await;
+    let mut c = redis.conn().await;
+
+    let forged = post_form(&app, "/queues/emails/dead/purge", "csrf=guess").await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let missing = post_form(&app, "/queues/emails/dead/purge", "").await;
+    assert_eq!(missing.status, StatusCode::FORBIDDEN);
+    assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 2);
+
+    let token = csrf(&get(&app, "/queues/emails").await.body);
+    let reply = post_form(&app, "/queues/emails/dead/purge", &format!("csrf={token}")).await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        reply.headers[header::LOCATION],
+        "/queues/emails/dead?done=purged&n=2&skipped=0"
+    );
+    assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
+    assert_eq!(c.llen::<_, u64>(q.waiting()).await.expect("llen"), 4);
+}
+
+#[tokio::test]
+async fn read_only_shows_no_actions_and_refuses_them() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    let app = dashboard(
+        &redis,
+        &["emails"],
+        Options {
+            read_only: true,
+            ..writable()
+        },
+    )
+    .await;
+    let page = get(&app, "/queues/emails/dead").await.body;
+    assert!(!page.contains("<form"), "{page}");
+    assert!(page.contains(DEAD_ERROR));
+    for action in ["retry", "delete", "purge"] {
+        let reply = post_form(
+            &app,
+            &format!("/queues/emails/dead/{action}"),
+            "id=d1&csrf=x",
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{action}");
+    }
+    let mut c = redis.conn().await;
+    assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 2);
+    assert_eq!(json(&get(&app, "/api/overview").await)["read_only"], true);
+}
+
+#[tokio::test]
+async fn with_a_token_every_request_needs_it() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    let app = dashboard(
+        &redis,
+        &["emails"],
+        Options {
+            token: Some("s3cret-token".into()),
+            ..writable()
+        },
+    )
+    .await;
+    for uri in [
+        "/",
+        "/api/overview",
+        "/queues/emails",
+        "/assets/dashboard.js",
+    ] {
+        let reply = get(&app, uri).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{uri}");
+        assert!(!reply.body.contains("emails"), "{uri}: {}", reply.body);
+    }
+    let wrong = send(
+        &app,
+        Request::get("/api/overview")
+            .header(header::AUTHORIZATION, "Bearer s3cret-tokeN")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        get(&app, "/?token=nope").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let right = send(
+        &app,
+        Request::get("/api/overview")
+            .header(header::AUTHORIZATION, "Bearer s3cret-token")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(json(&right)["queues"][0]["dead"], 2);
+
+    // A browser logs in once with ?token= and keeps a cookie.
+    let login = get(&app, "/queues/emails/dead?token=s3cret-token&page=1").await;
+    assert_eq!(login.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        login.headers[header::LOCATION],
+        "/queues/emails/dead?page=1"
+    );
+    let cookie = login.headers[header::SET_COOKIE].to_str().expect("ascii");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains("s3cret-token"),
+        "the cookie is not the token"
+    );
+    let session = cookie.split(';').next().unwrap_or_default().to_string();
+    let page = send(
+        &app,
+        Request::get("/queues/emails/dead")
+            .header(header::COOKIE, &session)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(DEAD_ERROR));
+
+    // An action with the bearer token needs no form value.
+    let reply = send(
+        &app,
+        Request::post("/queues/emails/dead/purge")
+            .header(header::AUTHORIZATION, "Bearer s3cret-token")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER);
+    let mut c = redis.conn().await;
+    assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
+}
+
+#[tokio::test]
+async fn the_redis_password_appears_on_no_page() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    let password = "hunter2-very-secret";
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(password)
+        .query_async(&mut c)
+        .await
+        .expect("set a password");
+    let url = format!("redis://:{password}@127.0.0.1:{}/0", redis.port());
+    let conn = connect(&url).await;
+    let app = Dashboard::new(
+        conn,
+        vec![q.clone()],
+        Options {
+            redis_label: redact(&url),
+            ..Options::default()
+        },
+    )
+    .router();
+    for uri in [
+        "/",
+        "/api/overview",
+        "/queues/emails",
+        "/api/queues/emails",
+        "/queues/emails/waiting",
+        "/queues/emails/scheduled",
+        "/queues/emails/retries",
+        "/queues/emails/dead",
+        "/api/queues/emails/dead",
+        "/nowhere",
+    ] {
+        let reply = get(&app, uri).await;
+        assert!(!reply.body.contains(password), "{uri} shows the password");
+        assert!(!reply.body.contains("hunter2"), "{uri} shows the password");
+    }
+    let page = get(&app, "/").await.body;
+    assert!(
+        page.contains(&format!("redis://:***@127.0.0.1:{}/0", redis.port())),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn a_million_waiting_jobs_cost_one_page_per_page() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("big");
+    let mut c = redis.conn().await;
+    // A million jobs, a hundred thousand per script: a few seconds.
+    for from in (1..=1_000_000u64).step_by(100_000) {
+        let _: () = redis::cmd("EVAL")
+            .arg(
+                "for i = tonumber(ARGV[1]), tonumber(ARGV[1]) + 99999, 1000 do local batch = {} \
+                 for j = i, i + 999 do batch[#batch + 1] = '{\"id\":\"job-' .. j .. '\",\"task\":\"t\",\"data\":{\"n\":' .. j .. '}}' end \
+                 redis.call('LPUSH', KEYS[1], unpack(batch)) end",
+            )
+            .arg(1)
+            .arg(q.waiting())
+            .arg(from)
+            .query_async(&mut c)
+            .await
+            .expect("push a hundred thousand jobs");
+    }
+    assert_eq!(
+        c.llen::<_, u64>(q.waiting()).await.expect("llen"),
+        1_000_000
+    );
+    let app = dashboard(&redis, &["big"], writable()).await;
+    let sent_bytes = |info: String| {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("total_net_output_bytes in INFO stats")
+    };
+    let info = || {
+        let client = redis.client();
+        async move {
+            let mut c = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            redis::cmd("INFO")
+                .arg("stats")
+                .query_async::<String>(&mut c)
+                .await
+                .expect("INFO")
+        }
+    };
+
+    for (uri, first) in [
+        ("/queues/big/waiting", ">job-1<"),
+        ("/queues/big/waiting?page=20000", ">job-999951<"),
+        ("/queues/big", ">job-1<"),
+        ("/", "1,000,000"),
+    ] {
+        let before = sent_bytes(info().await);
+        let started = Instant::now();
+        let reply = get(&app, uri).await;
+        let took = started.elapsed();
+        let sent = sent_bytes(info().await) - before;
+        assert_eq!(reply.status, StatusCode::OK, "{uri}");
+        assert!(reply.body.contains(first), "{uri}: {first} missing");
+        assert!(took < Duration::from_secs(2), "{uri} took {took:?}");
+        // A page of 50 jobs is a few kilobytes; the whole list would be 50 MB.
+        assert!(sent < 64 * 1024, "{uri}: Redis sent {sent} bytes");
+    }
+    let page = get(&app, "/queues/big/waiting").await.body;
+    assert_eq!(page.matches(r#"<td class="id">job-"#).count(), 50);
+    assert!(page.contains("page 1 of 20,000"), "pager");
+    let api = json(&get(&app, "/api/queues/big/waiting?page=3").await);
+    assert_eq!(api["items"][0]["id"], "job-101");
+    assert_eq!(api["total"], 1_000_000);
+}
+
+// ---- In a real browser ----
+
+/// The directory holding the `workerpool` binary: the one this test was
+/// built into (`<target>/<profile>/deps/..`), building it when missing.
+fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable in <target>/<profile>/deps")
+            .to_path_buf();
+        let present =
+            |d: &Path| d.join("workerpool").is_file() && d.join("workerpool-worker").is_file();
+        if !present(&dir) {
+            let target = dir.parent().expect("target dir");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "-p", "workerpool-worker"])
+                .arg("--target-dir")
+                .arg(target)
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build of the binaries failed");
+        }
+        assert!(present(&dir), "no binaries in {}", dir.display());
+        dir
+    })
+}
+
+/// The browser: `$CHROMIUM`, else `chromium` on PATH. Under `CI=true` a
+/// missing browser fails the test; elsewhere it is skipped with a note.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("chromium"));
+    let found = Command::new(&path)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return Some(path);
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    assert!(
+        !ci,
+        "{} not found: the dashboard's browser test needs it under CI (apt-get install -y chromium)",
+        path.display()
+    );
+    eprintln!(
+        "note: {} not found, the dashboard's browser test is skipped (apt-get install -y chromium)",
+        path.display()
+    );
+    None
+}
+
+/// Runs headless Chromium on `url` with a fresh profile and `extra`
+/// (`--dump-dom`, `--screenshot=…`); returns its stdout.
+fn browse(chromium: &Path, url: &str, extra: &[&str]) -> String {
+    let profile = tempfile::tempdir().expect("profile dir");
+    let out = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed on {url}: {:?}",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A running `workerpool dashboard`, stopped when dropped.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    fn start(redis_url: &str, queues: &[&str]) -> Self {
+        let port = free_port();
+        let mut cmd = Command::new(bin_dir().join("workerpool"));
+        cmd.arg("dashboard")
+            .args(["--redis-url", redis_url])
+            .args(["--listen", &format!("127.0.0.1:{port}")]);
+        for q in queues {
+            cmd.args(["--queue", q]);
+        }
+        for (k, _) in std::env::vars() {
+            if k.starts_with("WORKERPOOL_") {
+                cmd.env_remove(k);
+            }
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start workerpool dashboard");
+        let served = Self {
+            child,
+            base: format!("http://localhost:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the dashboard did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        served
+    }
+
+    /// A page fetched without a browser (over a plain socket).
+    fn fetch(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let addr = self.base.trim_start_matches("http://");
+        let mut s = std::net::TcpStream::connect(addr.replace("localhost", "127.0.0.1"))
+            .expect("connect to the dashboard");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write request");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read reply");
+        out
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The DOM element of `dom` that opens with `start` (up to its `>`).
+fn open_tag<'a>(dom: &'a str, start: &str) -> &'a str {
+    let at = dom
+        .find(start)
+        .unwrap_or_else(|| panic!("{start} not in the DOM"));
+    let end = dom[at..].find('>').map_or(dom.len(), |e| at + e + 1);
+    &dom[at..end]
+}
+
+/// The text of the element `<tag …data-field="field"…>` inside the element
+/// that opens with `scope`.
+fn field(dom: &str, scope: &str, field: &str) -> String {
+    let at = dom
+        .find(scope)
+        .unwrap_or_else(|| panic!("{scope} not in the DOM"));
+    let marker = format!(r#"data-field="{field}">"#);
+    let start = dom[at..].find(&marker).expect("field in scope") + at + marker.len();
+    dom[start..]
+        .split('<')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_shows_the_queues_a_dead_letter_a_live_worker_and_never_runs_a_payload() {
+    let Some(chromium) = chromium() else { return };
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    populate(&redis, &q).await;
+    register_worker(&redis, &q, "mailer-7~1a2b3c4d").await;
+    let served = Served::start(&redis.url(), &["emails", "{reports}"]);
+    // Two samples (5 s apart) so that the chart has a line to draw.
+    eventually(Duration::from_secs(20), "two samples for the chart", || {
+        let body = served.fetch("/api/overview");
+        async move {
+            let json = body.split("\r\n\r\n").nth(1)?.to_string();
+            let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+            (v["history"][0]["points"].as_array()?.len() >= 2).then_some(())
+        }
+    })
+    .await;
+    // The worker beats again so that it is alive when the browser looks.
+    register_worker(&redis, &q, "mailer-7~1a2b3c4d").await;
+
+    let overview = browse(&chromium, &format!("{}/", served.base), &["--dump-dom"]);
+    assert!(
+        overview.contains(r#"<tr data-queue="emails">"#),
+        "{overview}"
+    );
+    assert!(
+        overview.contains(r#"<tr data-queue="{reports}">"#),
+        "{overview}"
+    );
+    assert_eq!(field(&overview, r#"data-queue="emails""#, "waiting"), "4");
+    assert_eq!(field(&overview, r#"data-queue="emails""#, "dead"), "2");
+    assert_eq!(field(&overview, r#"data-queue="emails""#, "workers"), "1");
+    // The script fetched /api/overview and drew the chart.
+    let live = open_tag(&overview, r#"<span id="live""#);
+    assert!(live.contains(r#"data-live="1""#), "{live}");
+    assert!(overview.contains("live · updated"), "{overview}");
+    assert!(overview.contains("<polyline"), "no chart line: {overview}");
+
+    let page = browse(
+        &chromium,
+        &format!("{}/queues/emails", served.base),
+        &["--dump-dom"],
+    );
+    assert!(
+        !page.contains(r#"data-pwned="1""#),
+        "the payload ran: {page}"
+    );
+    assert!(
+        !open_tag(&page, "<html").contains("data-pwned"),
+        "the payload ran"
+    );
+    assert!(
+        page.contains("&lt;script&gt;document.documentElement.setAttribute"),
+        "the payload is not shown as text: {page}"
+    );
+    assert!(page.contains(DEAD_ERROR), "{page}");
+    let worker = open_tag(&page, r#"<tr class="worker"#);
+    assert!(
+        worker.contains("alive") && worker.contains("mailer-7~1a2b3c4d"),
+        "{worker}"
+    );
+    assert!(
+        page.contains(r#"<span class="status alive">alive</span>"#),
+        "{page}"
+    );
+    assert_eq!(
+        field(&page, r#"<dl class="counts""#, "retries_scheduled"),
+        "1"
+    );
+    assert!(open_tag(&page, r#"<span id="live""#).contains(r#"data-live="1""#));
+
+    let waiting = browse(
+        &chromium,
+        &format!("{}/queues/emails/waiting", served.base),
+        &["--dump-dom"],
+    );
+    assert!(!waiting.contains(r#"data-pwned="1""#), "the payload ran");
+    assert!(waiting.contains("\\xff\\xfe bytes"), "{waiting}");
+}
+
+/// Writes `docs/dashboard.png` from a dashboard with real workers, jobs
+/// flowing for a couple of minutes, retries and dead letters.
+/// `cargo test -p workerpool-tests --test dashboard -- --ignored screenshot`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes docs/dashboard.png; run by hand"]
+async fn screenshot_for_the_readme() {
+    let Some(chromium) = chromium() else { return };
+    let redis = TestRedis::start();
+    let emails = QueueKeys::new("emails");
+    let reports = QueueKeys::new("reports");
+    populate(&redis, &emails).await;
+    let mut c = redis.conn().await;
+    let mut workers = Vec::new();
+    for (i, q) in [&emails, &emails, &reports].iter().enumerate() {
+        workers.push(
+            Command::new(bin_dir().join("workerpool-worker"))
+                .args(["--redis-url", &redis.url(), "--queue", q.name()])
+                .args(["--handler", "sleep", "--concurrency", "8"])
+                .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+                .args(["--worker-id", &format!("{}-{i}", q.name())])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start a worker"),
+        );
+    }
+    let served = Served::start(&redis.url(), &["emails", "reports"]);
+    let minutes: u64 = std::env::var("SCREENSHOT_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(2);
+    let end = Instant::now() + Duration::from_secs(60 * minutes);
+    let mut tick = 0u64;
+    while Instant::now() < end {
+        // Waves: emails in bursts, reports steady.
+        let burst = if (tick / 12).is_multiple_of(2) {
+            160
+        } else {
+            10
+        };
+        let jobs: Vec<String> = (0..burst)
+            .map(|n| format!(r#"{{"id":"e{tick}-{n}","task":"send_email","data":{{"ms":80}}}}"#))
+            .collect();
+        let _: () = c.lpush(emails.waiting(), &jobs).await.expect("push");
+        let jobs: Vec<String> = (0..12)
+            .map(|n| {
+                format!(r#"{{"id":"r{tick}-{n}","task":"render_report","data":{{"ms":400}}}}"#)
+            })
+            .collect();
+        let _: () = c.lpush(reports.waiting(), &jobs).await.expect("push");
+        tick += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png");
+    browse(
+        &chromium,
+        &format!("{}/", served.base),
+        &[
+            "--window-size=1280,900",
+            "--hide-scrollbars",
+            &format!("--screenshot={}", out.display()),
+        ],
+    );
+    for mut w in workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}
