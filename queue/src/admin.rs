@@ -359,19 +359,46 @@ pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -
     Ok(removed)
 }
 
+/// What [`enqueue`] did with one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Enqueued {
+    /// The job's id (its own, or the one given to it).
+    pub id: String,
+    /// `false`: refused, because another job of the queue holds its
+    /// `unique_key`.
+    pub accepted: bool,
+}
+
 /// Pushes jobs onto `q` in order (the first runs first), each given an
 /// `id` and `enqueued_at` when it has none; with `delay`, parks them in
-/// the scheduled set with `run_at` that far ahead (Redis clock). Returns
-/// the ids.
+/// the scheduled set with `run_at` that far ahead (Redis clock). When any
+/// job has a `unique_key` the batch goes through `enqueue.lua`, which
+/// refuses a job whose key another job of the queue holds; otherwise the
+/// jobs are pushed with `LPUSH` (or `ZADD`). A job whose `unique_key` or
+/// `unique_for` is malformed (see [`crate::job::unique_of`]) is an error
+/// and nothing is pushed.
 pub async fn enqueue(
     conn: &mut impl Conn,
     q: &QueueKeys,
     jobs: Vec<Map<String, Value>>,
     delay: Option<Duration>,
-) -> RedisResult<Vec<String>> {
+) -> RedisResult<Vec<Enqueued>> {
+    let mut unique = false;
+    for (i, fields) in jobs.iter().enumerate() {
+        match crate::job::unique_of(fields) {
+            Ok(u) => unique |= u.is_some(),
+            Err(e) => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "invalid job",
+                    format!("job {}: {e}; nothing was enqueued", i + 1),
+                )));
+            }
+        }
+    }
     let now = server_time_ms(conn).await?;
     let run_at = delay.map(|d| now + d.as_millis() as u64);
-    let mut ids = Vec::with_capacity(jobs.len());
+    let mut out = Vec::with_capacity(jobs.len());
     let mut payloads = Vec::with_capacity(jobs.len());
     for mut fields in jobs {
         let id = match fields.get(field::ID).and_then(Value::as_str) {
@@ -388,13 +415,45 @@ pub async fn enqueue(
         if let Some(run_at) = run_at {
             fields.insert(field::RUN_AT.into(), Value::from(run_at));
         }
-        ids.push(id);
-        payloads.push(Value::Object(fields).to_string());
+        let hold = crate::job::unique_of(&fields)
+            .ok()
+            .flatten()
+            .map(|(key, secs)| (key.to_string(), secs.saturating_mul(1000)));
+        out.push(Enqueued { id, accepted: true });
+        payloads.push((Value::Object(fields).to_string(), hold));
+    }
+    if unique {
+        let mut next = 0;
+        for chunk in payloads.chunks(BATCH) {
+            let mut invocation = scripts::ENQUEUE.prepare_invoke();
+            invocation
+                .key(q.waiting())
+                .key(q.scheduled())
+                .key(q.unique())
+                .key(q.unique_expiry());
+            for (i, (payload, hold)) in chunk.iter().enumerate() {
+                invocation
+                    .arg(payload)
+                    .arg(run_at.map(|at| at.to_string()).unwrap_or_default())
+                    .arg(&out[next + i].id);
+                match hold {
+                    Some((key, ms)) => invocation.arg(key).arg(*ms),
+                    None => invocation.arg("").arg(0),
+                };
+            }
+            let accepted: Vec<i64> = invocation.invoke_async(conn).await?;
+            for (i, a) in accepted.into_iter().enumerate() {
+                out[next + i].accepted = a == 1;
+            }
+            next += chunk.len();
+        }
+        return Ok(out);
     }
     for chunk in payloads.chunks(BATCH) {
+        let chunk: Vec<&String> = chunk.iter().map(|(p, _)| p).collect();
         match run_at {
             Some(at) => {
-                let members: Vec<(u64, &String)> = chunk.iter().map(|p| (at, p)).collect();
+                let members: Vec<(u64, &String)> = chunk.iter().map(|p| (at, *p)).collect();
                 let _: u64 = conn.zadd_multiple(q.scheduled(), &members).await?;
             }
             None => {
@@ -402,7 +461,7 @@ pub async fn enqueue(
             }
         }
     }
-    Ok(ids)
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -30,6 +30,63 @@ pub mod field {
     pub const RUN_AT: &str = "run_at";
     /// The last error, set when an attempt fails.
     pub const ERROR: &str = "error";
+    /// A string: while a job with this key is waiting, scheduled, retrying
+    /// or running in the queue, another one with it is not enqueued (when
+    /// enqueued through the contract's `enqueue.lua`).
+    pub const UNIQUE_KEY: &str = "unique_key";
+    /// Seconds after which a job's unique key is free whatever became of
+    /// the job (default [`super::DEFAULT_UNIQUE_FOR_SECS`]).
+    pub const UNIQUE_FOR: &str = "unique_for";
+}
+
+/// How long a job holds its unique key at most, when it does not say.
+pub const DEFAULT_UNIQUE_FOR_SECS: u64 = 3600;
+
+/// A job's unique key and how long it holds it at most, in seconds:
+/// `Ok(None)` without `unique_key`; an error, saying what to fix, when the
+/// fields are not a non-empty string and a positive whole number.
+pub fn unique_of(fields: &Map<String, Value>) -> Result<Option<(&str, u64)>, String> {
+    let Some(key) = fields.get(field::UNIQUE_KEY) else {
+        if fields.contains_key(field::UNIQUE_FOR) {
+            return Err(format!(
+                "{:?} is set without {:?}",
+                field::UNIQUE_FOR,
+                field::UNIQUE_KEY
+            ));
+        }
+        return Ok(None);
+    };
+    let key = match key.as_str() {
+        Some(k) if !k.is_empty() => k,
+        _ => {
+            return Err(format!(
+                "{:?} must be a non-empty string, got {key}",
+                field::UNIQUE_KEY
+            ));
+        }
+    };
+    let hold = match fields.get(field::UNIQUE_FOR) {
+        None => DEFAULT_UNIQUE_FOR_SECS,
+        Some(v) => match v.as_u64() {
+            Some(secs) if secs > 0 => secs,
+            _ => {
+                return Err(format!(
+                    "{:?} must be a whole number of seconds above 0, got {v}",
+                    field::UNIQUE_FOR
+                ));
+            }
+        },
+    };
+    Ok(Some((key, hold)))
+}
+
+/// The token with which the scripts that end a job free its unique key:
+/// `<length of the id>:<id><unique key>`. `None` for a job without a
+/// unique key (or without an id, which cannot hold one).
+pub fn release_token(fields: &Map<String, Value>) -> Option<String> {
+    let key = fields.get(field::UNIQUE_KEY)?.as_str()?;
+    let id = fields.get(field::ID)?.as_str()?;
+    Some(format!("{}:{id}{key}", id.len()))
 }
 
 /// A job as handed to a handler: the producer's object with `id`,
@@ -46,6 +103,11 @@ impl Job {
             .get(field::ID)
             .and_then(Value::as_str)
             .unwrap_or_default()
+    }
+
+    /// The token that frees its unique key when it ends ([`release_token`]).
+    pub fn release_token(&self) -> Option<String> {
+        release_token(&self.fields)
     }
 
     /// The task name, when the producer gave one.

@@ -66,6 +66,18 @@ impl QueueKeys {
         format!("{}:worker:{instance}", self.name)
     }
 
+    /// Hash of the unique keys held by jobs of the queue: unique key -> id
+    /// of the job that holds it (see `enqueue.lua`).
+    pub fn unique(&self) -> String {
+        format!("{}:unique", self.name)
+    }
+
+    /// Sorted set of the unique keys held, scored by the unix milliseconds
+    /// (Redis clock) at which the hold ends whatever became of the job.
+    pub fn unique_expiry(&self) -> String {
+        format!("{}:unique:expiry", self.name)
+    }
+
     /// Monotonic counter of jobs completed successfully.
     pub fn stats_processed(&self) -> String {
         format!("{}:stats:processed", self.name)

@@ -54,8 +54,13 @@ pub enum IntakeAction {
         payload: Payload,
         run_at: u64,
     },
-    /// Dead-letter the payload with this envelope.
-    Dead { held: Payload, envelope: String },
+    /// Dead-letter the payload with this envelope, freeing the job's
+    /// unique key with `release` ([`crate::job::release_token`]).
+    Dead {
+        held: Payload,
+        envelope: String,
+        release: Option<String>,
+    },
 }
 
 /// The ARGV head of the scripts that take jobs: the count, the attempt
@@ -132,7 +137,9 @@ pub async fn settle_intake(
         .key(queue.processing(instance))
         .key(queue.scheduled())
         .key(queue.dead())
-        .key(queue.stats_dead());
+        .key(queue.stats_dead())
+        .key(queue.unique())
+        .key(queue.unique_expiry());
     for action in actions {
         match action {
             IntakeAction::Run { held, stamped } => {
@@ -143,27 +150,38 @@ pub async fn settle_intake(
                 payload,
                 run_at,
             } => invocation.arg("S").arg(held).arg(payload).arg(*run_at),
-            IntakeAction::Dead { held, envelope } => {
-                invocation.arg("D").arg(held).arg(envelope).arg("")
-            }
+            IntakeAction::Dead {
+                held,
+                envelope,
+                release,
+            } => invocation
+                .arg("D")
+                .arg(held)
+                .arg(envelope)
+                .arg(release.as_deref().unwrap_or_default()),
         };
     }
     let done: Vec<i64> = invocation.invoke_async(conn).await?;
     Ok(done.into_iter().map(|d| d == 1).collect())
 }
 
-/// Completes a job. `false`: the job was no longer ours (a reaper returned
-/// it to the queue), so it was not counted again.
+/// Completes a job and frees its unique key with `release`
+/// ([`crate::job::release_token`]). `false`: the job was no longer ours (a
+/// reaper returned it to the queue), so it was not counted again.
 pub async fn ack(
     conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     payload: &[u8],
+    release: Option<&str>,
 ) -> RedisResult<bool> {
     scripts::ACK
         .key(queue.processing(instance))
         .key(queue.stats_processed())
+        .key(queue.unique())
+        .key(queue.unique_expiry())
         .arg(payload)
+        .arg(release.unwrap_or_default())
         .invoke_async(conn)
         .await
 }
@@ -196,6 +214,9 @@ pub struct Finished<'a> {
     pub payload: &'a [u8],
     /// What to do with it.
     pub settlement: &'a Settlement,
+    /// The token that frees its unique key once it is done or dead
+    /// ([`crate::job::release_token`]); `None` without one.
+    pub release: Option<&'a str>,
 }
 
 /// Settles `finished` jobs and takes up to `take` new ones from `queues`
@@ -220,18 +241,21 @@ pub async fn settle(
             .key(q.retry())
             .key(q.stats_failed())
             .key(q.dead())
-            .key(q.stats_dead());
+            .key(q.stats_dead())
+            .key(q.unique())
+            .key(q.unique_expiry());
     }
     taking_args(&mut invocation, take, max_attempts);
     for f in finished {
         let index = f.queue + 1;
+        let release = f.release.unwrap_or_default();
         match f.settlement {
             Settlement::Done => invocation
                 .arg("A")
                 .arg(index)
                 .arg(f.payload)
                 .arg("")
-                .arg(""),
+                .arg(release),
             Settlement::Retry { next, delay } => invocation
                 .arg("T")
                 .arg(index)
@@ -243,7 +267,7 @@ pub async fn settle(
                 .arg(index)
                 .arg(f.payload)
                 .arg(envelope.as_str())
-                .arg(""),
+                .arg(release),
         };
     }
     let (kept, flat): (Vec<i64>, Vec<redis::Value>) = invocation.invoke_async(conn).await?;
@@ -270,21 +294,26 @@ pub async fn retry_later(
         .await
 }
 
-/// Dead-letters a job after a failed attempt.
+/// Dead-letters a job after a failed attempt and frees its unique key with
+/// `release` ([`crate::job::release_token`]).
 pub async fn bury(
     conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     payload: &[u8],
     envelope: &str,
+    release: Option<&str>,
 ) -> RedisResult<bool> {
     scripts::BURY
         .key(queue.processing(instance))
         .key(queue.dead())
         .key(queue.stats_failed())
         .key(queue.stats_dead())
+        .key(queue.unique())
+        .key(queue.unique_expiry())
         .arg(payload)
         .arg(envelope)
+        .arg(release.unwrap_or_default())
         .invoke_async(conn)
         .await
 }

@@ -18,12 +18,20 @@ const NOW_MS: &str = include_str!("lua/now.lua");
 /// the scripts that take jobs.
 const STAMP: &str = include_str!("lua/stamp.lua");
 
+/// `release()`, which frees a finished job's unique key, prepended (after
+/// [`NOW_MS`]) to the scripts that end jobs.
+const UNIQUE: &str = include_str!("lua/unique.lua");
+
 pub(crate) fn script(body: &str) -> Script {
     Script::new(&format!("{NOW_MS}{body}"))
 }
 
+fn ending_script(body: &str) -> Script {
+    Script::new(&format!("{NOW_MS}{UNIQUE}{body}"))
+}
+
 fn taking_script(body: &str) -> Script {
-    Script::new(&format!("{NOW_MS}{STAMP}{body}"))
+    Script::new(&format!("{NOW_MS}{STAMP}{UNIQUE}{body}"))
 }
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (pairs of queue and
@@ -35,25 +43,36 @@ fn taking_script(body: &str) -> Script {
 pub static FETCH: LazyLock<Script> = LazyLock::new(|| taking_script(include_str!("lua/fetch.lua")));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
-/// stamp. KEYS: processing, scheduled, dead, stats:dead. ARGV: quadruples
-/// of action, payload as held, payload to write, score: `R` replaces the
-/// held payload with the stamped one, `S` parks the payload to write in the
-/// scheduled set at the score, `D` dead-letters it with the envelope.
-/// Returns 1 or 0 per quadruple: whether the payload was still ours.
+/// stamp. KEYS: processing, scheduled, dead, stats:dead, unique,
+/// unique:expiry. ARGV: quadruples of action, payload as held, payload to
+/// write, score: `R` replaces the held payload with the stamped one, `S`
+/// parks the payload to write in the scheduled set at the score, `D`
+/// dead-letters it with the envelope and frees its unique key (the fourth
+/// is then the release token). Returns 1 or 0 per quadruple: whether the
+/// payload was still ours.
 pub static SETTLE_INTAKE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/settle_intake.lua")));
+    LazyLock::new(|| ending_script(include_str!("lua/settle_intake.lua")));
 
-/// Completes a job. KEYS: processing, stats:processed. ARGV: payload.
-pub static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/ack.lua")));
+/// Completes a job and frees its unique key. KEYS: processing,
+/// stats:processed, unique, unique:expiry. ARGV: payload, release token.
+pub static ACK: LazyLock<Script> = LazyLock::new(|| ending_script(include_str!("lua/ack.lua")));
+
+/// Enqueues jobs, refusing those whose unique key another job holds.
+/// KEYS: queue, scheduled, unique, unique:expiry. ARGV: five per job:
+/// payload, `run_at` ('' for now), id, unique key ('' for none), hold in
+/// ms. Returns 1 (enqueued) or 0 (duplicate) per job.
+pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/enqueue.lua")));
 
 /// Settles finished jobs in one round trip and takes the next jobs into the
 /// slots they free: the batched form of [`ACK`], [`RETRY`] and [`BURY`],
-/// with [`FETCH`] after them. KEYS: seven per queue, highest priority
+/// with [`FETCH`] after them. KEYS: nine per queue, highest priority
 /// first: queue, processing, stats:processed, retry, stats:failed, dead,
-/// stats:dead. ARGV: how many jobs to take, the attempt limit and the ids
-/// (as for [`FETCH`]), then five per settlement: `A`/`T`/`B`, the queue's
-/// index (1-based), the payload as held, and for `T` the next payload and
-/// the delay in ms, for `B` the envelope. Returns `{{1 or 0 per
+/// stats:dead, unique, unique:expiry. ARGV: how many jobs to take, the
+/// attempt limit and the ids (as for [`FETCH`]), then five per settlement:
+/// `A`/`T`/`B`, the queue's index (1-based), the payload as held, and for
+/// `T` the next payload and the delay in ms, for `B` the envelope and for
+/// `A` an empty string, then for `A` and `B` the unique key's release
+/// token. Returns `{{1 or 0 per
 /// settlement}, {queue index, payload, stamp, …taken}}`.
 pub static SETTLE: LazyLock<Script> =
     LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));
@@ -62,9 +81,10 @@ pub static SETTLE: LazyLock<Script> =
 /// stats:failed. ARGV: payload, next payload, delay in milliseconds.
 pub static RETRY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/retry.lua")));
 
-/// Dead-letters a job after a failed attempt. KEYS: processing, dead,
-/// stats:failed, stats:dead. ARGV: payload, dead-letter envelope.
-pub static BURY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/bury.lua")));
+/// Dead-letters a job after a failed attempt and frees its unique key.
+/// KEYS: processing, dead, stats:failed, stats:dead, unique,
+/// unique:expiry. ARGV: payload, dead-letter envelope, release token.
+pub static BURY: LazyLock<Script> = LazyLock::new(|| ending_script(include_str!("lua/bury.lua")));
 
 /// Puts jobs back at the head of the queue (they run next). KEYS:
 /// processing, queue. ARGV: pairs of payload as held, payload to push.

@@ -26,6 +26,16 @@ enum Op {
     /// Settles held payloads (`A`: done, `T`: retry, `B`: dead) and takes
     /// up to `n` jobs.
     Settle(&'static [(char, &'static str)], usize),
+    /// Enqueues JSON jobs through `admin::enqueue`.
+    Enqueue(&'static [&'static str]),
+    /// Completes a payload, freeing a unique key with the token.
+    AckReleasing(&'static str, &'static str),
+    /// Dead-letters a payload, freeing a unique key with the token.
+    BuryReleasing(&'static str, &'static str, &'static str),
+    /// Settles (kind, payload, release token) and takes nothing.
+    SettleReleasing(&'static [(char, &'static str, &'static str)]),
+    /// Dead-letters a fresh payload at intake, freeing a unique key.
+    IntakeDeadReleasing(&'static str, &'static str, &'static str),
 }
 
 struct Row {
@@ -283,17 +293,215 @@ const ROWS: &[Row] = &[
         reply: "true",
         then: &[],
     },
+    Row {
+        rule: "a unique job goes in and holds its key, for an hour by default",
+        given: &[],
+        op: Op::Enqueue(&[r#"{"id":"a","unique_key":"k"}"#]),
+        reply: "[true]",
+        then: &[
+            "<q>=[{id:a,unique_key:k,enqueued_at:<now>}]",
+            "<q>:unique={k: a}",
+            "<q>:unique:expiry={k}",
+        ],
+    },
+    Row {
+        rule: "a job whose unique key another job holds is refused and changes nothing",
+        given: &[
+            &["HSET", "<q>:unique", "k", "a"],
+            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
+        ],
+        op: Op::Enqueue(&[r#"{"id":"b","unique_key":"k"}"#]),
+        reply: "[false]",
+        then: &["<q>:unique={k: a}", "<q>:unique:expiry={k}"],
+    },
+    Row {
+        rule: "a hold whose time ran out no longer counts: the new job takes the key",
+        given: &[
+            &["HSET", "<q>:unique", "k", "a", "old", "z"],
+            &["ZADD", "<q>:unique:expiry", "1", "k", "2", "old"],
+        ],
+        op: Op::Enqueue(&[r#"{"id":"b","unique_key":"k"}"#]),
+        reply: "[true]",
+        then: &[
+            "<q>=[{id:b,unique_key:k,enqueued_at:<now>}]",
+            "<q>:unique={k: b}",
+            "<q>:unique:expiry={k}",
+        ],
+    },
+    Row {
+        rule: "in one batch the first job with a key goes in, the next with it is refused, jobs without a key go in",
+        given: &[],
+        op: Op::Enqueue(&[
+            r#"{"id":"a","unique_key":"k"}"#,
+            r#"{"id":"b","unique_key":"k"}"#,
+            r#"{"id":"c"}"#,
+        ]),
+        reply: "[true, false, true]",
+        then: &[
+            "<q>=[{id:c,enqueued_at:<now>}, {id:a,unique_key:k,enqueued_at:<now>}]",
+            "<q>:unique={k: a}",
+            "<q>:unique:expiry={k}",
+        ],
+    },
+    Row {
+        rule: "completing a unique job frees its key",
+        given: &[
+            &["LPUSH", "<q>:processing:w~1", "p"],
+            &["HSET", "<q>:unique", "k", "a"],
+            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
+        ],
+        op: Op::AckReleasing("p", "1:ak"),
+        reply: "true",
+        then: &["<q>:stats:processed=1"],
+    },
+    Row {
+        rule: "completing a job frees its key only while it holds it: a newer job keeps the key it took",
+        given: &[
+            &["LPUSH", "<q>:processing:w~1", "p"],
+            &["HSET", "<q>:unique", "k", "b"],
+            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
+        ],
+        op: Op::AckReleasing("p", "1:ak"),
+        reply: "true",
+        then: &[
+            "<q>:stats:processed=1",
+            "<q>:unique={k: b}",
+            "<q>:unique:expiry={k}",
+        ],
+    },
+    Row {
+        rule: "a job no longer ours frees nothing",
+        given: &[
+            &["HSET", "<q>:unique", "k", "a"],
+            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
+        ],
+        op: Op::AckReleasing("p", "1:ak"),
+        reply: "false",
+        then: &["<q>:unique={k: a}", "<q>:unique:expiry={k}"],
+    },
+    Row {
+        rule: "dead-lettering a unique job frees its key",
+        given: &[
+            &["LPUSH", "<q>:processing:w~1", "p"],
+            &["HSET", "<q>:unique", "k", "a"],
+            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
+        ],
+        op: Op::BuryReleasing("p", "letter", "1:ak"),
+        reply: "true",
+        then: &[
+            "<q>:dead=[letter]",
+            "<q>:stats:dead=1",
+            "<q>:stats:failed=1",
+        ],
+    },
+    Row {
+        rule: "a settle round trip frees the keys of done and dead jobs; a retried job keeps its key",
+        given: &[
+            &["LPUSH", "<q>:processing:w~1", "a", "t", "b"],
+            &["HSET", "<q>:unique", "ka", "a", "kt", "t", "kb", "b"],
+            &[
+                "ZADD",
+                "<q>:unique:expiry",
+                "99999999999999",
+                "ka",
+                "99999999999999",
+                "kt",
+                "99999999999999",
+                "kb",
+            ],
+        ],
+        op: Op::SettleReleasing(&[
+            ('A', "a", "1:aka"),
+            ('T', "t", "1:tkt"),
+            ('B', "b", "1:bkb"),
+        ]),
+        reply: "[true, true, true]",
+        then: &[
+            "<q>:dead=[b-letter]",
+            "<q>:retry={t-next}",
+            "<q>:stats:dead=1",
+            "<q>:stats:failed=2",
+            "<q>:stats:processed=1",
+            "<q>:unique={kt: t}",
+            "<q>:unique:expiry={kt}",
+        ],
+    },
+    Row {
+        rule: "a job dead-lettered at intake frees its key",
+        given: &[
+            &["LPUSH", "<q>:processing:w~1", "p"],
+            &["HSET", "<q>:unique", "k", "a"],
+            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
+        ],
+        op: Op::IntakeDeadReleasing("p", "letter", "1:ak"),
+        reply: "[true]",
+        then: &["<q>:dead=[letter]", "<q>:stats:dead=1"],
+    },
 ];
 
 async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
     let w = "w~1";
     let r = match op {
-        Op::Ack(p) => format!("{:?}", ops::ack(c, q, w, p.as_bytes()).await),
+        Op::Ack(p) => format!("{:?}", ops::ack(c, q, w, p.as_bytes(), None).await),
+        Op::AckReleasing(p, token) => {
+            format!("{:?}", ops::ack(c, q, w, p.as_bytes(), Some(token)).await)
+        }
+        Op::BuryReleasing(p, letter, token) => format!(
+            "{:?}",
+            ops::bury(c, q, w, p.as_bytes(), letter, Some(token)).await
+        ),
+        Op::Enqueue(jobs) => {
+            let jobs = jobs
+                .iter()
+                .map(|j| match serde_json::from_str(j) {
+                    Ok(serde_json::Value::Object(fields)) => fields,
+                    _ => panic!("a row's job is a JSON object: {j}"),
+                })
+                .collect();
+            format!(
+                "{:?}",
+                workerpool_queue::admin::enqueue(c, q, jobs, None)
+                    .await
+                    .map(|done| done.iter().map(|e| e.accepted).collect::<Vec<_>>())
+            )
+        }
+        Op::IntakeDeadReleasing(held, envelope, token) => {
+            let action = IntakeAction::Dead {
+                held: held.as_bytes().to_vec(),
+                envelope: envelope.into(),
+                release: Some(token.into()),
+            };
+            format!("{:?}", ops::settle_intake(c, q, w, &[action]).await)
+        }
+        Op::SettleReleasing(jobs) => {
+            let settlements: Vec<ops::Settlement> = jobs
+                .iter()
+                .map(|(kind, p, _)| settlement(*kind, p))
+                .collect();
+            let finished: Vec<ops::Finished<'_>> = jobs
+                .iter()
+                .zip(&settlements)
+                .map(|((_, p, token), settlement)| ops::Finished {
+                    queue: 0,
+                    payload: p.as_bytes(),
+                    settlement,
+                    release: Some(token),
+                })
+                .collect();
+            format!(
+                "{:?}",
+                ops::settle(c, std::slice::from_ref(q), w, &finished, 0, MAX_ATTEMPTS)
+                    .await
+                    .map(|(kept, _)| kept)
+            )
+        }
         Op::Retry(p, next) => format!(
             "{:?}",
             ops::retry_later(c, q, w, p.as_bytes(), next, Duration::from_secs(60)).await
         ),
-        Op::Bury(p, letter) => format!("{:?}", ops::bury(c, q, w, p.as_bytes(), letter).await),
+        Op::Bury(p, letter) => {
+            format!("{:?}", ops::bury(c, q, w, p.as_bytes(), letter, None).await)
+        }
         Op::GiveBack(pairs) => {
             let pairs: Vec<(&[u8], &[u8])> = pairs
                 .iter()
@@ -329,19 +537,8 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
         ),
         Op::Deregister(instance) => format!("{:?}", ops::deregister(c, q, instance).await),
         Op::Settle(jobs, take) => {
-            let settlements: Vec<ops::Settlement> = jobs
-                .iter()
-                .map(|(kind, p)| match kind {
-                    'A' => ops::Settlement::Done,
-                    'T' => ops::Settlement::Retry {
-                        next: format!("{p}-next"),
-                        delay: Duration::from_secs(60),
-                    },
-                    _ => ops::Settlement::Dead {
-                        envelope: format!("{p}-letter"),
-                    },
-                })
-                .collect();
+            let settlements: Vec<ops::Settlement> =
+                jobs.iter().map(|(kind, p)| settlement(*kind, p)).collect();
             let finished: Vec<ops::Finished<'_>> = jobs
                 .iter()
                 .zip(&settlements)
@@ -349,6 +546,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                     queue: 0,
                     payload: p.as_bytes(),
                     settlement,
+                    release: None,
                 })
                 .collect();
             format!(
@@ -369,6 +567,20 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
 }
 
 const MAX_ATTEMPTS: u32 = 10;
+
+/// A row's settlement of kind `A`, `T` or `B` for payload `p`.
+fn settlement(kind: char, p: &str) -> ops::Settlement {
+    match kind {
+        'A' => ops::Settlement::Done,
+        'T' => ops::Settlement::Retry {
+            next: format!("{p}-next"),
+            delay: Duration::from_secs(60),
+        },
+        _ => ops::Settlement::Dead {
+            envelope: format!("{p}-letter"),
+        },
+    }
+}
 
 /// A taken payload as a row states it: with `~fresh` or `~counted` when
 /// the script stamped it.
@@ -461,7 +673,19 @@ async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
                     .expect("zrange");
                 format!("{{{}}}", v.join(", "))
             }
-            "hash" => "hash".to_string(),
+            // Worker hashes are checked through the registry rows; their
+            // contents are the heartbeat's business.
+            "hash" if key.contains(":worker:") => continue,
+            "hash" => {
+                let mut v: Vec<(String, String)> = redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async(c)
+                    .await
+                    .expect("hgetall");
+                v.sort();
+                let pairs: Vec<String> = v.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                format!("{{{}}}", pairs.join(", "))
+            }
             _ => {
                 let v: String = redis::cmd("GET")
                     .arg(&key)
@@ -472,11 +696,7 @@ async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
             }
         };
         let name = key.replacen(q.name(), "<q>", 1);
-        // Worker hashes are checked through the registry rows; their
-        // contents are the heartbeat's business.
-        if contents != "hash" {
-            out.push(format!("{name}={contents}"));
-        }
+        out.push(format!("{name}={contents}"));
     }
     out
 }

@@ -34,7 +34,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Push jobs: each JSON argument is one job; without any, one job per
-    /// line of stdin. Prints the job ids, one per line.
+    /// line of stdin. Prints the job ids, one per line. A job with a
+    /// `unique_key` (string) goes in only while no job with that key waits,
+    /// is scheduled, retries or runs in the queue (for `unique_for` seconds
+    /// at most, default 3600); a refused one prints `duplicate`.
     Enqueue {
         #[command(flatten)]
         target: Target,
@@ -262,8 +265,13 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
                 parse_jobs(jobs.iter().map(String::as_str), "argument")?
             };
             let (mut c, q) = connect(&target, false).await?;
-            let ids = admin::enqueue(&mut c, &q, jobs, delay).await?;
-            Ok(lines(ids))
+            let done = admin::enqueue(&mut c, &q, jobs, delay).await?;
+            // A job refused for its unique key prints `duplicate` in its place.
+            Ok(lines(
+                done.into_iter()
+                    .map(|e| if e.accepted { e.id } else { "duplicate".into() })
+                    .collect(),
+            ))
         }
         Command::Stats {
             target,
@@ -507,7 +515,15 @@ fn parse_jobs<'a>(
     let mut jobs = Vec::new();
     for (i, text) in texts.enumerate() {
         match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(fields)) => jobs.push(fields),
+            Ok(Value::Object(fields)) => {
+                if let Err(e) = workerpool_queue::job::unique_of(&fields) {
+                    return Err(CliError::BadJob(format!(
+                        "{what} {}: {e}; nothing was enqueued",
+                        i + 1
+                    )));
+                }
+                jobs.push(fields)
+            }
             Ok(_) => {
                 return Err(CliError::BadJob(format!(
                     "{what} {}: a job must be a JSON object, got {text:?}; nothing was enqueued",

@@ -218,6 +218,47 @@ async fn enqueue_prints_ids_and_keeps_fifo_order_from_arguments_and_stdin() {
 }
 
 #[tokio::test]
+async fn enqueue_prints_duplicate_for_a_job_whose_unique_key_is_held_and_refuses_a_bad_key() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("reports");
+    let mut c = redis.conn().await;
+
+    let out = ok(workerpool(
+        &url,
+        &["enqueue", "--queue", "reports"],
+        Some(concat!(
+            "{\"task\":\"report\",\"unique_key\":\"daily\"}\n",
+            "{\"task\":\"report\",\"unique_key\":\"daily\"}\n",
+            "{\"task\":\"other\"}\n",
+        )),
+    ));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[1], "duplicate");
+    assert_ne!(lines[0], "duplicate");
+    assert_ne!(lines[2], "duplicate");
+    let again = ok(workerpool(
+        &url,
+        &["enqueue", "--queue", "reports", r#"{"unique_key":"daily"}"#],
+        None,
+    ));
+    assert_eq!(again, "duplicate\n");
+    let len: u64 = c.llen(q.waiting()).await.expect("llen");
+    assert_eq!(len, 2);
+
+    let refused = failed(workerpool(
+        &url,
+        &["enqueue", "--queue", "reports", r#"{"unique_key":["x"]}"#],
+        None,
+    ));
+    assert!(
+        refused.contains("argument 1") && refused.contains("unique_key"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
 async fn stats_reports_every_count_of_a_seeded_queue() {
     let redis = TestRedis::start();
     let q = QueueKeys::new("seeded");

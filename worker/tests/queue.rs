@@ -453,6 +453,7 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         queue: 0,
         payload: payload.as_bytes(),
         settlement: &done,
+        release: None,
     };
     // Payloads that are no JSON objects are taken untouched.
     let fetched = |queue: usize, payload: &str| queue::Fetched::untouched(queue, payload.into());

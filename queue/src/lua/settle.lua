@@ -1,15 +1,16 @@
 -- Settles finished jobs in one round trip and takes the next jobs into the
 -- slots they free (the batched form of ack.lua, retry.lua and bury.lua,
 -- with fetch.lua after them, its jobs stamped by stamp.lua).
--- KEYS: seven per queue, highest priority first: queue, processing,
--- stats:processed, retry, stats:failed, dead, stats:dead.
+-- KEYS: nine per queue, highest priority first: queue, processing,
+-- stats:processed, retry, stats:failed, dead, stats:dead, unique,
+-- unique:expiry.
 -- ARGV: how many jobs to take, the pool's attempt limit and one 32-digit
 -- hex id per job to take, concatenated (as for fetch.lua), then five per
 -- settlement: `A` (done), `T` (retry later) or `B` (dead-letter); the
 -- queue's index (1-based); the payload as the processing list holds it;
 -- for `T` the next attempt's payload and the delay in milliseconds, for
--- `B` the dead-letter envelope and an empty string, for `A` two empty
--- strings.
+-- `B` the dead-letter envelope and the unique key's release token
+-- (unique.lua; '' for none), for `A` an empty string and the release token.
 -- Each settlement first removes its exact payload from the processing list
 -- and writes only if that happened: a job a reaper returned meanwhile is
 -- not settled twice.
@@ -19,13 +20,14 @@ local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local kept = {}
 for i = 4, #ARGV, 5 do
-  local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 7, ARGV[i + 2]
+  local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 9, ARGV[i + 2]
   local processing, processed = KEYS[base + 2], KEYS[base + 3]
   local retry, failed, dead, dead_total = KEYS[base + 4], KEYS[base + 5], KEYS[base + 6], KEYS[base + 7]
   local ok = redis.call('LREM', processing, 1, payload)
   if ok == 1 then
     if kind == 'A' then
       redis.call('INCR', processed)
+      release(KEYS[base + 8], KEYS[base + 9], ARGV[i + 4])
     elseif kind == 'T' then
       redis.call('ZADD', retry, now + tonumber(ARGV[i + 4]), ARGV[i + 3])
       redis.call('INCR', failed)
@@ -33,12 +35,13 @@ for i = 4, #ARGV, 5 do
       redis.call('LPUSH', dead, ARGV[i + 3])
       redis.call('INCR', failed)
       redis.call('INCR', dead_total)
+      release(KEYS[base + 8], KEYS[base + 9], ARGV[i + 4])
     end
   end
   kept[#kept + 1] = ok
 end
 local taken = {}
-for base = 0, #KEYS - 7, 7 do
+for base = 0, #KEYS - 9, 9 do
   local waiting, processing = KEYS[base + 1], KEYS[base + 2]
   while take > 0 do
     local v = redis.call('RPOP', waiting)
@@ -46,7 +49,7 @@ for base = 0, #KEYS - 7, 7 do
     local k = #taken / 3
     local held, how = stamp(v, max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
     redis.call('LPUSH', processing, held)
-    taken[#taken + 1] = base / 7 + 1
+    taken[#taken + 1] = base / 9 + 1
     taken[#taken + 1] = held
     taken[#taken + 1] = how
     take = take - 1

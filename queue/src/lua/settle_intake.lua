@@ -1,11 +1,12 @@
 -- Settles freshly fetched payloads that the fetch script left untouched or
 -- that the worker read otherwise than the script's stamp.
--- KEYS: processing, scheduled, dead, stats:dead.
+-- KEYS: processing, scheduled, dead, stats:dead, unique, unique:expiry.
 -- ARGV: quadruples of action, payload as held, payload to write, score:
 -- `R` replaces the held payload with the stamped one,
 -- `S` parks the payload to write in the scheduled set at the score,
 -- `D` dead-letters it with the envelope (the payload to write).
--- The score is an empty string for `R` and `D`.
+-- The score is an empty string for `R`; for `D` it is the unique key's
+-- release token (unique.lua; '' for none).
 -- Returns 1 or 0 per quadruple: whether the payload was still ours.
 local processing, scheduled, dead, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local out = {}
@@ -20,6 +21,7 @@ for i = 1, #ARGV, 4 do
     else
       redis.call('LPUSH', dead, write)
       redis.call('INCR', dead_total)
+      release(KEYS[5], KEYS[6], ARGV[i + 3])
     end
   end
   out[#out + 1] = ok

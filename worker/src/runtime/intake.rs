@@ -230,6 +230,7 @@ pub(super) fn plan(
                 plan.actions.push(IntakeAction::Dead {
                     held,
                     envelope: letter.to_json(),
+                    release: letter.job.as_object().and_then(job::release_token),
                 });
                 plan.dead.push(letter);
             }
@@ -267,6 +268,29 @@ mod tests {
             vec![(b"{\"n\":3}".to_vec(), b"{\"n\":3}".to_vec())]
         );
         assert_eq!(plan.runs.iter().flatten().count(), 2);
+    }
+
+    #[test]
+    fn a_unique_job_out_of_attempts_frees_its_key_as_it_is_dead_lettered() {
+        let plan = plan(
+            raws(&[
+                br#"{"attempt":5,"id":"j1","unique_key":"report:7"}"#,
+                br#"{"attempt":5,"id":"j2"}"#,
+            ]),
+            2,
+            NOW,
+            5,
+            "w~1",
+        );
+        let releases: Vec<Option<&str>> = plan
+            .actions
+            .iter()
+            .map(|a| match a {
+                IntakeAction::Dead { release, .. } => release.as_deref(),
+                other => panic!("dead-lettered at intake: {other:?}"),
+            })
+            .collect();
+        assert_eq!(releases, [Some("2:j1report:7"), None]);
     }
 
     #[test]
@@ -354,7 +378,7 @@ mod tests {
         );
         assert!(plan.ready.is_empty());
         assert!(
-            matches!(&plan.actions[0], IntakeAction::Dead { held: h, envelope } if *h == held && envelope.contains(r#""job":{"task":5}"#)),
+            matches!(&plan.actions[0], IntakeAction::Dead { held: h, envelope, .. } if *h == held && envelope.contains(r#""job":{"task":5}"#)),
             "{:?}",
             plan.actions[0]
         );

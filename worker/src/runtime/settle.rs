@@ -42,6 +42,7 @@ impl Worker {
         let finished = Settling {
             qi,
             held: stamped,
+            release: job.release_token(),
             settlement,
             slot: _slot,
             done,
@@ -144,6 +145,7 @@ impl Worker {
                 queue: s.qi,
                 payload: s.held.as_bytes(),
                 settlement: &s.settlement,
+                release: s.release.as_deref(),
             })
             .collect();
         let stop = self.give_up.clone();
@@ -222,6 +224,8 @@ impl Worker {
 pub(super) struct Settling {
     qi: usize,
     held: Arc<str>,
+    /// Frees the job's unique key once it is done or dead.
+    release: Option<String>,
     settlement: Settlement,
     slot: OwnedSemaphorePermit,
     /// Whether the job was still ours; `None` when Redis could not be
