@@ -45,6 +45,9 @@ pub struct RunArgs {
     /// This replica's identity in the Lease (default: the pod name, from POD_NAME).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// The web dashboard (off unless --dashboard is given).
+    #[command(flatten)]
+    pub dashboard: crate::local::dashboard::ClusterDashboardArgs,
 }
 
 #[derive(Clone)]
@@ -101,6 +104,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::error!(error = %e, "http server failed");
         }
     });
+    args.dashboard
+        .spawn(client.clone(), args.namespace.as_deref())
+        .await?;
 
     let identity = args
         .identity

@@ -7,6 +7,7 @@
 //! SIGTERM stops every worker gracefully and prints a summary.
 
 pub mod actuator;
+pub mod dashboard;
 pub mod manifest;
 pub mod view;
 
@@ -64,6 +65,9 @@ pub struct LocalArgs {
     /// PEM key of the client certificate.
     #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_KEY", value_name = "FILE")]
     pub redis_client_key: Option<PathBuf>,
+    /// The web dashboard of the pool and its queues.
+    #[command(flatten)]
+    pub dashboard: dashboard::DashboardArgs,
 }
 
 /// Why local mode could not run, named after what failed.
@@ -122,6 +126,9 @@ pub enum Error {
     /// Signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signals(#[source] std::io::Error),
+    /// The dashboard cannot be served as asked.
+    #[error("{0}")]
+    Dashboard(String),
 }
 
 /// Runs the manifest at `args.file` until SIGINT or SIGTERM, then stops the
@@ -153,7 +160,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let program = worker_binary(args.worker_bin.as_deref())?;
     let queues = pool.spec.queue.redis.queue_keys();
 
-    let mut redis = Redis::open(endpoint);
+    let mut redis = Redis::open(endpoint.clone());
     let unreachable = |source| Error::RedisUnreachable {
         url: shown_url.clone(),
         source,
@@ -189,6 +196,21 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let elapsed = || started.elapsed();
     for note in &notes {
         view.note(elapsed(), note);
+    }
+    let shown_pool = std::sync::Arc::new(dashboard::LocalPool::new(&pool));
+    if args.dashboard.dashboard.is_some() {
+        let conn = endpoint
+            .connect(READ_TIMEOUT, READ_TIMEOUT)
+            .await
+            .map_err(unreachable)?;
+        let served = args
+            .dashboard
+            .start(conn, queues.clone(), shown_url.clone(), shown_pool.clone())
+            .await
+            .map_err(Error::Dashboard)?;
+        if let Some(addr) = served {
+            view.note(elapsed(), &format!("dashboard on http://{addr}/"));
+        }
     }
 
     let poll = pool.spec.scaling.as_ref().map_or(REFRESH, |s| {
@@ -276,6 +298,19 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             decided = (verdict.desired, verdict.code().to_string(), message);
         }
         peak = peak.max(actuator.running());
+        let ready = reading.as_ref().map_or(0, |snap| {
+            let registered = snap.in_flight_by_worker_id();
+            actuator
+                .running_ids()
+                .iter()
+                .filter(|id| registered.contains_key(*id))
+                .count()
+        });
+        shown_pool.update(
+            decided.0,
+            i32::try_from(ready).unwrap_or(i32::MAX),
+            format!("{}: {}", decided.1, decided.2),
+        );
         let queue = reading.as_ref().map(|snap| {
             let totals = Totals::of(snap);
             QueueFigures {
