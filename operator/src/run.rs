@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client};
 
 use crate::controller::{self, Context};
@@ -142,7 +142,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context::new(client, metrics, Some(identity)));
     ready.store(true, Ordering::Relaxed);
-    let controller = Controller::new(pools, watcher::Config::default())
+    // A pool is looked at again every pollIntervalSeconds (the requeue),
+    // when its spec changes, and when its Deployment changes; not when its
+    // status does. The status is this controller's own output and moves on
+    // every look (rates, ages), so a trigger on it would start the next
+    // look at once, and again after that: a loop of back-to-back reconciles
+    // and status writes for as long as the pool lives.
+    let (store, writer) = reflector::store();
+    let pools = watcher(pools, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    let controller = Controller::for_stream(pools, store)
         .owns(
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=workerpool-operator"),
