@@ -572,8 +572,9 @@ async fn a_million_waiting_jobs_cost_one_page_per_page() {
 
 // ---- In a real browser ----
 
-/// The directory holding the `workerpool` binary: the one this test was
-/// built into (`<target>/<profile>/deps/..`), building it when missing.
+/// The directory holding `workerpool`, `workerpool-worker` and
+/// `workerpool-operator`: the one this test was built into
+/// (`<target>/<profile>/deps/..`), building them when missing.
 fn bin_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -583,13 +584,22 @@ fn bin_dir() -> &'static Path {
             .and_then(Path::parent)
             .expect("test executable in <target>/<profile>/deps")
             .to_path_buf();
-        let present =
-            |d: &Path| d.join("workerpool").is_file() && d.join("workerpool-worker").is_file();
+        let present = |d: &Path| {
+            ["workerpool", "workerpool-worker", "workerpool-operator"]
+                .iter()
+                .all(|b| d.join(b).is_file())
+        };
         if !present(&dir) {
             let target = dir.parent().expect("target dir");
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let status = Command::new(cargo)
-                .args(["build", "-p", "workerpool-worker"])
+                .args([
+                    "build",
+                    "-p",
+                    "workerpool-worker",
+                    "-p",
+                    "workerpool-operator",
+                ])
                 .arg("--target-dir")
                 .arg(target)
                 .status()
@@ -825,6 +835,79 @@ async fn a_browser_shows_the_queues_a_dead_letter_a_live_worker_and_never_runs_a
     );
     assert!(!waiting.contains(r#"data-pwned="1""#), "the payload ran");
     assert!(waiting.contains("\\xff\\xfe bytes"), "{waiting}");
+}
+
+#[tokio::test]
+async fn local_mode_serves_the_dashboard_with_its_pool_on_top() {
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let manifest = dir.path().join("pool.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"apiVersion: workerpool.dev/v1alpha1
+kind: WorkerPool
+metadata: {{name: mailer}}
+spec:
+  queue: {{redis: {{url: "{}", key: mail}}}}
+  template:
+    spec:
+      containers:
+      - name: worker
+        image: ghcr.io/workerpool-dev/workerpool-worker:0.1.0
+        args: ["--handler", "noop"]
+  replicas: 1
+  shutdown: {{gracePeriodSeconds: 5}}
+"#,
+            redis.url()
+        ),
+    )
+    .expect("write manifest");
+    let port = free_port();
+    let child = Command::new(bin_dir().join("workerpool-operator"))
+        .arg("local")
+        .arg("-f")
+        .arg(&manifest)
+        .args(["--plain", "--dashboard", &format!("127.0.0.1:{port}")])
+        .arg("--worker-bin")
+        .arg(bin_dir().join("workerpool-worker"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start local mode");
+    let mut served = Served {
+        child,
+        base: format!("http://localhost:{port}"),
+    };
+    let pool = eventually(Duration::from_secs(30), "the pool's worker ready", || {
+        let body = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| served.fetch("/api/overview"));
+        async move {
+            let json = body?.split("\r\n\r\n").nth(1)?.to_string();
+            let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+            let pool = v["pools"][0].clone();
+            (pool["ready"] == 1 && v["queues"][0]["workers_live"] == 1).then_some(pool)
+        }
+    })
+    .await;
+    assert_eq!(pool["name"], "mailer");
+    assert_eq!(pool["queues"][0], "mail");
+    assert_eq!(pool["fixed_replicas"], 1);
+    assert_eq!(pool["desired"], 1);
+    assert!(
+        pool["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{pool}"
+    );
+    let page = served.fetch("/");
+    assert!(page.contains(r#"<tr data-pool="mailer">"#), "{page}");
+    // Stop it as Ctrl-C would, so that its worker stops too.
+    let pid = rustix::process::Pid::from_raw(served.child.id() as i32).expect("a pid");
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while served.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Writes `docs/dashboard.png` from a dashboard with real workers, jobs
