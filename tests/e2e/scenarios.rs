@@ -900,7 +900,23 @@ fn with_two_operators_one_leads_and_the_other_takes_over_when_it_goes(e2e: &E2e)
         scaled_up,
         "the successor did not scale the pool up: {metrics}"
     );
-    eprintln!("  {successor} took over from {leader} after {took:.1?}");
+    // One pool polled every second is looked at about once a second, not
+    // in a loop on its own status writes.
+    let reconciles = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("workerpool_operator_reconciles_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = reconciles(&metrics);
+    std::thread::sleep(Duration::from_secs(10));
+    let looks = reconciles(&pod_metrics(k, &successor)) - before;
+    assert!(
+        looks <= 40.0,
+        "{looks} reconciles in 10 s for one pool polled every second"
+    );
+    eprintln!("  {successor} took over from {leader} after {took:.1?}; {looks} looks in 10 s");
     drop(ns);
     upgrade("1");
     eventually(Duration::from_secs(90), "one operator again", |last| {
