@@ -745,6 +745,7 @@ fn status(
         selector: deployment::selector(&pool.name_any()),
         observed_generation: generation,
         conditions,
+        schedules: old.schedules,
     }
 }
 

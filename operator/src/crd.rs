@@ -43,6 +43,8 @@ use crate::scaling::ScalingSpec;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.replicas) != has(self.scaling)").message("set exactly one of spec.replicas (a fixed number of workers) or spec.scaling (workers scaled on the queue)"))]
+#[x_kube(validation = Rule::new("!has(self.schedules) || self.schedules.all(s, self.schedules.exists_one(t, t.name == s.name))").message("spec.schedules: each schedule needs a name of its own"))]
+#[x_kube(validation = Rule::new("!has(self.schedules) || self.schedules.all(s, !has(s.queue) || (has(self.queue.redis.key) ? s.queue == self.queue.redis.key : self.queue.redis.keys.exists(k, k == s.queue)))").message("spec.schedules[].queue must be one of the pool's queues (spec.queue.redis.key or spec.queue.redis.keys)"))]
 #[x_kube(validation = Rule::new("!has(self.scaling) || (has(self.scaling.minReplicas) ? self.scaling.minReplicas : 0) <= (has(self.scaling.maxReplicas) ? self.scaling.maxReplicas : 100)").message("spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas"))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerPoolSpec {
@@ -74,6 +76,100 @@ pub struct WorkerPoolSpec {
     /// How workers stop.
     #[serde(default)]
     pub shutdown: ShutdownSpec,
+
+    /// Jobs enqueued on a recurring schedule, as a CronJob would start
+    /// them: each fire is one job on the pool's queue, enqueued once however
+    /// many operators run. A pool at zero wakes for it like for any job.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub schedules: Vec<ScheduleSpec>,
+}
+
+/// A job enqueued on a recurring schedule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("self.schedule.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every [0-9].*|[^@ ]+( +[^ ]+){4}) *$')").message(Message::Expression("'schedule ' + self.name + ': ' + self.schedule + ' is not a schedule: give a cron expression of 5 fields (minute hour day-of-month month day-of-week), @hourly, @daily, @weekly, @monthly, @yearly, or @every with a duration such as @every 30s'".into())))]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleSpec {
+    /// The schedule's name, unique in the pool: a DNS label (lower-case
+    /// letters, digits and `-`). Its jobs carry it as `schedule`.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+
+    /// When to enqueue: a cron expression of 5 fields (minute hour
+    /// day-of-month month day-of-week, with `*`, `,`, `-`, `/`, names such as
+    /// `MON` and `JAN`, and `L`, `W`, `#`), `@hourly`, `@daily` (or
+    /// `@midnight`), `@weekly`, `@monthly`, `@yearly`, or `@every` with a
+    /// duration of whole seconds (`@every 30s`, `@every 5m`), which fires at
+    /// every multiple of the duration since the Unix epoch.
+    #[schemars(length(min = 1, max = 128))]
+    pub schedule: String,
+
+    /// The IANA time zone the cron expression is read in, such as
+    /// `Europe/Berlin`. Defaults to UTC. On the day clocks go forward, a time
+    /// that does not exist (2:30 when 2:00 becomes 3:00) fires at the first
+    /// time after the gap (3:00); on the day they go back, a time that
+    /// happens twice fires once, the first time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9_+\-/]+$"))]
+    pub time_zone: Option<String>,
+
+    /// The queue to enqueue on: one of the pool's queues
+    /// (`spec.queue.redis.key` or one of `spec.queue.redis.keys`). Defaults
+    /// to the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub queue: Option<String>,
+
+    /// The job to enqueue, as a producer would push it: `task`, `data` and
+    /// any other field. Each fire's job also gets `schedule` (this
+    /// schedule's name), an `id` made of the namespace, the pool, the
+    /// schedule and the fire time in unix milliseconds
+    /// (`jobs/mail/nightly/1767234600000`), and with `Forbid` a
+    /// `unique_key`.
+    #[serde(default)]
+    #[schemars(schema_with = "job_schema")]
+    pub job: serde_json::Map<String, serde_json::Value>,
+
+    /// `Forbid` (the default) skips a fire while the schedule's previous
+    /// job is still waiting, delayed, retrying or running; `Allow` always
+    /// enqueues.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+
+    /// A fire missed by more than this many seconds (the operator was not
+    /// running) is skipped. Of several missed fires only the latest runs.
+    /// Unset: a missed fire runs however late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub starting_deadline_seconds: Option<i64>,
+
+    /// No fires while true: the fires that come meanwhile are skipped, not
+    /// run later.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+}
+
+/// What a fire does while the schedule's previous job is still in the queue.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum ConcurrencyPolicy {
+    /// Skip the fire.
+    #[default]
+    Forbid,
+    /// Enqueue it anyway.
+    Allow,
+}
+
+fn job_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "description": "The job to enqueue, as a producer would push it: `task`, `data` and any other field. Each fire's job also gets `schedule` (the schedule's name), an `id` made of the namespace, the pool, the schedule and the fire time in unix milliseconds (`jobs/mail/nightly/1767234600000`), and with `Forbid` a `unique_key`.",
+    })
 }
 
 /// Where the jobs come from.
@@ -316,9 +412,33 @@ pub struct WorkerPoolStatus {
     /// The spec generation this status is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `QueueReachable`, `ScalingActive`, `ScalingLimited`.
+    /// `Ready`, `QueueReachable`, `ScalingActive`, `ScalingLimited`, and
+    /// `SchedulesValid` for a pool with schedules.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// Each schedule's fires, in the order of `spec.schedules`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedules: Option<Vec<ScheduleStatus>>,
+}
+
+/// The fires of one schedule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleStatus {
+    /// The schedule's name.
+    pub name: String,
+    /// The fire time of the last job enqueued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fire_time: Option<Time>,
+    /// The next fire time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_fire_time: Option<Time>,
+    /// The fire time of the last fire skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_skip_time: Option<Time>,
+    /// Why that fire was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_skip_reason: Option<String>,
 }
 
 /// The PodTemplateSpec schema without descriptions, which would make the
@@ -537,6 +657,31 @@ mod tests {
     }
 
     #[test]
+    fn schedules_of_every_form_pass_the_cel_rules() {
+        let spec = json!({
+            "queue": {"redis": {"url": "redis://r", "keys": ["high", "low"]}},
+            "template": template(),
+            "replicas": 1,
+            "schedules": [
+                {"name": "nightly", "schedule": "30 2 * * *", "timeZone": "Europe/Berlin",
+                 "queue": "low", "job": {"task": "report", "data": {"kind": "nightly"}},
+                 "concurrencyPolicy": "Forbid", "startingDeadlineSeconds": 600},
+                {"name": "spaced", "schedule": "*/5  9-17 * *  MON-FRI"},
+                {"name": "hourly", "schedule": "@hourly"},
+                {"name": "often", "schedule": "@every 30s", "concurrencyPolicy": "Allow"},
+            ],
+        });
+        assert_eq!(cel_errors(spec.clone()), "");
+        let p = pool(spec);
+        assert_eq!(p.spec.schedules.len(), 4);
+        assert_eq!(
+            p.spec.schedules[1].concurrency_policy,
+            ConcurrencyPolicy::Forbid
+        );
+        assert!(p.spec.schedules[0].job.contains_key("task"));
+    }
+
+    #[test]
     fn each_cel_rule_refuses_a_bad_spec_with_a_message_that_says_what_to_fix() {
         let redis = json!({"url": "redis://r", "key": "q"});
         for (spec, message) in [
@@ -563,6 +708,31 @@ mod tests {
             (
                 json!({"queue": {"redis": {"url": "redis://r", "key": "q", "keys": ["a"]}}, "template": template(), "replicas": 1}),
                 "spec.queue.redis.key (one queue) or spec.queue.redis.keys",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "schedules": [{"name": "a", "schedule": "@hourly"}, {"name": "a", "schedule": "@daily"}]}),
+                "spec.schedules: each schedule needs a name of its own",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "schedules": [{"name": "a", "schedule": "@hourly", "queue": "other"}]}),
+                "spec.schedules[].queue must be one of the pool's queues",
+            ),
+            (
+                json!({"queue": {"redis": {"url": "redis://r", "keys": ["high", "low"]}}, "template": template(), "replicas": 1,
+                       "schedules": [{"name": "a", "schedule": "@hourly", "queue": "other"}]}),
+                "spec.schedules[].queue must be one of the pool's queues",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "schedules": [{"name": "nightly", "schedule": "30 2 * *"}]}),
+                "schedule nightly: 30 2 * * is not a schedule: give a cron expression of 5 fields",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "schedules": [{"name": "often", "schedule": "@often"}]}),
+                "schedule often: @often is not a schedule",
             ),
         ] {
             let errors = cel_errors(spec.clone());

@@ -8,5 +8,6 @@ pub mod metrics;
 pub mod rbac;
 pub mod run;
 pub mod scaling;
+pub mod schedule;
 pub mod simulate;
 pub mod workload;
