@@ -310,6 +310,7 @@ pub struct SecretKeyRef {
 
 /// Settings of each worker process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.rateLimit) || self.rateLimit.matches('^[1-9][0-9]*/([1-9][0-9]*)?(ms|s|m|h)$')").message("spec.worker.rateLimit must be N/PERIOD: a positive whole number of jobs per unit (ms, s, m, h), optionally after a whole number, such as 20/s, 600/1m or 5/30s"))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerSettings {
     /// Jobs each worker runs at once. Defaults to 1.
@@ -326,6 +327,16 @@ pub struct WorkerSettings {
     #[serde(default = "six_hundred")]
     #[schemars(range(min = 1))]
     pub job_timeout_seconds: i32,
+
+    /// At most this many jobs of each queue start per period, across every
+    /// worker of the pool: `20/s`, `600/1m`, `5/30s`, `1000/h`. Jobs over
+    /// the limit wait in the queue, not counted as attempts; a burst of a
+    /// tenth of the count (at least 1) may start at once after a quiet
+    /// spell. The scaling engine never asks for more workers than the
+    /// limit keeps busy. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 32))]
+    pub rate_limit: Option<String>,
 }
 
 impl Default for WorkerSettings {
@@ -334,6 +345,7 @@ impl Default for WorkerSettings {
             concurrency: one(),
             max_attempts: five(),
             job_timeout_seconds: six_hundred(),
+            rate_limit: None,
         }
     }
 }
@@ -652,6 +664,15 @@ mod tests {
         assert_eq!(cel_errors(spec.clone()), "");
         let p = pool(spec);
         assert_eq!(p.spec.worker, WorkerSettings::default());
+        for rate in ["20/s", "600/1m", "5/30s", "1000/h", "2/500ms"] {
+            let spec = json!({
+                "queue": {"redis": {"url": "redis://redis:6379", "key": "mail"}},
+                "template": template(),
+                "replicas": 1,
+                "worker": {"rateLimit": rate},
+            });
+            assert_eq!(cel_errors(spec), "", "{rate}");
+        }
         assert_eq!(p.spec.shutdown.grace_period_seconds, 30);
         assert_eq!(p.spec.scaling.map(|s| s.min_replicas), Some(0));
     }
@@ -733,6 +754,16 @@ mod tests {
                 json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
                        "schedules": [{"name": "often", "schedule": "@often"}]}),
                 "schedule often: @often is not a schedule",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "worker": {"rateLimit": "20/sec"}}),
+                "spec.worker.rateLimit must be N/PERIOD",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "worker": {"rateLimit": "0/s"}}),
+                "spec.worker.rateLimit must be N/PERIOD",
             ),
         ] {
             let errors = cel_errors(spec.clone());

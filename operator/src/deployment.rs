@@ -342,6 +342,9 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
         let mode: workerpool_queue::connection::Mode = mode.into();
         ours.push(plain("WORKERPOOL_REDIS_MODE", mode.to_string()));
     }
+    if let Some(rate) = &spec.worker.rate_limit {
+        ours.push(plain("WORKERPOOL_RATE_LIMIT", rate.clone()));
+    }
     let env = container.env.get_or_insert_with(Vec::new);
     env.retain(|e| !ours.iter().any(|o| o.name == e.name));
     env.extend(ours);
@@ -402,7 +405,7 @@ mod tests {
                 {"name": "sidecar", "image": "envoy"},
                 {"name": "worker", "image": "example/w:1", "env": [{"name": "WORKERPOOL_CONCURRENCY", "value": "99"}, {"name": "KEEP", "value": "me"}]}
             ]}},
-            "worker": {"concurrency": 4, "maxAttempts": 3, "jobTimeoutSeconds": 120},
+            "worker": {"concurrency": 4, "maxAttempts": 3, "jobTimeoutSeconds": 120, "rateLimit": "600/1m"},
             "shutdown": {"gracePeriodSeconds": 60},
             "scaling": {}
         }));
@@ -437,6 +440,7 @@ mod tests {
                 {"name": "WORKERPOOL_SHUTDOWN_TIMEOUT", "value": "55000ms"},
                 {"name": "WORKERPOOL_LISTEN", "value": "0.0.0.0:8080"},
                 {"name": "WORKERPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "WORKERPOOL_RATE_LIMIT", "value": "600/1m"},
             ])
         );
         let worker = pod

@@ -139,6 +139,9 @@ impl WorkerCommand {
             let mode: workerpool_queue::connection::Mode = mode.into();
             ours.push(("WORKERPOOL_REDIS_MODE", mode.to_string()));
         }
+        if let Some(rate) = &spec.worker.rate_limit {
+            ours.push(("WORKERPOOL_RATE_LIMIT", rate.clone()));
+        }
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {
@@ -594,7 +597,7 @@ spec:
         - {name: WORKERPOOL_CONCURRENCY, value: "99"}
         - name: TOKEN
           valueFrom: {secretKeyRef: {name: s, key: t}}
-  worker: {concurrency: 3, maxAttempts: 7, jobTimeoutSeconds: 20}
+  worker: {concurrency: 3, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s}
   replicas: 2
   shutdown: {gracePeriodSeconds: 10}
 "#;
@@ -618,6 +621,7 @@ spec:
         assert_eq!(env["WORKERPOOL_QUEUE"], "high,low");
         assert_eq!(env["WORKERPOOL_REDIS_URL"], "redis://127.0.0.1:7000/0");
         assert_eq!(env["WORKERPOOL_SHUTDOWN_TIMEOUT"], "7500ms");
+        assert_eq!(env["WORKERPOOL_RATE_LIMIT"], "20/s");
         assert!(!env.contains_key("TOKEN"));
         assert!(notes.iter().any(|n| n.contains("TOKEN")), "{notes:?}");
 
