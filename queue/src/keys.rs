@@ -97,6 +97,13 @@ impl QueueKeys {
     pub fn stats_recovered(&self) -> String {
         format!("{}:stats:recovered", self.name)
     }
+
+    /// Hash of the recurring schedules that enqueue on the queue:
+    /// `<namespace>/<pool>/<schedule>` -> unix ms of its latest claimed
+    /// fire (see `fire.lua`).
+    pub fn fires(&self) -> String {
+        format!("{}:fires", self.name)
+    }
 }
 
 /// The identity of one worker process: the stable worker id (the pod name in
@@ -249,6 +256,7 @@ mod tests {
             k.dead(),
             k.workers(),
             k.worker("w~1"),
+            k.fires(),
             k.stats_processed(),
             k.stats_failed(),
             k.stats_dead(),

@@ -7,6 +7,7 @@
 //! - [`scripts`]: the Lua scripts that make each transition atomic;
 //! - [`ops`]: the queue operations over those scripts;
 //! - [`snapshot`]: everything a reader needs in one round trip;
+//! - [`schedule`]: the fires of recurring schedules, each enqueued once;
 //! - [`admin`]: inspecting and operating a queue from outside a worker;
 //! - [`connection`]: how URLs are shown (and, later, connected to).
 //!
@@ -17,6 +18,7 @@ pub mod connection;
 pub mod job;
 pub mod keys;
 pub mod ops;
+pub mod schedule;
 pub mod scripts;
 pub mod snapshot;
 pub mod text;

@@ -129,3 +129,17 @@ pub static RESURRECT: LazyLock<Script> =
 /// Removes the given entries from a list. KEYS: the list. ARGV: entries
 /// as stored. Returns how many were removed.
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/remove.lua")));
+
+/// Claims one fire of a recurring schedule and enqueues its job as
+/// [`ENQUEUE`] does, in one script: `enqueue.lua` runs inside it as a
+/// function. KEYS: queue, scheduled, unique, unique:expiry, fires. ARGV:
+/// the schedule, the fire time in unix ms, the payload, its id, its unique
+/// key ('' for none), the hold in ms. Returns `{1, at}` enqueued, `{0, at}`
+/// claimed and refused as a duplicate, `{-1, latest}` claimed before.
+pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{NOW_MS}local function enqueue(KEYS, ARGV)\n{}\nend\n{}",
+        include_str!("lua/enqueue.lua"),
+        include_str!("lua/fire.lua")
+    ))
+});

@@ -36,6 +36,8 @@ enum Op {
     SettleReleasing(&'static [(char, &'static str, &'static str)]),
     /// Dead-letters a fresh payload at intake, freeing a unique key.
     IntakeDeadReleasing(&'static str, &'static str, &'static str),
+    /// Fires schedule `s` at unix ms `at` with a JSON job (`fire.lua`).
+    Fire(&'static str, i64, &'static str),
 }
 
 struct Row {
@@ -437,6 +439,77 @@ const ROWS: &[Row] = &[
         reply: "[true]",
         then: &["<q>:dead=[letter]", "<q>:stats:dead=1"],
     },
+    Row {
+        rule: "a fire not claimed before is claimed and its job enqueued",
+        given: &[],
+        op: Op::Fire("ns/p/s", 1000, r#"{"id":"ns/p/s/1000","task":"t"}"#),
+        reply: "Enqueued",
+        then: &["<q>=[{id:ns/p/s/1000,task:t}]", "<q>:fires={ns/p/s: 1000}"],
+    },
+    Row {
+        rule: "a fire at or before its schedule's latest claim is not claimed and changes nothing",
+        given: &[&["HSET", "<q>:fires", "ns/p/s", "2000"]],
+        op: Op::Fire("ns/p/s", 1000, r#"{"id":"ns/p/s/1000","task":"t"}"#),
+        reply: "AlreadyClaimed { latest_ms: 2000 }",
+        then: &["<q>:fires={ns/p/s: 2000}"],
+    },
+    Row {
+        rule: "the same fire claimed twice enqueues once",
+        given: &[&["HSET", "<q>:fires", "ns/p/s", "1000"]],
+        op: Op::Fire("ns/p/s", 1000, r#"{"id":"ns/p/s/1000","task":"t"}"#),
+        reply: "AlreadyClaimed { latest_ms: 1000 }",
+        then: &["<q>:fires={ns/p/s: 1000}"],
+    },
+    Row {
+        rule: "a fire whose unique key the schedule's previous job still holds is claimed and its job refused",
+        given: &[
+            &["HSET", "<q>:fires", "ns/p/s", "1000"],
+            &["HSET", "<q>:unique", "schedule:ns/p/s", "ns/p/s/1000"],
+            &[
+                "ZADD",
+                "<q>:unique:expiry",
+                "99999999999999",
+                "schedule:ns/p/s",
+            ],
+        ],
+        op: Op::Fire(
+            "ns/p/s",
+            2000,
+            r#"{"id":"ns/p/s/2000","unique_key":"schedule:ns/p/s","unique_for":60}"#,
+        ),
+        reply: "Refused",
+        then: &[
+            "<q>:fires={ns/p/s: 2000}",
+            "<q>:unique={schedule:ns/p/s: ns/p/s/1000}",
+            "<q>:unique:expiry={schedule:ns/p/s}",
+        ],
+    },
+    Row {
+        rule: "a fire after the previous job freed the key is enqueued and holds it",
+        given: &[&["HSET", "<q>:fires", "ns/p/s", "1000"]],
+        op: Op::Fire(
+            "ns/p/s",
+            2000,
+            r#"{"id":"ns/p/s/2000","unique_key":"schedule:ns/p/s","unique_for":60}"#,
+        ),
+        reply: "Enqueued",
+        then: &[
+            "<q>=[{id:ns/p/s/2000,unique_key:schedule:ns/p/s,unique_for:60}]",
+            "<q>:fires={ns/p/s: 2000}",
+            "<q>:unique={schedule:ns/p/s: ns/p/s/2000}",
+            "<q>:unique:expiry={schedule:ns/p/s}",
+        ],
+    },
+    Row {
+        rule: "the claims of other schedules on the queue do not count",
+        given: &[&["HSET", "<q>:fires", "ns/p/other", "5000"]],
+        op: Op::Fire("ns/p/s", 1000, r#"{"id":"ns/p/s/1000"}"#),
+        reply: "Enqueued",
+        then: &[
+            "<q>=[{id:ns/p/s/1000}]",
+            "<q>:fires={ns/p/other: 5000, ns/p/s: 1000}",
+        ],
+    },
 ];
 
 async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
@@ -463,6 +536,15 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 workerpool_queue::admin::enqueue(c, q, jobs, None)
                     .await
                     .map(|done| done.iter().map(|e| e.accepted).collect::<Vec<_>>())
+            )
+        }
+        Op::Fire(schedule, at, job) => {
+            let Ok(serde_json::Value::Object(job)) = serde_json::from_str(job) else {
+                panic!("a row's job is a JSON object: {job}");
+            };
+            format!(
+                "{:?}",
+                workerpool_queue::schedule::fire(c, q, schedule, at, &job).await
             )
         }
         Op::IntakeDeadReleasing(held, envelope, token) => {
