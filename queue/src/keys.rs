@@ -78,6 +78,13 @@ impl QueueKeys {
         format!("{}:unique:expiry", self.name)
     }
 
+    /// The queue's rate-limit bucket: the theoretical arrival time of the
+    /// next start (GCRA), unix ms on the Redis clock with a fraction;
+    /// expires when it falls behind the clock (see `rate.lua`).
+    pub fn rate(&self) -> String {
+        format!("{}:rate", self.name)
+    }
+
     /// Monotonic counter of jobs completed successfully.
     pub fn stats_processed(&self) -> String {
         format!("{}:stats:processed", self.name)
@@ -261,6 +268,7 @@ mod tests {
             k.stats_failed(),
             k.stats_dead(),
             k.stats_recovered(),
+            k.rate(),
         ] {
             assert!(key.starts_with("{mail}"), "{key}");
         }

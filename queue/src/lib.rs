@@ -7,6 +7,7 @@
 //! - [`scripts`]: the Lua scripts that make each transition atomic;
 //! - [`ops`]: the queue operations over those scripts;
 //! - [`snapshot`]: everything a reader needs in one round trip;
+//! - [`rate`]: a queue's rate limit (`20/s`), enforced by the taking scripts;
 //! - [`schedule`]: the fires of recurring schedules, each enqueued once;
 //! - [`admin`]: inspecting and operating a queue from outside a worker;
 //! - [`connection`]: how URLs are shown (and, later, connected to).
@@ -18,6 +19,7 @@ pub mod connection;
 pub mod job;
 pub mod keys;
 pub mod ops;
+pub mod rate;
 pub mod schedule;
 pub mod scripts;
 pub mod snapshot;

@@ -13,6 +13,7 @@ use redis::AsyncCommands;
 
 use crate::job::{Stamp, new_id};
 use crate::keys::QueueKeys;
+use crate::rate::RateLimit;
 use crate::scripts;
 
 pub use redis::RedisResult;
@@ -42,6 +43,27 @@ impl Fetched {
     }
 }
 
+/// What a taking script ([`fetch`], [`settle`]) took, and whether a rate
+/// limit stopped it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// The jobs taken, in the order taken.
+    pub jobs: Vec<Fetched>,
+    /// Set when the rate limit of a queue with jobs left stopped the
+    /// taking before the slots were full (the soonest to allow a start
+    /// again when several did).
+    pub limited: Option<Limited>,
+}
+
+/// A queue whose rate limit stopped a taking script with jobs left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limited {
+    /// Index of the queue in the list given to the script.
+    pub queue: usize,
+    /// Time until the queue's next start is allowed.
+    pub wait: Duration,
+}
+
 /// What to do with one freshly fetched payload (see [`settle_intake`]);
 /// `held` is the payload as the processing list holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,44 +86,70 @@ pub enum IntakeAction {
 }
 
 /// The ARGV head of the scripts that take jobs: the count, the attempt
-/// limit, and an id for each job that arrives without one.
-fn taking_args(invocation: &mut redis::ScriptInvocation<'_>, n: usize, max_attempts: u32) {
+/// limit, an id for each job that arrives without one, and the rate
+/// limit's interval and tolerance in ms (0 and 0 without one).
+fn taking_args(
+    invocation: &mut redis::ScriptInvocation<'_>,
+    n: usize,
+    max_attempts: u32,
+    rate: Option<&RateLimit>,
+) {
     let ids: String = (0..n).map(|_| new_id()).collect();
-    invocation.arg(n).arg(max_attempts).arg(ids);
+    let (interval, tolerance) = rate.map_or((0.0, 0.0), |r| (r.interval_ms(), r.tolerance_ms()));
+    invocation
+        .arg(n)
+        .arg(max_attempts)
+        .arg(ids)
+        .arg(interval)
+        .arg(tolerance);
 }
 
-/// Reads the flat `queue index, payload, stamp` triples of a taking script.
-fn taken(flat: &[redis::Value]) -> RedisResult<Vec<Fetched>> {
-    let mut out = Vec::with_capacity(flat.len() / 3);
+/// Reads the flat `queue index, payload, stamp` triples of a taking script
+/// and its `{limited queue, wait ms}` pair.
+fn taken(flat: &[redis::Value], limit: (usize, i64)) -> RedisResult<Taken> {
+    let mut jobs = Vec::with_capacity(flat.len() / 3);
     for triple in flat.chunks_exact(3) {
         let index: usize = redis::from_redis_value_ref(&triple[0])?;
         let stamp: i64 = redis::from_redis_value_ref(&triple[2])?;
-        out.push(Fetched {
-            queue: index - 1,
+        jobs.push(Fetched {
+            queue: index.saturating_sub(1),
             payload: redis::from_redis_value_ref(&triple[1])?,
             stamp: Stamp::from_reply(stamp),
         });
     }
-    Ok(out)
+    let limited = match limit {
+        (queue, wait) if queue > 0 && wait >= 0 => Some(Limited {
+            queue: queue - 1,
+            wait: Duration::from_millis(wait as u64),
+        }),
+        _ => None,
+    };
+    Ok(Taken { jobs, limited })
 }
 
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
 /// processing lists, in one round trip, stamping each for its attempt
 /// (`max_attempts` is the pool's limit: a job past it is left to intake).
+/// With a `rate` limit, no more jobs start per queue than its bucket
+/// allows; the rest stay in the queue untouched.
 pub async fn fetch(
     conn: &mut impl Conn,
     queues: &[QueueKeys],
     instance: &str,
     n: usize,
     max_attempts: u32,
-) -> RedisResult<Vec<Fetched>> {
+    rate: Option<&RateLimit>,
+) -> RedisResult<Taken> {
     let mut invocation = scripts::FETCH.prepare_invoke();
     for q in queues {
-        invocation.key(q.waiting()).key(q.processing(instance));
+        invocation
+            .key(q.waiting())
+            .key(q.processing(instance))
+            .key(q.rate());
     }
-    taking_args(&mut invocation, n, max_attempts);
-    let flat: Vec<redis::Value> = invocation.invoke_async(conn).await?;
-    taken(&flat)
+    taking_args(&mut invocation, n, max_attempts, rate);
+    let (flat, limit): (Vec<redis::Value>, (usize, i64)) = invocation.invoke_async(conn).await?;
+    taken(&flat, limit)
 }
 
 /// Waits up to `timeout` for a job on one queue and moves it into the
@@ -221,9 +269,9 @@ pub struct Finished<'a> {
 
 /// Settles `finished` jobs and takes up to `take` new ones from `queues`
 /// (priority order) into the instance's processing lists, in one round
-/// trip, stamped as [`fetch`] stamps them. Returns, per finished job,
-/// whether it was still ours (a job a reaper returned meanwhile is not
-/// settled again), and the jobs taken.
+/// trip, stamped and rate-limited as [`fetch`] does. Returns, per finished
+/// job, whether it was still ours (a job a reaper returned meanwhile is
+/// not settled again), and what was taken.
 pub async fn settle(
     conn: &mut impl Conn,
     queues: &[QueueKeys],
@@ -231,7 +279,8 @@ pub async fn settle(
     finished: &[Finished<'_>],
     take: usize,
     max_attempts: u32,
-) -> RedisResult<(Vec<bool>, Vec<Fetched>)> {
+    rate: Option<&RateLimit>,
+) -> RedisResult<(Vec<bool>, Taken)> {
     let mut invocation = scripts::SETTLE.prepare_invoke();
     for q in queues {
         invocation
@@ -243,9 +292,10 @@ pub async fn settle(
             .key(q.dead())
             .key(q.stats_dead())
             .key(q.unique())
-            .key(q.unique_expiry());
+            .key(q.unique_expiry())
+            .key(q.rate());
     }
-    taking_args(&mut invocation, take, max_attempts);
+    taking_args(&mut invocation, take, max_attempts, rate);
     for f in finished {
         let index = f.queue + 1;
         let release = f.release.unwrap_or_default();
@@ -270,8 +320,12 @@ pub async fn settle(
                 .arg(release),
         };
     }
-    let (kept, flat): (Vec<i64>, Vec<redis::Value>) = invocation.invoke_async(conn).await?;
-    Ok((kept.into_iter().map(|k| k == 1).collect(), taken(&flat)?))
+    let (kept, flat, limit): (Vec<i64>, Vec<redis::Value>, (usize, i64)) =
+        invocation.invoke_async(conn).await?;
+    Ok((
+        kept.into_iter().map(|k| k == 1).collect(),
+        taken(&flat, limit)?,
+    ))
 }
 
 /// Schedules the next attempt of a failed job `delay` from now (server clock).

@@ -18,6 +18,10 @@ const NOW_MS: &str = include_str!("lua/now.lua");
 /// the scripts that take jobs.
 const STAMP: &str = include_str!("lua/stamp.lua");
 
+/// The rate-limit bucket (`admissible()` and `spend()`), prepended (after
+/// [`STAMP`]) to the scripts that take jobs.
+const RATE: &str = include_str!("lua/rate.lua");
+
 /// `release()`, which frees a finished job's unique key, prepended (after
 /// [`NOW_MS`]) to the scripts that end jobs.
 const UNIQUE: &str = include_str!("lua/unique.lua");
@@ -31,15 +35,18 @@ fn ending_script(body: &str) -> Script {
 }
 
 fn taking_script(body: &str) -> Script {
-    Script::new(&format!("{NOW_MS}{STAMP}{UNIQUE}{body}"))
+    Script::new(&format!("{NOW_MS}{STAMP}{RATE}{UNIQUE}{body}"))
 }
 
-/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (pairs of queue and
-/// processing list, highest priority first), each moved atomically and
-/// stamped on the way (`stamp.lua`: see [`crate::job::Stamp`]). ARGV: the
-/// count, the attempt limit, the ids for fresh jobs (32 hex digits each,
-/// concatenated). Returns a flat list: queue index (1-based), payload as
-/// held, stamp, …
+/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,
+/// processing list and rate bucket, highest priority first), each moved
+/// atomically and stamped on the way (`stamp.lua`: see
+/// [`crate::job::Stamp`]), no more from a queue than its rate limit allows
+/// (`rate.lua`). ARGV: the count, the attempt limit, the ids for fresh jobs
+/// (32 hex digits each, concatenated), the limit's interval and tolerance
+/// in ms (interval 0: none). Returns `{{queue index (1-based), payload as
+/// held, stamp, …}, {queue the limit stopped, ms until its next start}}`,
+/// the latter `{0, -1}` when no limit stopped it.
 pub static FETCH: LazyLock<Script> = LazyLock::new(|| taking_script(include_str!("lua/fetch.lua")));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
@@ -65,15 +72,16 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 
 /// Settles finished jobs in one round trip and takes the next jobs into the
 /// slots they free: the batched form of [`ACK`], [`RETRY`] and [`BURY`],
-/// with [`FETCH`] after them. KEYS: nine per queue, highest priority
+/// with [`FETCH`] after them. KEYS: ten per queue, highest priority
 /// first: queue, processing, stats:processed, retry, stats:failed, dead,
-/// stats:dead, unique, unique:expiry. ARGV: how many jobs to take, the
-/// attempt limit and the ids (as for [`FETCH`]), then five per settlement:
+/// stats:dead, unique, unique:expiry, rate. ARGV: how many jobs to take,
+/// the attempt limit, the ids and the rate limit (as for [`FETCH`]), then
+/// five per settlement:
 /// `A`/`T`/`B`, the queue's index (1-based), the payload as held, and for
 /// `T` the next payload and the delay in ms, for `B` the envelope and for
 /// `A` an empty string, then for `A` and `B` the unique key's release
-/// token. Returns `{{1 or 0 per
-/// settlement}, {queue index, payload, stamp, …taken}}`.
+/// token. Returns `{{1 or 0 per settlement}, {queue index, payload, stamp,
+/// …taken}, {queue the limit stopped, ms until its next start}}`.
 pub static SETTLE: LazyLock<Script> =
     LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));
 

@@ -7,6 +7,7 @@ use redis::aio::MultiplexedConnection;
 use workerpool_queue::job::Stamp;
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::ops::{self, IntakeAction};
+use workerpool_queue::rate::RateLimit;
 use workerpool_tests::TestRedis;
 
 /// One operation of the contract, with its arguments.
@@ -38,6 +39,10 @@ enum Op {
     IntakeDeadReleasing(&'static str, &'static str, &'static str),
     /// Fires schedule `s` at unix ms `at` with a JSON job (`fire.lua`).
     Fire(&'static str, i64, &'static str),
+    /// Takes up to `n` jobs under a rate limit (`20/s`).
+    FetchLimited(usize, &'static str),
+    /// Settles as [`Op::Settle`], taking up to `n` jobs under a rate limit.
+    SettleLimited(&'static [(char, &'static str)], usize, &'static str),
 }
 
 struct Row {
@@ -510,6 +515,78 @@ const ROWS: &[Row] = &[
             "<q>:fires={ns/p/other: 5000, ns/p/s: 1000}",
         ],
     },
+    Row {
+        rule: "a rate-limited fetch takes only what the bucket allows and leaves the rest untouched; the reply says when the next may start",
+        given: &[&["LPUSH", "<q>", "j1", "j2", "j3"]],
+        op: Op::FetchLimited(3, "1/s"),
+        reply: "[j1] limited 1000ms",
+        then: &[
+            "<q>=[j3, j2]",
+            "<q>:processing:w~1=[j1]",
+            "<q>:rate=now+1000ms",
+        ],
+    },
+    Row {
+        rule: "a rate limit lets a tenth of its count start at once after a quiet spell, then spaces the starts",
+        given: &[&["LPUSH", "<q>", "j1", "j2", "j3", "j4", "j5"]],
+        op: Op::FetchLimited(5, "20/s"),
+        reply: "[j1, j2] limited 50ms",
+        then: &[
+            "<q>=[j5, j4, j3]",
+            "<q>:processing:w~1=[j2, j1]",
+            "<q>:rate=now+100ms",
+        ],
+    },
+    Row {
+        rule: "a fetch at the rate limit takes nothing, stamps and counts nothing, and says the wait",
+        given: &[
+            &["SET", "<q>:rate", "<now+3000>", "PX", "10000"],
+            &["LPUSH", "<q>", r#"{"task":"t"}"#],
+        ],
+        op: Op::FetchLimited(1, "1/s"),
+        reply: "[] limited 3000ms",
+        then: &["<q>=[{task:t}]", "<q>:rate=now+3000ms"],
+    },
+    Row {
+        rule: "a rate-limited fetch that empties the queue or finds it empty says no wait",
+        given: &[&["LPUSH", "<q>", "j1"]],
+        op: Op::FetchLimited(3, "1/s"),
+        reply: "[j1]",
+        then: &["<q>:processing:w~1=[j1]", "<q>:rate=now+1000ms"],
+    },
+    Row {
+        rule: "a rate-limited fetch on an empty queue leaves no bucket behind",
+        given: &[],
+        op: Op::FetchLimited(3, "1/s"),
+        reply: "[]",
+        then: &[],
+    },
+    Row {
+        rule: "a settle takes new jobs into the freed slots only as the rate limit allows",
+        given: &[
+            &["LPUSH", "<q>", "j1", "j2"],
+            &["LPUSH", "<q>:processing:w~1", "a", "b"],
+        ],
+        op: Op::SettleLimited(&[('A', "a"), ('A', "b")], 2, "1/s"),
+        reply: "([true, true], [j1]) limited 1000ms",
+        then: &[
+            "<q>=[j2]",
+            "<q>:processing:w~1=[j1]",
+            "<q>:rate=now+1000ms",
+            "<q>:stats:processed=2",
+        ],
+    },
+    Row {
+        rule: "a settle at the rate limit still settles, and takes nothing",
+        given: &[
+            &["SET", "<q>:rate", "<now+2000>", "PX", "10000"],
+            &["LPUSH", "<q>", "j1"],
+            &["LPUSH", "<q>:processing:w~1", "a"],
+        ],
+        op: Op::SettleLimited(&[('A', "a")], 1, "1/s"),
+        reply: "([true], []) limited 2000ms",
+        then: &["<q>=[j1]", "<q>:rate=now+2000ms", "<q>:stats:processed=1"],
+    },
 ];
 
 async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
@@ -572,9 +649,17 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 .collect();
             format!(
                 "{:?}",
-                ops::settle(c, std::slice::from_ref(q), w, &finished, 0, MAX_ATTEMPTS)
-                    .await
-                    .map(|(kept, _)| kept)
+                ops::settle(
+                    c,
+                    std::slice::from_ref(q),
+                    w,
+                    &finished,
+                    0,
+                    MAX_ATTEMPTS,
+                    None
+                )
+                .await
+                .map(|(kept, _)| kept)
             )
         }
         Op::Retry(p, next) => format!(
@@ -594,9 +679,9 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
         Op::Promote(limit) => format!("{:?}", ops::promote_due(c, q, limit).await),
         Op::Fetch(n) => format!(
             "{:?}",
-            ops::fetch(c, std::slice::from_ref(q), w, n, MAX_ATTEMPTS)
+            ops::fetch(c, std::slice::from_ref(q), w, n, MAX_ATTEMPTS, None)
                 .await
-                .map(|f| f.iter().map(shown).collect::<Vec<_>>())
+                .map(|f| f.jobs.iter().map(shown).collect::<Vec<_>>())
         ),
         Op::SettleRun(held, stamped) => {
             let action = IntakeAction::Run {
@@ -618,6 +703,51 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
             ops::reap(c, q, instance, ms.map(Duration::from_millis)).await
         ),
         Op::Deregister(instance) => format!("{:?}", ops::deregister(c, q, instance).await),
+        Op::FetchLimited(n, rate) => {
+            let rate: RateLimit = rate.parse().expect("a row's rate limit parses");
+            match ops::fetch(c, std::slice::from_ref(q), w, n, MAX_ATTEMPTS, Some(&rate)).await {
+                Ok(taken) => limited_shown(
+                    format!("{:?}", taken.jobs.iter().map(shown).collect::<Vec<_>>()),
+                    &taken,
+                ),
+                Err(e) => format!("{e:?}"),
+            }
+        }
+        Op::SettleLimited(jobs, take, rate) => {
+            let rate: RateLimit = rate.parse().expect("a row's rate limit parses");
+            let settlements: Vec<ops::Settlement> =
+                jobs.iter().map(|(kind, p)| settlement(*kind, p)).collect();
+            let finished: Vec<ops::Finished<'_>> = jobs
+                .iter()
+                .zip(&settlements)
+                .map(|((_, p), settlement)| ops::Finished {
+                    queue: 0,
+                    payload: p.as_bytes(),
+                    settlement,
+                    release: None,
+                })
+                .collect();
+            let reply = ops::settle(
+                c,
+                std::slice::from_ref(q),
+                w,
+                &finished,
+                take,
+                MAX_ATTEMPTS,
+                Some(&rate),
+            )
+            .await;
+            match reply {
+                Ok((kept, taken)) => limited_shown(
+                    format!(
+                        "{:?}",
+                        (kept, taken.jobs.iter().map(shown).collect::<Vec<_>>())
+                    ),
+                    &taken,
+                ),
+                Err(e) => format!("{e:?}"),
+            }
+        }
         Op::Settle(jobs, take) => {
             let settlements: Vec<ops::Settlement> =
                 jobs.iter().map(|(kind, p)| settlement(*kind, p)).collect();
@@ -633,9 +763,17 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 .collect();
             format!(
                 "{:?}",
-                ops::settle(c, std::slice::from_ref(q), w, &finished, take, MAX_ATTEMPTS)
-                    .await
-                    .map(|(kept, taken)| (kept, taken.iter().map(shown).collect::<Vec<_>>()))
+                ops::settle(
+                    c,
+                    std::slice::from_ref(q),
+                    w,
+                    &finished,
+                    take,
+                    MAX_ATTEMPTS,
+                    None
+                )
+                .await
+                .map(|(kept, taken)| (kept, taken.jobs.iter().map(shown).collect::<Vec<_>>()))
             )
         }
     };
@@ -662,6 +800,21 @@ fn settlement(kind: char, p: &str) -> ops::Settlement {
             envelope: format!("{p}-letter"),
         },
     }
+}
+
+/// A reply with the rate limit's wait, rounded to 50 ms, when it stopped
+/// the taking.
+fn limited_shown(jobs: String, taken: &ops::Taken) -> String {
+    match taken.limited {
+        Some(l) => format!("{jobs} limited {}ms", round_50(l.wait.as_millis() as i64)),
+        None => jobs,
+    }
+}
+
+/// To the nearest 50 (ms): the rows' waits and buckets, which the time
+/// between a row's steps shifts by a few ms.
+fn round_50(ms: i64) -> i64 {
+    (ms + 25).div_euclid(50) * 50
 }
 
 /// A taken payload as a row states it: with `~fresh` or `~counted` when
@@ -719,6 +872,12 @@ fn normalized(text: &str) -> String {
     out
 }
 
+/// The Redis server's clock, unix ms.
+async fn server_ms(c: &mut MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(c).await.expect("time");
+    secs * 1000 + micros / 1000
+}
+
 /// Every key of the queue, as `key=contents`, sorted.
 async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
     let mut keys: Vec<String> = redis::cmd("KEYS")
@@ -768,6 +927,16 @@ async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
                 let pairs: Vec<String> = v.iter().map(|(k, v)| format!("{k}: {v}")).collect();
                 format!("{{{}}}", pairs.join(", "))
             }
+            // The bucket's arrival time, relative to the server's clock.
+            _ if key.ends_with(":rate") => {
+                let v: f64 = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(c)
+                    .await
+                    .expect("get");
+                let now = server_ms(c).await;
+                format!("now+{}ms", round_50(v as i64 - now))
+            }
             _ => {
                 let v: String = redis::cmd("GET")
                     .arg(&key)
@@ -793,7 +962,14 @@ async fn every_script_follows_its_rule() {
         for command in row.given {
             let mut cmd = redis::cmd(command[0]);
             for arg in &command[1..] {
-                cmd.arg(arg.replace("<q>", q.name()));
+                let arg = match arg.strip_prefix("<now+").and_then(|a| a.strip_suffix('>')) {
+                    Some(ahead) => {
+                        let ahead: i64 = ahead.parse().expect("<now+ms>");
+                        (server_ms(&mut c).await + ahead).to_string()
+                    }
+                    None => arg.replace("<q>", q.name()),
+                };
+                cmd.arg(arg);
             }
             let _: redis::Value = cmd.query_async(&mut c).await.expect("given");
         }

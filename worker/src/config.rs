@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use workerpool_queue::connection::{Endpoint, Mode, Tls};
+use workerpool_queue::rate::RateLimit;
 
 use crate::handlers::exec_pool::ExecCommand;
 
@@ -40,6 +41,9 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// Stable worker id (the pod name in Kubernetes).
     pub worker_id: String,
+    /// At most this many job starts per period on each queue, across every
+    /// worker of the queue; `None`: no limit.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl Config {
@@ -60,6 +64,7 @@ impl Config {
             dead_after: Duration::from_secs(30),
             listen: None,
             worker_id: default_worker_id(),
+            rate_limit: None,
         }
     }
 
@@ -341,6 +346,12 @@ pub struct Args {
     #[arg(long, env = "WORKERPOOL_WORKER_ID", value_name = "ID")]
     pub worker_id: Option<String>,
 
+    /// At most N jobs of each queue start per PERIOD, across every worker
+    /// of the queue (20/s, 600/1m, 5/30s, 1000/h); jobs over the limit
+    /// wait in the queue. A burst of N/10 (at least 1) may start at once.
+    #[arg(long, env = "WORKERPOOL_RATE_LIMIT", value_name = "N/PERIOD", value_parser = parse_rate_limit)]
+    pub rate_limit: Option<RateLimit>,
+
     /// Handler command for exec, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -424,10 +435,17 @@ impl Args {
             dead_after: self.dead_after,
             listen: Some(self.listen),
             worker_id: self.worker_id.unwrap_or_else(default_worker_id),
+            rate_limit: self.rate_limit,
         };
         config.validate()?;
         Ok((config, handler))
     }
+}
+
+/// `--rate-limit`: clap names the flag in front of the error.
+fn parse_rate_limit(s: &str) -> Result<RateLimit, String> {
+    s.parse()
+        .map_err(|e: workerpool_queue::rate::RateLimitError| e.to_string())
 }
 
 #[cfg(test)]
@@ -501,6 +519,30 @@ mod tests {
                 args: vec!["-v".into()]
             })
         );
+    }
+
+    #[test]
+    fn a_rate_limit_is_read_from_the_flag_and_a_bad_one_names_the_flag_and_the_forms() {
+        let url = "--redis-url=redis://localhost";
+        let (config, _) =
+            parse(&[url, "--queue=q", "--handler=noop", "--rate-limit=600/1m"]).expect("valid");
+        assert_eq!(
+            config.rate_limit.map(|r| r.to_string()),
+            Some("600/1m".into())
+        );
+        let (config, _) = parse(&[url, "--queue=q", "--handler=noop"]).expect("valid");
+        assert_eq!(config.rate_limit, None);
+        let refused = Args::try_parse_from([
+            "workerpool-worker",
+            url,
+            "--queue=q",
+            "--handler=noop",
+            "--rate-limit=20/sec",
+        ])
+        .expect_err("refused")
+        .to_string();
+        assert!(refused.contains("--rate-limit"), "{refused}");
+        assert!(refused.contains("20/s, 600/1m"), "{refused}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 // The queue contract lives in `workerpool-queue`; these keep the paths the
 // runtime and its users have always had.
 pub use workerpool_queue::ops as queue;
-pub use workerpool_queue::{admin, job, keys, scripts, snapshot, text};
+pub use workerpool_queue::{admin, job, keys, rate, scripts, snapshot, text};
 
 mod backoff;
 pub mod cli;

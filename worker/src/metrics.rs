@@ -28,6 +28,11 @@ pub struct Metrics {
     pub recovered: IntCounterVec,
     /// Exec handler children replaced after dying or being killed.
     pub child_restarts: IntCounter,
+    /// Takings (a fetch, or the taking half of a settle) that a queue's
+    /// rate limit stopped while it had jobs left, by queue.
+    pub rate_limited: IntCounterVec,
+    /// Time the fetch loop waited for a queue's rate limit, by queue.
+    pub rate_limit_wait: prometheus::CounterVec,
 }
 
 impl Metrics {
@@ -91,6 +96,22 @@ impl Metrics {
                 "Exec handler children replaced after dying or being killed",
             )
             .expect("valid metric"),
+            rate_limited: IntCounterVec::new(
+                Opts::new(
+                    "workerpool_rate_limited_total",
+                    "Takings of jobs that the queue's rate limit stopped while jobs were waiting",
+                ),
+                &["queue"],
+            )
+            .expect("valid metric"),
+            rate_limit_wait: prometheus::CounterVec::new(
+                Opts::new(
+                    "workerpool_rate_limit_wait_seconds_total",
+                    "Time the fetch loop waited for the queue's rate limit to allow the next start",
+                ),
+                &["queue"],
+            )
+            .expect("valid metric"),
             registry,
         };
         for c in [
@@ -103,6 +124,8 @@ impl Metrics {
             Box::new(m.stale_acks.clone()),
             Box::new(m.recovered.clone()),
             Box::new(m.child_restarts.clone()),
+            Box::new(m.rate_limited.clone()),
+            Box::new(m.rate_limit_wait.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }

@@ -458,8 +458,9 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
     // Payloads that are no JSON objects are taken untouched.
     let fetched = |queue: usize, payload: &str| queue::Fetched::untouched(queue, payload.into());
 
-    let first = queue::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1, 5)
+    let first = queue::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1, 5, None)
         .await
+        .map(|(kept, taken)| (kept, taken.jobs))
         .expect("script");
     assert_eq!(first, (vec![true], vec![fetched(0, "high-1")]));
     assert_eq!(counter(&mut c, high.stats_processed()).await, 1);
@@ -473,13 +474,15 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         "the completed job is gone, the next one is held"
     );
 
-    let second = queue::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1, 5)
+    let second = queue::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1, 5, None)
         .await
+        .map(|(kept, taken)| (kept, taken.jobs))
         .expect("script");
     assert_eq!(second, (vec![true], vec![fetched(1, "low-1")]));
     // A job a reaper already returned is not counted again; nothing left to take.
-    let third = queue::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1, 5)
+    let third = queue::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1, 5, None)
         .await
+        .map(|(kept, taken)| (kept, taken.jobs))
         .expect("script");
     assert_eq!(third, (vec![false], vec![]));
     assert_eq!(counter(&mut c, high.stats_processed()).await, 2);

@@ -1,12 +1,13 @@
 -- Settles finished jobs in one round trip and takes the next jobs into the
 -- slots they free (the batched form of ack.lua, retry.lua and bury.lua,
--- with fetch.lua after them, its jobs stamped by stamp.lua).
--- KEYS: nine per queue, highest priority first: queue, processing,
+-- with fetch.lua after them, its jobs stamped by stamp.lua and limited by
+-- rate.lua).
+-- KEYS: ten per queue, highest priority first: queue, processing,
 -- stats:processed, retry, stats:failed, dead, stats:dead, unique,
--- unique:expiry.
--- ARGV: how many jobs to take, the pool's attempt limit and one 32-digit
--- hex id per job to take, concatenated (as for fetch.lua), then five per
--- settlement: `A` (done), `T` (retry later) or `B` (dead-letter); the
+-- unique:expiry, rate.
+-- ARGV: how many jobs to take, the pool's attempt limit, one 32-digit
+-- hex id per job to take, concatenated, and the rate limit's interval and
+-- tolerance in ms (as for fetch.lua), then five per settlement: `A` (done), `T` (retry later) or `B` (dead-letter); the
 -- queue's index (1-based); the payload as the processing list holds it;
 -- for `T` the next attempt's payload and the delay in milliseconds, for
 -- `B` the dead-letter envelope and the unique key's release token
@@ -15,12 +16,15 @@
 -- and writes only if that happened: a job a reaper returned meanwhile is
 -- not settled twice.
 -- Returns {{1 or 0 per settlement: whether the job was still ours},
--- {queue index (1-based), payload as held, stamp, … for each job taken}}.
+-- {queue index (1-based), payload as held, stamp, … for each job taken},
+-- {queue index, ms until its next start} when a rate limit stopped the
+-- taking with jobs left, else {0, -1}}.
 local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
+local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
 local kept = {}
-for i = 4, #ARGV, 5 do
-  local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 9, ARGV[i + 2]
+for i = 6, #ARGV, 5 do
+  local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 10, ARGV[i + 2]
   local processing, processed = KEYS[base + 2], KEYS[base + 3]
   local retry, failed, dead, dead_total = KEYS[base + 4], KEYS[base + 5], KEYS[base + 6], KEYS[base + 7]
   local ok = redis.call('LREM', processing, 1, payload)
@@ -41,19 +45,33 @@ for i = 4, #ARGV, 5 do
   kept[#kept + 1] = ok
 end
 local taken = {}
-for base = 0, #KEYS - 9, 9 do
+local limited, wait = 0, -1
+for base = 0, #KEYS - 10, 10 do
+  if take == 0 then break end
   local waiting, processing = KEYS[base + 1], KEYS[base + 2]
-  while take > 0 do
+  local room, tat = take, 0
+  if interval > 0 then
+    room, tat = admissible(KEYS[base + 10], take, interval, tolerance)
+  end
+  local started = 0
+  while started < room do
     local v = redis.call('RPOP', waiting)
     if not v then break end
     local k = #taken / 3
     local held, how = stamp(v, max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
     redis.call('LPUSH', processing, held)
-    taken[#taken + 1] = base / 9 + 1
+    taken[#taken + 1] = base / 10 + 1
     taken[#taken + 1] = held
     taken[#taken + 1] = how
-    take = take - 1
+    started = started + 1
   end
-  if take == 0 then break end
+  take = take - started
+  if interval > 0 then
+    local next_in = spend(KEYS[base + 10], tat, started, interval, tolerance)
+    if started == room and take > 0 and (wait < 0 or next_in < wait)
+        and redis.call('LLEN', waiting) > 0 then
+      limited, wait = base / 10 + 1, next_in
+    end
+  end
 end
-return {kept, taken}
+return {kept, taken, {limited, wait}}

@@ -1,5 +1,8 @@
 //! Taking jobs while slots are free: a batch script when the queues have
 //! jobs, else a blocking wait on every queue at once (Sidekiq's fetch).
+//! With a rate limit the script is the only way in (a blocking move would
+//! bypass the bucket): an empty fetch polls again after [`RATE_POLL`], and
+//! one the limit stopped waits until the bucket allows the next start.
 
 use super::*;
 
@@ -25,7 +28,16 @@ impl Worker {
             }
             let round = self.fetch_round(&mut permits, &mut blockers).await;
             match round {
-                Ok(()) => backoff.reset(),
+                Ok(pause) => {
+                    backoff.reset();
+                    drop(permits);
+                    if let Some(pause) = pause {
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = drain.cancelled() => break,
+                        }
+                    }
+                }
                 Err(RedisFailure { operation, error }) => {
                     self.redis.failed(operation, &error);
                     drop(permits);
@@ -38,11 +50,13 @@ impl Worker {
         }
     }
 
+    /// One fetch, then the jobs' dispatch. Returns how long to wait before
+    /// the next fetch: set only with a rate limit.
     pub(super) async fn fetch_round(
         self: &Arc<Self>,
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
-    ) -> Result<(), RedisFailure> {
+    ) -> Result<Option<Duration>, RedisFailure> {
         if self.reconcile.swap(false, Ordering::Relaxed)
             && let Err(e) = self.reconcile().await
         {
@@ -55,12 +69,14 @@ impl Worker {
             .await
             .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
-        let fetched = match queue::fetch(
+        let rate = self.config.rate_limit.as_ref();
+        let taken = match queue::fetch(
             &mut c,
             &self.queues,
             &self.instance,
             permits.len(),
             self.config.max_attempts,
+            rate,
         )
         .await
         {
@@ -72,17 +88,39 @@ impl Worker {
             }
         };
         self.redis.ok();
-        if !fetched.is_empty() {
+        let pause = taken.limited.map(|limited| self.limited(limited));
+        if !taken.jobs.is_empty() {
             self.metrics
                 .fetch_duration
                 .observe(started.elapsed().as_secs_f64());
-            self.dispatch(fetched, permits).await;
-            return Ok(());
+            self.dispatch(taken.jobs, permits).await;
+            return Ok(pause);
+        }
+        if rate.is_some() {
+            return Ok(Some(pause.unwrap_or(RATE_POLL)));
         }
         permits.truncate(1);
         let arrived = self.wait_for_jobs(blockers).await?;
         self.dispatch(arrived, permits).await;
-        Ok(())
+        Ok(None)
+    }
+
+    /// Counts a taking the rate limit stopped, and says how long the fetch
+    /// loop waits for it: the whole wait with one queue, else at most
+    /// [`RATE_POLL`] so that jobs on the other queues are not held up.
+    pub(super) fn limited(&self, limited: queue::Limited) -> Duration {
+        let name = self.queues[limited.queue].name();
+        self.metrics.rate_limited.with_label_values(&[name]).inc();
+        let pause = if self.queues.len() > 1 {
+            limited.wait.min(RATE_POLL)
+        } else {
+            limited.wait
+        };
+        self.metrics
+            .rate_limit_wait
+            .with_label_values(&[name])
+            .inc_by(pause.as_secs_f64());
+        pause
     }
 
     /// Blocks on every queue at once (one connection each) until a job

@@ -6,7 +6,7 @@ use super::*;
 
 impl Worker {
     pub(super) fn beat_details(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut details = vec![
             ("id", self.config.worker_id.clone()),
             ("pid", std::process::id().to_string()),
             ("concurrency", self.config.concurrency.to_string()),
@@ -18,7 +18,11 @@ impl Worker {
                 self.config.dead_after.as_millis().to_string(),
             ),
             ("version", env!("CARGO_PKG_VERSION").to_string()),
-        ]
+        ];
+        if let Some(rate) = &self.config.rate_limit {
+            details.push(("rate_limit", rate.to_string()));
+        }
+        details
     }
 
     /// Returns the jobs of this worker id's earlier incarnations (a

@@ -49,6 +49,10 @@ const MAX_BATCH: usize = 100;
 /// worker's blocked command can still move a job for this long, which is
 /// far below any allowed `--dead-after`, so the reaper always sees it.
 const BLOCK: Duration = Duration::from_secs(2);
+/// With a rate limit, how long the fetch loop waits before it looks again
+/// at queues it found empty (it cannot block on them: a blocking move
+/// would bypass the limit).
+const RATE_POLL: Duration = Duration::from_millis(100);
 /// Time allowed for the final give-back of unfinished jobs at shutdown.
 const GIVE_BACK_WINDOW: Duration = Duration::from_secs(3);
 /// How often due retries and delayed jobs are moved to their queue (at

@@ -161,6 +161,7 @@ impl Worker {
                         finished,
                         take,
                         self.config.max_attempts,
+                        self.config.rate_limit.as_ref(),
                     )
                     .await;
                     if reply.is_err() && take > 0 {
@@ -173,7 +174,15 @@ impl Worker {
             .await;
         drop(finished);
         let (kept, taken) = match reply {
-            Some((kept, taken)) => (kept.into_iter().map(Some).collect(), taken),
+            Some((kept, taken)) => {
+                if let Some(limited) = taken.limited {
+                    // The slots not filled go back to the fetch loop, which
+                    // waits for the limit itself.
+                    let name = self.queues[limited.queue].name();
+                    self.metrics.rate_limited.with_label_values(&[name]).inc();
+                }
+                (kept.into_iter().map(Some).collect(), taken.jobs)
+            }
             None => (vec![None; batch.len()], Vec::new()),
         };
         let mut slots = Vec::with_capacity(batch.len());
