@@ -350,7 +350,13 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
     let observed = observe(pool, ctx).await?;
     let decided_at = ctx.now();
     let verdict = scaling::decide(
-        lock(&ctx.engines).entry(key.clone()).or_default(),
+        lock(&ctx.engines)
+            .entry(key.clone())
+            .or_default()
+            .with_workers(scaling::Workers::new(
+                pool.spec.worker.rate_limit.as_deref(),
+                pool.spec.worker.concurrency,
+            )),
         pool.spec.scaling.as_ref(),
         pool.spec.replicas,
         observed

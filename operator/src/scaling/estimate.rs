@@ -90,6 +90,13 @@ impl RateEstimator {
         self.per_replica
     }
 
+    /// Smoothed seconds one job takes, by Little's law: jobs in flight over
+    /// completions per second. Holds whether the workers are saturated or
+    /// held back by a rate limit.
+    pub fn job_seconds(&self) -> Option<f64> {
+        self.job_seconds
+    }
+
     /// Adds a sample taken at `at` seconds.
     pub fn observe(&mut self, at: f64, processed: u64, backlog: u64, in_flight: u64, ready: i32) {
         let sample = Sample {

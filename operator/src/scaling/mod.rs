@@ -12,7 +12,10 @@
 //! 2. zero is special: a pool at zero wakes only at `activationBacklog` and then goes
 //!    straight to the proposed size; a pool goes to zero only after `idleSecondsBeforeZero`
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
-//! 3. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
+//! 3. a queue with a rate limit (`spec.worker.rateLimit`) caps the proposal at the
+//!    workers the limit keeps busy, `ceil(rate × job seconds / concurrency) + 1`
+//!    ([`Workers`]);
+//! 4. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
 //!
 //! The actuator reports each change it applied with [`Engine::applied`]: a scale event
@@ -26,6 +29,7 @@ use std::time::Duration;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscalerBehavior;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use workerpool_queue::rate::RateLimit;
 
 pub use behavior::{
     Behavior, DEFAULT_SCALE_DOWN_WINDOW_SECONDS, DEFAULT_TOLERANCE, Normalized, Normalizer, Policy,
@@ -324,6 +328,60 @@ pub enum Limit {
     MaxReplicas,
     /// `minReplicas`.
     MinReplicas,
+    /// The queue's rate limit: more workers would only wait for it.
+    RateLimit,
+}
+
+/// What the workers' settings tell the engine: the queue's rate limit (if
+/// any) and the jobs each worker runs at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workers {
+    /// At most this many job starts per period across the pool.
+    pub rate_limit: Option<RateLimit>,
+    /// Jobs one worker runs at once.
+    pub concurrency: i32,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers {
+            rate_limit: None,
+            concurrency: 1,
+        }
+    }
+}
+
+impl Workers {
+    /// From `spec.worker`: its `rateLimit` as written (one that does not
+    /// parse, which the CRD's rule refuses, counts as none) and its
+    /// `concurrency`.
+    pub fn new(rate_limit: Option<&str>, concurrency: i32) -> Self {
+        Workers {
+            rate_limit: rate_limit.and_then(|r| r.parse().ok()),
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// The most workers the rate limit keeps busy when one job takes
+    /// `job_seconds`: by Little's law `rate × job_seconds` jobs run at once
+    /// at the limit, so `ceil(rate × job_seconds / concurrency)` workers,
+    /// plus one for the burst and for the estimate's error. `None` without
+    /// a limit.
+    pub fn busy_at_limit(&self, job_seconds: f64) -> Option<i32> {
+        let rate = self.rate_limit?.per_second();
+        let busy = rate * job_seconds.max(0.0) / f64::from(self.concurrency.max(1));
+        Some(ceil(busy).saturating_add(1))
+    }
+}
+
+/// The rate limit that capped a pool, and the workers it keeps busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RateCap {
+    /// The queue's rate limit.
+    pub limit: RateLimit,
+    /// The most workers it keeps busy.
+    pub workers: i32,
 }
 
 /// Why the engine decided what it did: machine-readable for status and events.
@@ -338,6 +396,10 @@ pub struct Reason {
     /// Consecutive failed reads of the queue (0 when the last read worked).
     #[serde(default)]
     pub consecutive_failures: u32,
+    /// With the limit `RateLimit`: the rate limit and the workers it keeps busy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub rate_cap: Option<RateCap>,
 }
 
 impl Rule {
@@ -368,6 +430,7 @@ impl Limit {
             Limit::ScaleDownLimit => "ScaleDownLimit",
             Limit::MaxReplicas => "MaxReplicas",
             Limit::MinReplicas => "MinReplicas",
+            Limit::RateLimit => "RateLimit",
         }
     }
 }
@@ -378,6 +441,7 @@ impl Reason {
             rule,
             limit: None,
             consecutive_failures: 0,
+            rate_cap: None,
         }
     }
 
@@ -418,7 +482,16 @@ impl Reason {
                 )
             }
         };
-        let limit = match self.limit {
+        let limit = match (self.limit, self.rate_cap) {
+            (Some(Limit::RateLimit), Some(cap)) => {
+                return format!(
+                    "{rule}, capped: the queue's rate limit {} keeps at most {} workers busy",
+                    cap.limit, cap.workers
+                );
+            }
+            (limit, _) => limit,
+        };
+        let limit = match limit {
             None => return rule,
             Some(Limit::ScaleUpStabilized) => {
                 "held by a lower recommendation within the scale-up stabilization window"
@@ -430,6 +503,7 @@ impl Reason {
             Some(Limit::ScaleDownLimit) => "limited by the scale-down policies",
             Some(Limit::MaxReplicas) => "capped at maxReplicas",
             Some(Limit::MinReplicas) => "raised to minReplicas",
+            Some(Limit::RateLimit) => "capped at the workers the queue's rate limit keeps busy",
         };
         format!("{rule}, {limit}")
     }
@@ -505,8 +579,10 @@ impl Verdict {
 /// Decides a pool's size the one way both actuators share: scaled on a
 /// queue that was read (`observed`), scaled on a queue that could not be
 /// read (`observed` is `None`: hold, then fall back), or fixed by
-/// `replicas` when there is no `scaling`. Once the actuator has applied a
-/// change, it tells the engine with [`Engine::applied`].
+/// `replicas` when there is no `scaling`; the engine caps the size by the
+/// workers' settings it was given ([`Engine::with_workers`]). Once the
+/// actuator has applied a change, it tells the engine with
+/// [`Engine::applied`].
 pub fn decide(
     engine: &mut Engine,
     scaling: Option<&ScalingSpec>,
@@ -536,12 +612,25 @@ pub struct Engine {
     startup: StartupEstimator,
     consecutive_failures: u32,
     idle_since: Option<f64>,
+    workers: Workers,
 }
 
 impl Engine {
     /// A fresh engine, with no history.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Tells the engine the workers' settings (the rate limit, the
+    /// concurrency) that the next ticks size for.
+    pub fn set_workers(&mut self, workers: Workers) {
+        self.workers = workers;
+    }
+
+    /// [`Engine::set_workers`], returning the engine (for [`decide`]).
+    pub fn with_workers(&mut self, workers: Workers) -> &mut Self {
+        self.set_workers(workers);
+        self
     }
 
     /// The rates measured so far.
@@ -624,6 +713,7 @@ impl Engine {
                 rule,
                 limit: None,
                 consecutive_failures: self.consecutive_failures,
+                rate_cap: None,
             },
             recommendation: desired,
             proposals: Proposals::default(),
@@ -637,13 +727,31 @@ impl Engine {
         let (min, max) = spec.bounds();
         let current = obs.current_replicas.max(0);
         let (proposals, largest, rule) = self.propose(spec, &behavior, obs);
-        let decision = |desired: i32, reason: Reason, recommendation: i32| Decision {
-            desired,
-            reason,
-            recommendation,
-            proposals,
-            arrival_rate: self.rates.arrival_rate(),
-            per_replica_throughput: self.rates.per_replica_throughput(),
+        // More workers than the rate limit keeps busy would only wait for it. Until a
+        // job's duration is measured there is nothing to size the cap on: no cap.
+        let cap = self
+            .rates
+            .job_seconds()
+            .and_then(|seconds| self.workers.busy_at_limit(seconds))
+            .filter(|cap| largest > *cap)
+            .zip(self.workers.rate_limit)
+            .map(|(workers, limit)| RateCap { limit, workers });
+        let largest = cap.map_or(largest, |cap| cap.workers);
+        let decision = |desired: i32, mut reason: Reason, recommendation: i32| {
+            if reason.limit.is_none() && cap.is_some() && desired == recommendation {
+                reason.limit = Some(Limit::RateLimit);
+            }
+            if reason.limit == Some(Limit::RateLimit) {
+                reason.rate_cap = cap;
+            }
+            Decision {
+                desired,
+                reason,
+                recommendation,
+                proposals,
+                arrival_rate: self.rates.arrival_rate(),
+                per_replica_throughput: self.rates.per_replica_throughput(),
+            }
         };
 
         if obs.pending() {
@@ -670,6 +778,7 @@ impl Engine {
                         rule: Rule::Activation,
                         limit,
                         consecutive_failures: 0,
+                        rate_cap: None,
                     },
                     recommendation,
                 );
@@ -679,6 +788,7 @@ impl Engine {
                     rule: Rule::BelowActivation,
                     limit: Some(Limit::MinReplicas),
                     consecutive_failures: 0,
+                    rate_cap: None,
                 };
                 return decision(min, reason, 0);
             }
@@ -700,6 +810,7 @@ impl Engine {
                     rule,
                     limit: Some(Limit::MaxReplicas),
                     consecutive_failures: 0,
+                    rate_cap: None,
                 },
                 largest,
             );
@@ -711,6 +822,7 @@ impl Engine {
                     rule,
                     limit: Some(Limit::MinReplicas),
                     consecutive_failures: 0,
+                    rate_cap: None,
                 },
                 largest,
             );
@@ -731,6 +843,7 @@ impl Engine {
                 rule,
                 limit,
                 consecutive_failures: 0,
+                rate_cap: None,
             },
             recommendation,
         )

@@ -784,6 +784,7 @@ fn reasons_serialize_to_stable_codes() {
         rule: Rule::DrainTarget,
         limit: Some(Limit::ScaleDownStabilized),
         consecutive_failures: 0,
+        rate_cap: None,
     };
     assert_eq!(
         serde_json::to_value(reason).expect("serializes"),
@@ -838,4 +839,135 @@ fn one_decision_path_covers_a_read_queue_an_unreadable_one_and_manual_replicas()
     assert_eq!((manual.desired, manual.code()), (4, MANUAL_REPLICAS));
     assert_eq!(manual.message(), "spec.replicas fixes the pool at 4");
     assert!(manual.decision.is_none());
+}
+
+/// [`engine_with_measured_throughput`] (jobs take 1 s) for workers of 2
+/// jobs at once on a queue limited to 20 jobs/s: 10 workers keep up with
+/// the limit, so the cap is 11.
+fn rate_limited_engine(spec: &ScalingSpec) -> Engine {
+    let mut engine = engine_with_measured_throughput(spec);
+    engine.set_workers(Workers::new(Some("20/s"), 2));
+    assert_eq!(engine.rates().job_seconds(), Some(1.0));
+    engine
+}
+
+#[test]
+fn the_rate_limit_caps_workers_at_those_it_keeps_busy_plus_one() {
+    for (limit, concurrency, job_seconds, cap) in [
+        (Some("20/s"), 2, 1.0, Some(11)),
+        (Some("600/1m"), 1, 3.0, Some(31)),
+        (Some("20/s"), 4, 0.1, Some(2)),
+        (Some("1/h"), 8, 60.0, Some(2)),
+        (None, 2, 1.0, None),
+        (Some("not a limit"), 2, 1.0, None),
+    ] {
+        let workers = Workers::new(limit, concurrency);
+        assert_eq!(workers.busy_at_limit(job_seconds), cap, "{limit:?}");
+    }
+}
+
+#[test]
+fn a_rate_limited_queue_never_gets_more_workers_than_the_limit_keeps_busy() {
+    let spec = plain();
+    let mut engine = rate_limited_engine(&spec);
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            processed_total: 80,
+            ..obs(10_000, 4, 4)
+        },
+        at(20),
+    );
+    // The backlog target asks for ceil(10004 / 5) = 2001.
+    assert_eq!(decision.proposals.backlog, 2001);
+    assert_eq!(decision.desired, 11);
+    assert_eq!(decision.recommendation, 11);
+    assert_eq!(decision.reason.limit, Some(Limit::RateLimit));
+    assert_eq!(decision.reason.code(), "RateLimit");
+    assert_eq!(
+        decision.reason.message(),
+        "sized by the backlog target, capped: the queue's rate limit 20/s keeps at most 11 workers busy"
+    );
+
+    // The same queue without a limit goes to maxReplicas.
+    let mut unlimited = engine_with_measured_throughput(&spec);
+    let decision = unlimited.tick(
+        &spec,
+        &Observation {
+            processed_total: 80,
+            ..obs(10_000, 4, 4)
+        },
+        at(20),
+    );
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (100, Some(Limit::MaxReplicas))
+    );
+}
+
+#[test]
+fn a_rate_limit_below_what_the_targets_ask_leaves_smaller_proposals_alone() {
+    let spec = plain();
+    let mut engine = rate_limited_engine(&spec);
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            processed_total: 80,
+            ..obs(20, 4, 4)
+        },
+        at(20),
+    );
+    // ceil(24 / 5) = 5 workers, under the cap of 11.
+    assert_eq!((decision.desired, decision.reason.limit), (5, None));
+    assert_eq!(decision.reason.rate_cap, None);
+}
+
+#[test]
+fn min_replicas_wins_over_the_rate_limit_cap() {
+    let spec = ScalingSpec {
+        min_replicas: 15,
+        ..plain()
+    };
+    let mut engine = rate_limited_engine(&spec);
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            processed_total: 80,
+            ..obs(10_000, 4, 15)
+        },
+        at(20),
+    );
+    assert_eq!(decision.desired, 15);
+    assert_eq!(decision.reason.limit, Some(Limit::MinReplicas));
+}
+
+#[test]
+fn without_a_measured_job_duration_the_rate_limit_does_not_cap() {
+    let spec = plain();
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(Some("20/s"), 2));
+    let decision = engine.tick(&spec, &obs(10_000, 0, 4), at(0));
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (100, Some(Limit::MaxReplicas))
+    );
+}
+
+#[test]
+fn a_pool_waking_from_zero_wakes_no_larger_than_the_rate_limit_keeps_busy() {
+    let spec = plain();
+    let mut engine = rate_limited_engine(&spec);
+    let decision = engine.tick(&spec, &obs(5_000, 0, 0), at(20));
+    assert_eq!(decision.reason.rule, Rule::Activation);
+    assert_eq!(decision.desired, 11);
+    assert_eq!(decision.reason.limit, Some(Limit::RateLimit));
+    let verdict = decide(
+        engine.with_workers(Workers::new(Some("20/s"), 2)),
+        Some(&spec),
+        None,
+        Some(&obs(5_000, 0, 0)),
+        0,
+        at(25),
+    );
+    assert_eq!((verdict.desired, verdict.code()), (11, "RateLimit"));
 }
