@@ -4,6 +4,10 @@
 //! at 90 % or less of its replica-seconds), and with the simulator's default workers it
 //! waits less than KEDA's defaults at fewer replica-seconds.
 //!
+//! On a rate-limited queue (`traces/rate-limited.csv` at 20 jobs/s), where KEDA keeps
+//! adding pods that only wait for the limit, the engine waits no longer than any KEDA
+//! setting at well under half its replica-seconds.
+//!
 //! The simulation runs in virtual time, so the figures are the same on every machine.
 
 use std::time::Duration;
@@ -42,6 +46,7 @@ fn misses(workers: &Workers) -> Vec<String> {
             job_duration: workers.job_duration,
             concurrency: workers.concurrency,
             seed: workers.seed,
+            rate_limit: None,
         };
         let comparison = Comparison::run(&config, &ScalingSpec::default());
         let engine = &comparison.engine;
@@ -91,5 +96,38 @@ fn with_short_jobs_four_at_a_time_not_beaten_by_any_keda_setting() {
         seed: 7,
         ahead_of_keda_defaults: false,
     });
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn on_a_rate_limited_queue_the_engine_waits_no_longer_than_keda_at_far_fewer_replica_seconds() {
+    let config = SimConfig {
+        trace: Trace::parse_csv(include_str!("../traces/rate-limited.csv"))
+            .expect("shipped traces parse"),
+        policies: Vec::new(),
+        pod_startup: Duration::from_secs(15),
+        job_duration: DurationDist::Exp(1.0),
+        concurrency: 1,
+        seed: 1,
+        rate_limit: Some("20/s".parse().expect("limit")),
+    };
+    let comparison = Comparison::run(&config, &ScalingSpec::default());
+    let engine = &comparison.engine;
+    let mut found = Vec::new();
+    for row in &comparison.keda {
+        assert_eq!(row.report.jobs, engine.jobs, "every job done");
+        if engine.p95_wait_s > row.report.p95_wait_s + 1.0
+            || engine.replica_seconds > 0.5 * row.report.replica_seconds
+        {
+            found.push(format!(
+                "KEDA {}: p95 {:.2} s at {:.0} replica-seconds vs the engine's {:.2} s at {:.0}",
+                row.setting,
+                row.report.p95_wait_s,
+                row.report.replica_seconds,
+                engine.p95_wait_s,
+                engine.replica_seconds
+            ));
+        }
+    }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }

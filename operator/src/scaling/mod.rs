@@ -13,8 +13,8 @@
 //!    straight to the proposed size; a pool goes to zero only after `idleSecondsBeforeZero`
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
 //! 3. a queue with a rate limit (`spec.worker.rateLimit`) caps the proposal at the
-//!    workers the limit keeps busy, `ceil(rate × job seconds / concurrency) + 1`
-//!    ([`Workers`]);
+//!    workers the limit keeps busy: with `J = rate × job seconds`,
+//!    `ceil((J + √J) / concurrency) + 1` ([`Workers::busy_at_limit`]);
 //! 4. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
 //!
@@ -363,13 +363,18 @@ impl Workers {
     }
 
     /// The most workers the rate limit keeps busy when one job takes
-    /// `job_seconds`: by Little's law `rate × job_seconds` jobs run at once
-    /// at the limit, so `ceil(rate × job_seconds / concurrency)` workers,
-    /// plus one for the burst and for the estimate's error. `None` without
-    /// a limit.
+    /// `job_seconds`: by Little's law `J = rate × job_seconds` jobs run at
+    /// once at the limit, on average. Job durations vary, so the count in
+    /// flight does too (about `√J` around `J`, as in an M/G/∞ queue); a
+    /// pool sized for the mean alone would often have no free slot when the
+    /// limit allows a start, and a start missed is lost. So the cap is
+    /// `ceil((J + √J) / concurrency) + 1` (the square-root staffing rule,
+    /// plus one for the burst and the estimate's error). `None` without a
+    /// limit.
     pub fn busy_at_limit(&self, job_seconds: f64) -> Option<i32> {
         let rate = self.rate_limit?.per_second();
-        let busy = rate * job_seconds.max(0.0) / f64::from(self.concurrency.max(1));
+        let jobs = rate * job_seconds.max(0.0);
+        let busy = (jobs + jobs.sqrt()) / f64::from(self.concurrency.max(1));
         Some(ceil(busy).saturating_add(1))
     }
 }

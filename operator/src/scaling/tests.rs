@@ -842,8 +842,8 @@ fn one_decision_path_covers_a_read_queue_an_unreadable_one_and_manual_replicas()
 }
 
 /// [`engine_with_measured_throughput`] (jobs take 1 s) for workers of 2
-/// jobs at once on a queue limited to 20 jobs/s: 10 workers keep up with
-/// the limit, so the cap is 11.
+/// jobs at once on a queue limited to 20 jobs/s: 20 jobs run at once at
+/// the limit, so the cap is ceil((20 + √20) / 2) + 1 = 14.
 fn rate_limited_engine(spec: &ScalingSpec) -> Engine {
     let mut engine = engine_with_measured_throughput(spec);
     engine.set_workers(Workers::new(Some("20/s"), 2));
@@ -854,8 +854,8 @@ fn rate_limited_engine(spec: &ScalingSpec) -> Engine {
 #[test]
 fn the_rate_limit_caps_workers_at_those_it_keeps_busy_plus_one() {
     for (limit, concurrency, job_seconds, cap) in [
-        (Some("20/s"), 2, 1.0, Some(11)),
-        (Some("600/1m"), 1, 3.0, Some(31)),
+        (Some("20/s"), 2, 1.0, Some(14)),
+        (Some("600/1m"), 1, 3.0, Some(37)),
         (Some("20/s"), 4, 0.1, Some(2)),
         (Some("1/h"), 8, 60.0, Some(2)),
         (None, 2, 1.0, None),
@@ -880,13 +880,13 @@ fn a_rate_limited_queue_never_gets_more_workers_than_the_limit_keeps_busy() {
     );
     // The backlog target asks for ceil(10004 / 5) = 2001.
     assert_eq!(decision.proposals.backlog, 2001);
-    assert_eq!(decision.desired, 11);
-    assert_eq!(decision.recommendation, 11);
+    assert_eq!(decision.desired, 14);
+    assert_eq!(decision.recommendation, 14);
     assert_eq!(decision.reason.limit, Some(Limit::RateLimit));
     assert_eq!(decision.reason.code(), "RateLimit");
     assert_eq!(
         decision.reason.message(),
-        "sized by the backlog target, capped: the queue's rate limit 20/s keeps at most 11 workers busy"
+        "sized by the backlog target, capped: the queue's rate limit 20/s keeps at most 14 workers busy"
     );
 
     // The same queue without a limit goes to maxReplicas.
@@ -917,7 +917,7 @@ fn a_rate_limit_below_what_the_targets_ask_leaves_smaller_proposals_alone() {
         },
         at(20),
     );
-    // ceil(24 / 5) = 5 workers, under the cap of 11.
+    // ceil(24 / 5) = 5 workers, under the cap of 14.
     assert_eq!((decision.desired, decision.reason.limit), (5, None));
     assert_eq!(decision.reason.rate_cap, None);
 }
@@ -959,7 +959,7 @@ fn a_pool_waking_from_zero_wakes_no_larger_than_the_rate_limit_keeps_busy() {
     let mut engine = rate_limited_engine(&spec);
     let decision = engine.tick(&spec, &obs(5_000, 0, 0), at(20));
     assert_eq!(decision.reason.rule, Rule::Activation);
-    assert_eq!(decision.desired, 11);
+    assert_eq!(decision.desired, 14);
     assert_eq!(decision.reason.limit, Some(Limit::RateLimit));
     let verdict = decide(
         engine.with_workers(Workers::new(Some("20/s"), 2)),
@@ -969,5 +969,5 @@ fn a_pool_waking_from_zero_wakes_no_larger_than_the_rate_limit_keeps_busy() {
         0,
         at(25),
     );
-    assert_eq!((verdict.desired, verdict.code()), (11, "RateLimit"));
+    assert_eq!((verdict.desired, verdict.code()), (14, "RateLimit"));
 }

@@ -45,6 +45,10 @@ pub struct SimulateArgs {
     /// Jobs one pod runs at once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     concurrency: u32,
+    /// The queue's rate limit, N/PERIOD (20/s, 600/1m): jobs start no faster, and the
+    /// engine knows it (spec.worker.rateLimit).
+    #[arg(long, value_name = "N/PERIOD", value_parser = parse_rate_limit)]
+    rate_limit: Option<workerpool_queue::rate::RateLimit>,
     /// Waiting jobs per replica for both policies (KEDA's listLength).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     target_backlog: u32,
@@ -152,6 +156,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             job_duration: args.job_duration,
             concurrency: args.concurrency,
             seed: args.seed,
+            rate_limit: args.rate_limit,
         };
         if several && !args.json {
             if !out.is_empty() {
@@ -212,6 +217,12 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         return Ok(text + "\n");
     }
     Ok(out)
+}
+
+/// `--rate-limit`, with the accepted forms in the error.
+fn parse_rate_limit(text: &str) -> Result<workerpool_queue::rate::RateLimit, String> {
+    text.parse()
+        .map_err(|e: workerpool_queue::rate::RateLimitError| e.to_string())
 }
 
 fn to_json(value: &impl serde::Serialize) -> Result<serde_json::Value, SimulateError> {

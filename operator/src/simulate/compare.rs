@@ -238,6 +238,7 @@ mod tests {
             job_duration: DurationDist::Const(1.0),
             concurrency: 1,
             seed: 1,
+            rate_limit: None,
         };
         let comparison = Comparison::run(&config, &ScalingSpec::default());
         assert_eq!(comparison.keda.len(), keda_settings(5, 100).len());

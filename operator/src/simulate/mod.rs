@@ -4,7 +4,9 @@
 //! Jobs arrive from a [`Trace`]; pods become ready after a start-up delay, take jobs FIFO
 //! up to `concurrency` at a time, and on scale-down stop taking jobs and finish the ones
 //! they hold before they go. Both policies see the same arrivals and the same job
-//! durations. [`run`] is pure and deterministic for a seed.
+//! durations. A queue with a rate limit starts jobs no faster than the workers' Redis
+//! bucket lets them (the same GCRA, on the virtual clock). [`run`] is pure and
+//! deterministic for a seed.
 
 pub mod cli;
 pub mod compare;
@@ -24,7 +26,9 @@ pub use dist::DurationDist;
 pub use keda::{KedaModel, KedaSettings};
 pub use trace::{Shape, Trace};
 
-use crate::scaling::{Engine, Observation, ScalingSpec};
+use workerpool_queue::rate::RateLimit;
+
+use crate::scaling::{Engine, Observation, ScalingSpec, Workers};
 
 /// What can go wrong setting a simulation up.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +80,8 @@ pub struct SimConfig {
     pub concurrency: u32,
     /// Seed for arrival times within trace rows and for job durations.
     pub seed: u64,
+    /// The queue's rate limit (`spec.worker.rateLimit`), which the engine knows too.
+    pub rate_limit: Option<RateLimit>,
 }
 
 /// The outcome of one policy.
@@ -149,6 +155,8 @@ enum Controller {
 enum Event {
     PodReady(usize),
     JobDone(usize),
+    /// The rate limit allows the next start.
+    RateAllows,
     /// A controller's periodic tick; the number tells which loop (KEDA has two).
     Tick(u8),
 }
@@ -206,9 +214,34 @@ struct World<'a> {
     max_backlog: u64,
     replica_seconds: f64,
     scale_events: u64,
+    /// The rate limit's theoretical arrival time of the next start (GCRA).
+    rate_tat: f64,
+    /// A [`Event::RateAllows`] is scheduled.
+    rate_wake: bool,
 }
 
 impl World<'_> {
+    /// Whether the rate limit lets a job start now; if not, wakes the dispatch when it
+    /// will. Spends the start when it does.
+    fn rate_allows(&mut self) -> bool {
+        let Some(limit) = self.config.rate_limit else {
+            return true;
+        };
+        let interval = limit.interval_ms() / 1000.0;
+        let tolerance = limit.tolerance_ms() / 1000.0;
+        let tat = self.rate_tat.max(self.now);
+        let allowed_at = tat - tolerance;
+        if self.now + 1e-9 < allowed_at {
+            if !self.rate_wake {
+                self.rate_wake = true;
+                self.schedule(allowed_at, Event::RateAllows);
+            }
+            return false;
+        }
+        self.rate_tat = tat + interval;
+        true
+    }
+
     fn schedule(&mut self, at: f64, event: Event) {
         self.seq += 1;
         self.events.push(Scheduled {
@@ -253,6 +286,10 @@ impl World<'_> {
             };
             if self.pods[pod].state != PodState::Ready {
                 continue;
+            }
+            if !self.rate_allows() {
+                self.free_slots.push(pod);
+                break;
             }
             let Some((arrived, duration)) = self.queue.pop_front() else {
                 break;
@@ -348,13 +385,20 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         max_backlog: 0,
         replica_seconds: 0.0,
         scale_events: 0,
+        rate_tat: 0.0,
+        rate_wake: false,
     };
     let (mut controller, periods) = match policy {
         Policy::Engine(spec) => {
             let period = f64::from(spec.poll_interval_seconds.max(1));
+            let mut engine = Box::<Engine>::default();
+            engine.set_workers(Workers {
+                rate_limit: config.rate_limit,
+                concurrency: i32::try_from(config.concurrency).unwrap_or(i32::MAX),
+            });
             (
                 Controller::Engine {
-                    engine: Box::default(),
+                    engine,
                     spec: (**spec).clone(),
                 },
                 vec![period],
@@ -395,6 +439,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                 match e.event {
                     Event::PodReady(pod) => world.pod_ready(pod),
                     Event::JobDone(pod) => world.job_done(pod),
+                    Event::RateAllows => world.rate_wake = false,
                     Event::Tick(kind) => {
                         let observation = world.observation();
                         let now = Duration::from_secs_f64(world.now);

@@ -10,6 +10,7 @@ fn config(trace: &str, policies: Vec<Policy>) -> SimConfig {
         job_duration: DurationDist::Const(1.0),
         concurrency: 1,
         seed: 1,
+        rate_limit: None,
     }
 }
 
@@ -84,4 +85,19 @@ fn json_report_is_keyed_by_policy_with_the_documented_fields() {
             );
         }
     }
+}
+
+#[test]
+fn a_rate_limit_starts_jobs_no_faster_than_it_allows_however_many_pods_run() {
+    // 200 jobs at once, 10 jobs/s allowed, a burst of 1: the last starts 19.9 s after
+    // the first, whatever the pool's size.
+    let mut c = config("0,200\n0.01,0\n600,0\n", both());
+    c.rate_limit = Some("10/s".parse().expect("limit"));
+    let report = run(&c);
+    for (name, policy) in &report.policies {
+        assert_eq!(policy.jobs, 200, "{name}");
+        assert!(policy.p99_wait_s >= 19.0, "{name}: {policy:?}");
+    }
+    let unlimited = run(&config("0,200\n0.01,0\n600,0\n", both()));
+    assert!(unlimited.policies["keda"].p99_wait_s < report.policies["keda"].p99_wait_s);
 }
