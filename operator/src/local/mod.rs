@@ -9,6 +9,7 @@
 pub mod actuator;
 pub mod dashboard;
 pub mod manifest;
+pub mod schedules;
 pub mod view;
 
 use std::collections::VecDeque;
@@ -145,6 +146,11 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             path: path.clone(),
             message,
         })?;
+    let schedules =
+        crate::schedule::parse_all(&pool).map_err(|problems| Error::InvalidManifest {
+            path: path.clone(),
+            message: problems.join("; "),
+        })?;
     let container = manifest::worker_container(&pool).ok_or_else(|| Error::InvalidManifest {
         path: path.clone(),
         message: crate::deployment::BuildError::NoWorkerContainer.to_string(),
@@ -178,6 +184,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             source,
         })?;
     let baseline = Totals::of(&first);
+    let mut schedules = schedules::Schedules::start(&pool, schedules, endpoint.clone()).await;
 
     let mut sigint = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(Error::Signals)?;
@@ -229,6 +236,9 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let mut was_reachable = true;
     let mut refresh = tokio::time::interval(REFRESH);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The next look at the schedules: one at once, then at each fire.
+    let fire = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(fire);
 
     loop {
         tokio::select! {
@@ -237,6 +247,16 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             _ = sigterm.recv() => break,
             Some(line) = log_rx.recv() => {
                 view.worker_output(&line.id, &line.line);
+                continue;
+            }
+            // A fire is enqueued at its time; the next refresh reads it.
+            _ = &mut fire, if !schedules.is_empty() => {
+                let now = jiff::Timestamp::now();
+                for note in schedules.run(now).await {
+                    view.note(elapsed(), &note);
+                }
+                let wait = schedules.wait(jiff::Timestamp::now());
+                fire.as_mut().reset(tokio::time::Instant::now() + wait);
                 continue;
             }
         }
@@ -270,7 +290,10 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             });
             let decided_at = started.elapsed();
             let verdict = scaling::decide(
-                &mut engine,
+                engine.with_workers(scaling::Workers::new(
+                    pool.spec.worker.rate_limit.as_deref(),
+                    pool.spec.worker.concurrency,
+                )),
                 pool.spec.scaling.as_ref(),
                 pool.spec.replicas,
                 observed.as_ref(),
