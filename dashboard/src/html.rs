@@ -116,9 +116,13 @@ pub fn overview(ctx: &Ctx<'_>, o: &Overview) -> String {
     for q in &o.queues {
         let _ = write!(
             b,
-            r#"<tr data-queue="{name}"><td><a href="{href}">{name}</a></td>{cells}</tr>"#,
+            r#"<tr data-queue="{name}"><td><a href="{href}">{name}</a>{limit}</td>{cells}</tr>"#,
             name = escape(&q.name),
             href = escape(&queue_href(&q.name)),
+            limit = q.rate_limit.as_deref().map_or(String::new(), |l| format!(
+                r#" <span class="rate-limit" title="at most this many jobs start">rate limit {}</span>"#,
+                escape(l)
+            )),
             cells = [
                 ("waiting", num(q.waiting)),
                 ("in_flight", num(q.in_flight)),
@@ -649,6 +653,25 @@ mod tests {
         assert!(!page.contains("<b>q"), "{page}");
         assert!(page.contains(r#"href="/queues/%3Cb%3Eq%22""#), "{page}");
         assert!(page.contains(">1,234,567<"), "{page}");
+    }
+
+    #[test]
+    fn a_rate_limited_queue_shows_its_limit_beside_its_name() {
+        let page = |rate_limit: Option<&str>| {
+            overview(
+                &CTX,
+                &Overview {
+                    queues: vec![QueueSummary {
+                        name: "calls".into(),
+                        rate_limit: rate_limit.map(str::to_string),
+                        ..QueueSummary::default()
+                    }],
+                    ..Overview::default()
+                },
+            )
+        };
+        assert!(page(Some("20/s")).contains("rate limit 20/s</span>"));
+        assert!(!page(None).contains("rate limit"));
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct QueueSummary {
     pub failed_per_second: Option<f64>,
     /// Age of the job at the head of the queue, when it carries `enqueued_at`.
     pub oldest_job_age_seconds: Option<f64>,
+    /// The rate limit the live workers run with (`20/s`), when they have one.
+    pub rate_limit: Option<String>,
 }
 
 impl QueueSummary {
@@ -64,6 +66,7 @@ impl QueueSummary {
             oldest_job_age_seconds: f
                 .oldest_enqueued_at_ms
                 .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0),
+            rate_limit: f.rate_limit(now_ms).map(str::to_string),
             ..QueueSummary::default()
         };
         for w in &f.workers {
@@ -377,12 +380,14 @@ mod tests {
                     last_beat_ms: 9_000,
                     in_flight: 3,
                     dead_after_ms: Some(30_000),
+                    rate_limit: Some("20/s".into()),
                 },
                 WorkerFigures {
                     instance: "b~1".into(),
                     last_beat_ms: 0,
                     in_flight: 1,
                     dead_after_ms: None,
+                    rate_limit: Some("1/h".into()),
                 },
             ],
             ..QueueFigures::default()
@@ -392,6 +397,7 @@ mod tests {
         assert_eq!((s.workers_lost, s.held_by_lost_workers), (1, 1));
         assert_eq!((s.retries_due, s.retries_scheduled), (2, 3));
         assert_eq!(s.oldest_job_age_seconds, Some(10.0));
+        assert_eq!(s.rate_limit.as_deref(), Some("20/s"), "a live worker's");
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub struct Snapshot {
     pub recovered_total: u64,
     /// The Redis server's clock when it was taken, unix milliseconds.
     pub taken_at_ms: u64,
+    /// The rate limit the live workers run with (`20/s`), when they have one.
+    pub rate_limit: Option<String>,
 }
 
 /// Takes a [`Snapshot`] of `q` in one round trip.
@@ -92,6 +94,7 @@ pub async fn snapshot(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<Snapsh
         dead_total: f.dead_total,
         recovered_total: f.recovered_total,
         taken_at_ms: now,
+        rate_limit: f.rate_limit(now).map(str::to_string),
         ..Snapshot::default()
     };
     for w in &f.workers {

@@ -25,6 +25,8 @@ pub struct WorkerFigures {
     /// Its `--dead-after`, as its heartbeat reported it (the default for
     /// workers that do not report it; absent once its details expired).
     pub dead_after_ms: Option<u64>,
+    /// Its `--rate-limit` (`20/s`), when it has one.
+    pub rate_limit: Option<String>,
 }
 
 impl WorkerFigures {
@@ -80,6 +82,15 @@ impl QueueFigures {
     /// Jobs held by workers (including workers not yet found lost).
     pub fn in_flight(&self) -> u64 {
         self.workers.iter().map(|w| w.in_flight).sum()
+    }
+
+    /// The rate limit the queue's live workers at `now_ms` run with
+    /// (`20/s`), when they have one.
+    pub fn rate_limit(&self, now_ms: u64) -> Option<&str> {
+        self.workers
+            .iter()
+            .filter(|w| w.alive(now_ms))
+            .find_map(|w| w.rate_limit.as_deref())
     }
 }
 
@@ -180,7 +191,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             });
         let Value::Array(w) = &f[9] else { return None };
         let workers = w
-            .chunks_exact(4)
+            .chunks_exact(5)
             .map(|c| {
                 Some(WorkerFigures {
                     instance: string(&c[0])?,
@@ -191,6 +202,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
                         "-" => Some(WorkerFigures::DEFAULT_DEAD_AFTER_MS),
                         n => Some(n.parse().ok()?),
                     },
+                    rate_limit: Some(string(&c[4])?).filter(|r| !r.is_empty()),
                 })
             })
             .collect::<Option<Vec<_>>>()?;

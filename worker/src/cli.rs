@@ -600,6 +600,10 @@ fn render_stats(q: &QueueKeys, s: &Snapshot, rates: Option<Rates>, json: bool) -
         vec!["processed rate".into(), rate(rates.map(|r| r.processed))],
         vec!["failed rate".into(), rate(rates.map(|r| r.failed))],
     ];
+    let mut rows = rows;
+    if let Some(limit) = &s.rate_limit {
+        rows.push(vec!["rate limit".into(), limit.clone()]);
+    }
     format!("queue {}\n{}", q.name(), table(&[], rows))
 }
 
@@ -776,5 +780,24 @@ mod tests {
         assert_eq!(age(1234), "1s200ms");
         assert_eq!(age(83_400), "1m23s");
         assert_eq!(age(0), "0s");
+    }
+
+    #[test]
+    fn stats_show_the_rate_limit_only_when_the_workers_have_one() {
+        let q = QueueKeys::new("calls");
+        let limited = Snapshot {
+            rate_limit: Some("20/s".into()),
+            ..Snapshot::default()
+        };
+        let text = render_stats(&q, &limited, None, false);
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().eq(["rate", "limit", "20/s"])),
+            "{text}"
+        );
+        let json = render_stats(&q, &limited, None, true);
+        assert!(json.contains(r#""rate_limit":"20/s""#), "{json}");
+        let plain = render_stats(&q, &Snapshot::default(), None, false);
+        assert!(!plain.contains("rate limit"), "{plain}");
     }
 }

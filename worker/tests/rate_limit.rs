@@ -53,6 +53,11 @@ async fn two_workers_together_start_no_more_jobs_than_the_rate_limit_and_run_eac
         async move { (counter(&mut c, key).await == 200).then_some(()) }
     })
     .await;
+    // Both register their limit, which `workerpool stats` and the dashboard show.
+    let stats = workerpool_worker::admin::snapshot(&mut c, &q)
+        .await
+        .expect("snapshot");
+    assert_eq!(stats.rate_limit.as_deref(), Some("20/s"));
     let limited: u64 = workers
         .iter()
         .map(|w| w.metrics.rate_limited.with_label_values(&[q.name()]).get())

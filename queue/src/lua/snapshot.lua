@@ -4,8 +4,8 @@
 -- ARGV: per queue, the processing-list and worker-hash key prefixes.
 -- Returns {now, per queue: {waiting, due retries, retries, due scheduled,
 -- scheduled, dead, processed, failed, head payload or '', workers as
--- {instance, beat, held, dead_after_ms or '-' or ''}..., dead total,
--- recovered total}}.
+-- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or ''}...,
+-- dead total, recovered total}}.
 local out = {now}
 local per = 9
 for i = 1, #KEYS, per do
@@ -22,6 +22,7 @@ for i = 1, #KEYS, per do
       window = redis.call('EXISTS', details .. workers[j]) == 1 and '-' or ''
     end
     w[#w + 1] = window
+    w[#w + 1] = redis.call('HGET', details .. workers[j], 'rate_limit') or ''
   end
   out[#out + 1] = {
     redis.call('LLEN', KEYS[i]),
