@@ -25,6 +25,8 @@ use workerpool_queue::job::field;
 
 use crate::crd::{ConcurrencyPolicy, ScheduleSpec, WorkerPool};
 
+pub mod fire;
+
 /// The job field that names the schedule a job came from.
 pub const SCHEDULE_FIELD: &str = "schedule";
 
@@ -210,6 +212,22 @@ impl Schedule {
             at,
             next,
             earlier_missed,
+        }
+    }
+
+    /// Whether the schedule fires more often than every `d`.
+    pub fn period_under(&self, d: Duration) -> bool {
+        let d = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        match &self.when {
+            When::Every(ms) => *ms < d,
+            When::Cron(_) => {
+                let first = self.next_after(Timestamp::UNIX_EPOCH);
+                let second = first.and_then(|t| self.next_after(t));
+                match (first, second) {
+                    (Some(a), Some(b)) => b.as_millisecond() - a.as_millisecond() < d,
+                    _ => false,
+                }
+            }
         }
     }
 
