@@ -323,6 +323,7 @@ struct Observed {
     pods: Option<Vec<Pod>>,
     reading: Result<Snapshot, QueueProblem>,
     counts: Counts,
+    fires: schedules::Fires,
 }
 
 /// What one reconcile does, decided without I/O from what it observed.
@@ -399,14 +400,19 @@ async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
         None
     };
     let queues = pool.spec.queue.redis.queue_keys();
-    let reading = match redis_endpoint(pool, &ctx.client).await {
-        Ok(endpoint) => ctx.read_queue(&endpoint, &queues).await,
-        Err(problem) => Err(problem),
+    let (reading, fires) = match redis_endpoint(pool, &ctx.client).await {
+        Ok(endpoint) => {
+            // Fires first, so that a pool at zero wakes for its job now.
+            let fires = schedules::fire(pool, ctx, Some(&endpoint)).await;
+            (ctx.read_queue(&endpoint, &queues).await, fires)
+        }
+        Err(problem) => (Err(problem), schedules::fire(pool, ctx, None).await),
     };
     Ok(Observed {
         existing,
         pods,
         reading,
+        fires,
         counts: Counts {
             desired: 0,
             replicas,
@@ -466,12 +472,18 @@ fn plan(
     {
         events.push((EventType::Warning, p.reason.clone(), p.message.clone()));
     }
-    let status = status(pool, counts, &observed.reading, verdict, problem.as_ref());
+    let mut status = status(pool, counts, &observed.reading, verdict, problem.as_ref());
     let poll = pool
         .spec
         .scaling
         .as_ref()
         .map_or(30, |s| s.poll_interval_seconds.max(1));
+    let requeue = observed.fires.fold(
+        pool,
+        &mut status,
+        &mut events,
+        Duration::from_secs(poll as u64),
+    );
     Ok(Plan {
         deployment,
         mark_idle: observed.reading.is_ok() && desired < current,
@@ -479,7 +491,7 @@ fn plan(
         events,
         announced: problem.map(|p| p.reason),
         status,
-        requeue: Duration::from_secs(poll as u64),
+        requeue,
     })
 }
 
@@ -770,6 +782,8 @@ pub fn error_policy(pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> 
     };
     Action::requeue(retry_delay(failures))
 }
+
+mod schedules;
 
 #[cfg(test)]
 mod tests;

@@ -625,6 +625,7 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
             })
         },
         existing,
+        fires: Default::default(),
     }
 }
 
@@ -825,4 +826,86 @@ async fn on_a_redis_cluster_queue_names_without_one_slot_show_how_to_name_them()
     reply(send, StatusCode::OK, &pool_object(&status));
     task.await.expect("task").expect("reconcile");
     api.done().await;
+}
+
+#[tokio::test]
+async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_and_an_event() {
+    let redis = TestRedis::start();
+    let mut p = pool(json!({
+        "queue": {"redis": {"url": redis.url(), "key": "mail"}},
+        "template": template(),
+        "replicas": 1,
+        "schedules": [
+            {"name": "tick", "schedule": "@every 1s", "job": {"task": "tick"}},
+            {"name": "bad", "schedule": "@hourly", "timeZone": "Mars/Olympus"},
+        ],
+    }));
+    // The fire the last reconcile waited for has come.
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let due = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).expect("a second");
+    p.status = Some(WorkerPoolStatus {
+        schedules: Some(vec![crate::crd::ScheduleStatus {
+            name: "tick".into(),
+            next_fire_time: Some(Time(due)),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    let (task, mut api, _) = start(p);
+
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("InvalidSchedule"))
+    );
+    let note = event["note"].as_str().expect("note");
+    assert!(
+        note.contains(
+            "spec.schedules[1] (bad): timeZone \"Mars/Olympus\" is not an IANA time zone"
+        ),
+        "{note}"
+    );
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let valid = condition(&status, "SchedulesValid");
+    assert_eq!(
+        (valid["status"].clone(), valid["reason"].clone()),
+        (json!("False"), json!("InvalidSchedule"))
+    );
+    let schedules = &status["status"]["schedules"];
+    let shown = |t: k8s_openapi::jiff::Timestamp| serde_json::to_value(Time(t)).expect("time");
+    assert_eq!(schedules[0]["name"], json!("tick"));
+    assert_eq!(schedules[0]["lastFireTime"], shown(due), "{schedules}");
+    let next = schedules[0]["nextFireTime"].as_str().expect("next");
+    assert!(
+        next > shown(due).as_str().unwrap_or_default(),
+        "{schedules}"
+    );
+    assert_eq!(schedules[1], json!({"name": "bad"}));
+    // The fire went into the queue before it was read.
+    assert_eq!(status["status"]["backlog"], json!(1));
+    reply(send, StatusCode::OK, &pool_object(&status));
+
+    // Woken for the next fire, a second later at most, not a poll later.
+    let action = task.await.expect("task").expect("reconcile");
+    assert!(
+        (0..=1050).any(|ms| action == Action::requeue(Duration::from_millis(ms))),
+        "{action:?}"
+    );
+    api.done().await;
+    let mut c = redis.conn().await;
+    let jobs: Vec<String> = c.lrange("mail", 0, -1).await.expect("lrange");
+    let job: Value = serde_json::from_str(&jobs[0]).expect("json");
+    assert_eq!(
+        job["id"],
+        json!(format!("jobs/mail/tick/{}", due.as_millisecond()))
+    );
+    assert_eq!(
+        (job["schedule"].clone(), job["unique_key"].clone()),
+        (json!("tick"), json!("schedule:jobs/mail/tick"))
+    );
 }
