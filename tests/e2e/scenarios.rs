@@ -63,6 +63,10 @@ pub const ALL: &[crate::Scenario] = &[
         the_video_platform_example_scales_both_pools_on_their_queues,
     ),
     (
+        "a_schedule_fires_once_per_fire_time_and_wakes_its_pool_from_zero",
+        a_schedule_fires_once_per_fire_time_and_wakes_its_pool_from_zero,
+    ),
+    (
         "a_restarted_operator_does_not_shrink_a_busy_pool",
         a_restarted_operator_does_not_shrink_a_busy_pool,
     ),
@@ -744,6 +748,51 @@ fn lease_holder(k: &Cluster) -> Option<String> {
     lease["spec"]["holderIdentity"].as_str().map(String::from)
 }
 
+fn a_schedule_fires_once_per_fire_time_and_wakes_its_pool_from_zero(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-schedule");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("tick", &redis).schedule(json!({
+        "name": "every-two-seconds",
+        "schedule": "@every 2s",
+        "concurrencyPolicy": "Allow",
+        "job": {"task": "e2e", "data": {"ms": 100}},
+    }));
+    k.apply(&ns.name, &pool.manifest());
+    // Nothing is pushed: the operator's fires are the only jobs, and a
+    // worker comes for them although the pool rests at zero.
+    let prefix = format!("{}/tick/every-two-seconds/", ns.name);
+    let done = eventually(Duration::from_secs(120), "three fires run", |last| {
+        let done = redis.done();
+        *last = format!("{done:?}");
+        (done.len() >= 3).then_some(done)
+    });
+    for (id, workers) in &done {
+        let fired_at: u64 = id
+            .strip_prefix(&prefix)
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{id} is not a fire of the schedule"));
+        assert_eq!(
+            fired_at % 2000,
+            0,
+            "{id}: fires fall on the schedule's times"
+        );
+        assert_eq!(workers.len(), 1, "{id} ran more than once: {workers:?}");
+    }
+    let wp = eventually(Duration::from_secs(30), "the schedule's status", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "tick"])?;
+        *last = wp["status"].to_string();
+        let schedule = &wp["status"]["schedules"][0];
+        (schedule["lastFireTime"].is_string() && schedule["nextFireTime"].is_string()).then_some(wp)
+    });
+    assert_eq!(
+        condition(&wp, "SchedulesValid"),
+        Some("True"),
+        "{}",
+        wp["status"]
+    );
+}
+
 fn a_restarted_operator_does_not_shrink_a_busy_pool(e2e: &E2e) {
     let k = &e2e.cluster;
     let ns = Namespace::create(k, "e2e-restart");
@@ -1143,6 +1192,14 @@ impl Pool {
         if let Some(redis) = redis.as_object_mut() {
             redis.remove("url");
             redis.insert("urlSecretRef".into(), json!({"name": name, "key": key}));
+        }
+        self
+    }
+    /// A recurring schedule of the pool.
+    pub fn schedule(mut self, schedule: Value) -> Pool {
+        match self.spec["schedules"].as_array_mut() {
+            Some(all) => all.push(schedule),
+            None => self.spec["schedules"] = json!([schedule]),
         }
         self
     }
