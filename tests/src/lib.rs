@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
@@ -171,6 +172,46 @@ impl Drop for TestRedis {
             let _ = child.wait();
         }
     }
+}
+
+/// The directory holding the project's binaries (`workerpool`,
+/// `workerpool-worker`, `workerpool-operator`): the one the calling test
+/// executable was built into (`<target>/<profile>/deps/..`), building them
+/// there when they are missing.
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable in <target>/<profile>/deps")
+            .to_path_buf();
+        let present = |d: &Path| {
+            ["workerpool", "workerpool-worker", "workerpool-operator"]
+                .iter()
+                .all(|b| d.join(b).is_file())
+        };
+        if !present(&dir) {
+            let target = dir.parent().expect("target dir");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = Command::new(cargo)
+                .args([
+                    "build",
+                    "-p",
+                    "workerpool-worker",
+                    "-p",
+                    "workerpool-operator",
+                ])
+                .arg("--target-dir")
+                .arg(target)
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build of the binaries failed");
+        }
+        assert!(present(&dir), "no binaries in {}", dir.display());
+        dir
+    })
 }
 
 /// The `redis-server` to run: `$REDIS_SERVER`, else the one on `PATH`.

@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -16,7 +15,7 @@ use tower::ServiceExt;
 use workerpool_dashboard::{Dashboard, Options};
 use workerpool_queue::connection::{Connection, Endpoint, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
-use workerpool_tests::{TestRedis, eventually, free_port};
+use workerpool_tests::{TestRedis, bin_dir, eventually, free_port};
 
 const EVIL: &str = "<script>document.documentElement.setAttribute('data-pwned','1')</script>";
 const DEAD_ERROR: &str = "smtp said 550: mailbox unavailable";
@@ -575,42 +574,6 @@ async fn a_million_waiting_jobs_cost_one_page_per_page() {
 /// The directory holding `workerpool`, `workerpool-worker` and
 /// `workerpool-operator`: the one this test was built into
 /// (`<target>/<profile>/deps/..`), building them when missing.
-fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test executable in <target>/<profile>/deps")
-            .to_path_buf();
-        let present = |d: &Path| {
-            ["workerpool", "workerpool-worker", "workerpool-operator"]
-                .iter()
-                .all(|b| d.join(b).is_file())
-        };
-        if !present(&dir) {
-            let target = dir.parent().expect("target dir");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "-p",
-                    "workerpool-worker",
-                    "-p",
-                    "workerpool-operator",
-                ])
-                .arg("--target-dir")
-                .arg(target)
-                .status()
-                .expect("run cargo build");
-            assert!(status.success(), "cargo build of the binaries failed");
-        }
-        assert!(present(&dir), "no binaries in {}", dir.display());
-        dir
-    })
-}
-
 /// The browser: `$CHROMIUM`, else `chromium` on PATH. Under `CI=true` a
 /// missing browser fails the test; elsewhere it is skipped with a note.
 fn chromium() -> Option<PathBuf> {

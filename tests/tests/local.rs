@@ -6,15 +6,15 @@
 //! the notes about started, stopped and restarted workers.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use rustix::process::{Pid, Signal, kill_process};
 use workerpool_queue::keys::QueueKeys;
-use workerpool_tests::{TestRedis, TestRedisCluster, TestTlsRedis, eventually, free_port};
+use workerpool_tests::{TestRedis, TestRedisCluster, TestTlsRedis, bin_dir, eventually, free_port};
 
 /// A handler that takes `seconds` per job.
 fn handler(seconds: &str) -> String {
@@ -48,40 +48,6 @@ spec:
 /// The directory holding `workerpool-operator` and `workerpool-worker`: the
 /// one this test executable was built into (`<target>/<profile>/deps/..`),
 /// building them there when they are missing.
-fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test executable in <target>/<profile>/deps")
-            .to_path_buf();
-        let present = |d: &Path| {
-            d.join("workerpool-operator").is_file() && d.join("workerpool-worker").is_file()
-        };
-        if !present(&dir) {
-            let target = dir.parent().expect("target dir");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "-p",
-                    "workerpool-worker",
-                    "-p",
-                    "workerpool-operator",
-                ])
-                .arg("--target-dir")
-                .arg(target)
-                .status()
-                .expect("run cargo build");
-            assert!(status.success(), "cargo build of the binaries failed");
-        }
-        assert!(present(&dir), "no binaries in {}", dir.display());
-        dir
-    })
-}
-
 /// A running `workerpool-operator local`, stopped with SIGTERM (its workers
 /// with it) when dropped.
 struct Local {

@@ -5,51 +5,17 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use workerpool_tests::{TestRedis, eventually};
+use workerpool_tests::{TestRedis, bin_dir, eventually};
 
 /// The directory holding `workerpool-operator` and `workerpool-worker`,
 /// building them there when they are missing.
-fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test executable in <target>/<profile>/deps")
-            .to_path_buf();
-        let present = |d: &Path| {
-            d.join("workerpool-operator").is_file() && d.join("workerpool-worker").is_file()
-        };
-        if !present(&dir) {
-            let target = dir.parent().expect("target dir");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "-p",
-                    "workerpool-worker",
-                    "-p",
-                    "workerpool-operator",
-                ])
-                .arg("--target-dir")
-                .arg(target)
-                .status()
-                .expect("run cargo build");
-            assert!(status.success(), "cargo build of the binaries failed");
-        }
-        assert!(present(&dir), "no binaries in {}", dir.display());
-        dir
-    })
-}
-
 /// A pool on queue `sched` with `replicas` workers of `concurrency` slots
 /// whose jobs take `seconds` and are logged to `log`, and one schedule.
 fn manifest(schedule: &str, replicas: u32, concurrency: u32, seconds: &str, log: &Path) -> String {
