@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use workerpool_queue::admin::{DeadEntry, WorkerInfo};
+use workerpool_queue::admin::{DeadEntry, Snapshot, WorkerInfo};
 use workerpool_queue::job::field;
 use workerpool_queue::snapshot::QueueFigures;
 
@@ -53,32 +53,27 @@ pub struct QueueSummary {
 impl QueueSummary {
     /// The summary of `f` read at `now_ms` (Redis clock).
     pub fn from_figures(f: &QueueFigures, now_ms: u64) -> Self {
-        let mut s = QueueSummary {
+        let c = Snapshot::from_figures(f, now_ms);
+        QueueSummary {
             name: f.name.clone(),
-            waiting: f.waiting,
-            retries_due: f.due_retries,
-            retries_scheduled: f.retries.saturating_sub(f.due_retries),
-            scheduled: f.scheduled,
-            dead: f.dead,
-            processed_total: f.processed,
-            failed_total: f.failed,
-            dead_total: f.dead_total,
+            waiting: c.backlog,
+            in_flight: c.in_flight,
+            held_by_lost_workers: c.held_by_lost_workers,
+            retries_due: c.retries_due,
+            retries_scheduled: c.retries_scheduled,
+            scheduled: c.scheduled,
+            dead: c.dead,
+            workers_live: c.workers_live,
+            workers_lost: c.workers_lost,
+            processed_total: c.processed_total,
+            failed_total: c.failed_total,
+            dead_total: c.dead_total,
             oldest_job_age_seconds: f
                 .oldest_enqueued_at_ms
                 .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0),
-            rate_limit: f.rate_limit(now_ms).map(str::to_string),
+            rate_limit: c.rate_limit,
             ..QueueSummary::default()
-        };
-        for w in &f.workers {
-            if w.alive(now_ms) {
-                s.workers_live += 1;
-                s.in_flight += w.in_flight;
-            } else {
-                s.workers_lost += 1;
-                s.held_by_lost_workers += w.in_flight;
-            }
         }
-        s
     }
 }
 

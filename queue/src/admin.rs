@@ -81,32 +81,40 @@ pub struct Snapshot {
 /// Takes a [`Snapshot`] of `q` in one round trip.
 pub async fn snapshot(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<Snapshot> {
     let read = crate::snapshot::read(conn, std::slice::from_ref(q)).await?;
-    let now = read.server_time_ms;
     let f = read.queues.into_iter().next().unwrap_or_default();
-    let mut snap = Snapshot {
-        backlog: f.waiting,
-        retries_due: f.due_retries,
-        retries_scheduled: f.retries.saturating_sub(f.due_retries),
-        scheduled: f.scheduled,
-        dead: f.dead,
-        processed_total: f.processed,
-        failed_total: f.failed,
-        dead_total: f.dead_total,
-        recovered_total: f.recovered_total,
-        taken_at_ms: now,
-        rate_limit: f.rate_limit(now).map(str::to_string),
-        ..Snapshot::default()
-    };
-    for w in &f.workers {
-        if w.alive(now) {
-            snap.workers_live += 1;
-            snap.in_flight += w.in_flight;
-        } else {
-            snap.workers_lost += 1;
-            snap.held_by_lost_workers += w.in_flight;
+    Ok(Snapshot::from_figures(&f, read.server_time_ms))
+}
+
+impl Snapshot {
+    /// The counts of one queue's figures read at `now_ms` (Redis clock):
+    /// workers split into live and lost by their windows, and the jobs
+    /// they hold with them.
+    pub fn from_figures(f: &crate::snapshot::QueueFigures, now_ms: u64) -> Self {
+        let mut snap = Snapshot {
+            backlog: f.waiting,
+            retries_due: f.due_retries,
+            retries_scheduled: f.retries.saturating_sub(f.due_retries),
+            scheduled: f.scheduled,
+            dead: f.dead,
+            processed_total: f.processed,
+            failed_total: f.failed,
+            dead_total: f.dead_total,
+            recovered_total: f.recovered_total,
+            taken_at_ms: now_ms,
+            rate_limit: f.rate_limit(now_ms).map(str::to_string),
+            ..Snapshot::default()
+        };
+        for w in &f.workers {
+            if w.alive(now_ms) {
+                snap.workers_live += 1;
+                snap.in_flight += w.in_flight;
+            } else {
+                snap.workers_lost += 1;
+                snap.held_by_lost_workers += w.in_flight;
+            }
         }
+        snap
     }
-    Ok(snap)
 }
 
 /// One registered worker instance.
