@@ -22,6 +22,10 @@ const STAMP: &str = include_str!("lua/stamp.lua");
 /// [`STAMP`]) to the scripts that take jobs.
 const RATE: &str = include_str!("lua/rate.lua");
 
+/// `take_jobs()`, the taking half of [`FETCH`] and [`SETTLE`], prepended
+/// (after [`RATE`]) to the scripts that take jobs.
+const TAKE: &str = include_str!("lua/take.lua");
+
 /// `release()`, which frees a finished job's unique key, prepended (after
 /// [`NOW_MS`]) to the scripts that end jobs.
 const UNIQUE: &str = include_str!("lua/unique.lua");
@@ -35,7 +39,7 @@ fn ending_script(body: &str) -> Script {
 }
 
 fn taking_script(body: &str) -> Script {
-    Script::new(&format!("{NOW_MS}{STAMP}{RATE}{UNIQUE}{body}"))
+    Script::new(&format!("{NOW_MS}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
 }
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,

@@ -1,7 +1,7 @@
 -- Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,
 -- processing list and rate bucket, highest priority first), each moved
 -- atomically and stamped on the way (stamp.lua), no more from a queue than
--- its rate limit allows (rate.lua).
+-- its rate limit allows (rate.lua), through take.lua's take_jobs().
 -- KEYS: triples of queue, processing list and rate bucket, highest
 -- priority first.
 -- ARGV: how many jobs to take; the pool's attempt limit; one 32-digit hex
@@ -17,30 +17,12 @@ local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
 local out = {}
 local limited, wait = 0, -1
 for i = 1, #KEYS, 3 do
-  local waiting, processing = KEYS[i], KEYS[i + 1]
-  local room, tat = n, 0
-  if interval > 0 then
-    room, tat = admissible(KEYS[i + 2], n, interval, tolerance)
-  end
-  local started = 0
-  while started < room do
-    local v = redis.call('RPOP', waiting)
-    if not v then break end
-    local k = #out / 3
-    local held, how = stamp(v, max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
-    redis.call('LPUSH', processing, held)
-    out[#out + 1] = (i + 2) / 3
-    out[#out + 1] = held
-    out[#out + 1] = how
-    started = started + 1
-  end
+  local index = (i + 2) / 3
+  local started, next_in = take_jobs(KEYS[i], KEYS[i + 1], KEYS[i + 2], index, n, out,
+    max_attempts, ids, interval, tolerance)
   n = n - started
-  if interval > 0 then
-    local next_in = spend(KEYS[i + 2], tat, started, interval, tolerance)
-    if started == room and n > 0 and (wait < 0 or next_in < wait)
-        and redis.call('LLEN', waiting) > 0 then
-      limited, wait = (i + 2) / 3, next_in
-    end
+  if next_in and (wait < 0 or next_in < wait) then
+    limited, wait = index, next_in
   end
   if n == 0 then break end
 end

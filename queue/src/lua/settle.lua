@@ -48,30 +48,12 @@ local taken = {}
 local limited, wait = 0, -1
 for base = 0, #KEYS - 10, 10 do
   if take == 0 then break end
-  local waiting, processing = KEYS[base + 1], KEYS[base + 2]
-  local room, tat = take, 0
-  if interval > 0 then
-    room, tat = admissible(KEYS[base + 10], take, interval, tolerance)
-  end
-  local started = 0
-  while started < room do
-    local v = redis.call('RPOP', waiting)
-    if not v then break end
-    local k = #taken / 3
-    local held, how = stamp(v, max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
-    redis.call('LPUSH', processing, held)
-    taken[#taken + 1] = base / 10 + 1
-    taken[#taken + 1] = held
-    taken[#taken + 1] = how
-    started = started + 1
-  end
+  local index = base / 10 + 1
+  local started, next_in = take_jobs(KEYS[base + 1], KEYS[base + 2], KEYS[base + 10], index,
+    take, taken, max_attempts, ids, interval, tolerance)
   take = take - started
-  if interval > 0 then
-    local next_in = spend(KEYS[base + 10], tat, started, interval, tolerance)
-    if started == room and take > 0 and (wait < 0 or next_in < wait)
-        and redis.call('LLEN', waiting) > 0 then
-      limited, wait = base / 10 + 1, next_in
-    end
+  if next_in and (wait < 0 or next_in < wait) then
+    limited, wait = index, next_in
   end
 end
 return {kept, taken, {limited, wait}}
