@@ -394,10 +394,11 @@ pub async fn enqueue(
     jobs: Vec<Map<String, Value>>,
     delay: Option<Duration>,
 ) -> RedisResult<Vec<Enqueued>> {
-    let mut unique = false;
+    // Each job's hold (unique key, ms), checked before anything is pushed.
+    let mut holds = Vec::with_capacity(jobs.len());
     for (i, fields) in jobs.iter().enumerate() {
         match crate::job::unique_of(fields) {
-            Ok(u) => unique |= u.is_some(),
+            Ok(u) => holds.push(u.map(|(key, secs)| (key.to_string(), secs.saturating_mul(1000)))),
             Err(e) => {
                 return Err(redis::RedisError::from((
                     redis::ErrorKind::Client,
@@ -407,11 +408,12 @@ pub async fn enqueue(
             }
         }
     }
+    let unique = holds.iter().any(Option::is_some);
     let now = server_time_ms(conn).await?;
     let run_at = delay.map(|d| now + d.as_millis() as u64);
     let mut out = Vec::with_capacity(jobs.len());
     let mut payloads = Vec::with_capacity(jobs.len());
-    for mut fields in jobs {
+    for (mut fields, hold) in jobs.into_iter().zip(holds) {
         let id = match fields.get(field::ID).and_then(Value::as_str) {
             Some(id) => id.to_string(),
             None => {
@@ -426,10 +428,6 @@ pub async fn enqueue(
         if let Some(run_at) = run_at {
             fields.insert(field::RUN_AT.into(), Value::from(run_at));
         }
-        let hold = crate::job::unique_of(&fields)
-            .ok()
-            .flatten()
-            .map(|(key, secs)| (key.to_string(), secs.saturating_mul(1000)));
         out.push(Enqueued { id, accepted: true });
         payloads.push((Value::Object(fields).to_string(), hold));
     }
