@@ -11,6 +11,7 @@
 #   scripts/bench.sh                       # 20,000 jobs at concurrency 1, 10, 50
 #   JOBS=5000 CONCURRENCY="1 8" scripts/bench.sh
 #   HANDLER=exec scripts/bench.sh          # a no-op Python exec handler instead
+#   BIN_DIR=/tmp/old scripts/bench.sh      # binaries built before (A/B)
 #
 # Uses CARGO_TARGET_DIR when set. Needs redis-server, redis-cli,
 # redis-benchmark and GNU time (/usr/bin/time; apt-get install -y time).
@@ -30,11 +31,16 @@ TARGET=${CARGO_TARGET_DIR:-target}
 for tool in redis-server redis-cli redis-benchmark /usr/bin/time; do
   command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
 done
-cargo build --quiet --release -p workerpool-worker --bins --example bench --example floor
-WORKER=$TARGET/release/workerpool-worker
-CLI=$TARGET/release/workerpool
-LATENCY=$TARGET/release/examples/bench
-FLOOR=$TARGET/release/examples/floor
+# BIN_DIR: binaries built before (workerpool-worker, workerpool, bench and
+# floor in one folder), to compare two builds on one machine.
+if [ -n "${BIN_DIR:-}" ]; then
+  WORKER=$BIN_DIR/workerpool-worker CLI=$BIN_DIR/workerpool
+  LATENCY=$BIN_DIR/bench FLOOR=$BIN_DIR/floor
+else
+  cargo build --quiet --release -p workerpool-worker --bins --example bench --example floor
+  WORKER=$TARGET/release/workerpool-worker CLI=$TARGET/release/workerpool
+  LATENCY=$TARGET/release/examples/bench FLOOR=$TARGET/release/examples/floor
+fi
 
 tmp=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -95,22 +101,22 @@ for c in $CONCURRENCY; do
   cli FLUSHALL >/dev/null
   "$CLI" enqueue --redis-url "$url" --queue "$QUEUE" <"$tmp/jobs" >/dev/null
   redis_before=$(redis_cpu)
-  start=$(date +%s%N)
+  start=${EPOCHREALTIME/./}
   /usr/bin/time -f '%U %S %M' -o "$tmp/time" \
     "$WORKER" --redis-url "$url" --queue "$QUEUE" --concurrency "$c" \
       --listen 127.0.0.1:0 --worker-id bench "${handler[@]}" 2>"$tmp/worker.log" &
   time_pid=$!
   # The steady rate leaves out the start: from the tenth job in ten done
-  # (the exec handler's children start with the worker).
+  # (the exec handler's children start with the worker). One redis-cli
+  # polls every 2 ms and bash reads its lines: a process started per poll
+  # would take a good part of a core from the worker and Redis.
   tenth=
-  while true; do
-    done_now=$(cli GET "$QUEUE:stats:processed")
+  while read -r done_now; do
     done_now=${done_now:-0}
-    if [ -z "$tenth" ] && [ "$done_now" -ge $((JOBS / 10)) ]; then tenth=$(date +%s%N); fi
+    if [ -z "$tenth" ] && [ "$done_now" -ge $((JOBS / 10)) ]; then tenth=${EPOCHREALTIME/./}; fi
     [ "$done_now" = "$JOBS" ] && break
-    sleep 0.005
-  done
-  end=$(date +%s%N)
+  done < <(cli -r -1 -i 0.002 GET "$QUEUE:stats:processed")
+  end=${EPOCHREALTIME/./}
   redis_after=$(redis_cpu)
   worker_pid=$(pgrep -P "$time_pid")
   sleep 0.5
@@ -119,8 +125,8 @@ for c in $CONCURRENCY; do
   wait "$time_pid"
   time_pid=
   read -r user sys peak_kb <"$tmp/time"
-  rate=$(( JOBS * 1000000000 / (end - start) ))
-  steady=$(( (JOBS - JOBS / 10) * 1000000000 / (end - tenth) ))
+  rate=$(( JOBS * 1000000 / (end - start) ))
+  steady=$(( (JOBS - JOBS / 10) * 1000000 / (end - tenth) ))
 
   latency=$("$LATENCY" "$url" "$c" "$SAMPLES" 2>/dev/null)
   # shellcheck disable=SC2001 # a capture group: ${latency//…} has none
