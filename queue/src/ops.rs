@@ -298,26 +298,22 @@ pub async fn settle(
     taking_args(&mut invocation, take, max_attempts, rate);
     for f in finished {
         let index = f.queue + 1;
-        let release = f.release.unwrap_or_default();
-        match f.settlement {
-            Settlement::Done => invocation
-                .arg("A")
-                .arg(index)
+        match (f.settlement, f.release) {
+            (Settlement::Done, None) => invocation.arg(format!("A{index}")).arg(f.payload),
+            (Settlement::Done, Some(release)) => invocation
+                .arg(format!("U{index}"))
                 .arg(f.payload)
-                .arg("")
                 .arg(release),
-            Settlement::Retry { next, delay } => invocation
-                .arg("T")
-                .arg(index)
+            (Settlement::Retry { next, delay }, _) => invocation
+                .arg(format!("T{index}"))
                 .arg(f.payload)
                 .arg(next.as_str())
                 .arg(delay.as_millis() as u64),
-            Settlement::Dead { envelope } => invocation
-                .arg("B")
-                .arg(index)
+            (Settlement::Dead { envelope }, release) => invocation
+                .arg(format!("B{index}"))
                 .arg(f.payload)
                 .arg(envelope.as_str())
-                .arg(release),
+                .arg(release.unwrap_or_default()),
         };
     }
     let (kept, flat, limit): (Vec<i64>, Vec<redis::Value>, (usize, i64)) =

@@ -80,11 +80,11 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// first: queue, processing, stats:processed, retry, stats:failed, dead,
 /// stats:dead, unique, unique:expiry, rate. ARGV: how many jobs to take,
 /// the attempt limit, the ids and the rate limit (as for [`FETCH`]), then
-/// five per settlement:
-/// `A`/`T`/`B`, the queue's index (1-based), the payload as held, and for
-/// `T` the next payload and the delay in ms, for `B` the envelope and for
-/// `A` an empty string, then for `A` and `B` the unique key's release
-/// token. Returns `{{1 or 0 per settlement}, {queue index, payload, stamp,
+/// per settlement a head, the kind and the queue's index (1-based, as in
+/// `A1`), the payload as held, and what the kind needs: `A` (done)
+/// nothing, `U` (done, freeing its unique key) the release token, `T`
+/// (retry) the next payload and the delay in ms, `B` (dead) the envelope
+/// and the release token. Returns `{{1 or 0 per settlement}, {queue index, payload, stamp,
 /// …taken}, {queue the limit stopped, ms until its next start}}`.
 pub static SETTLE: LazyLock<Script> =
     LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));

@@ -7,11 +7,13 @@
 -- unique:expiry, rate.
 -- ARGV: how many jobs to take, the pool's attempt limit, one 32-digit
 -- hex id per job to take, concatenated, and the rate limit's interval and
--- tolerance in ms (as for fetch.lua), then five per settlement: `A` (done), `T` (retry later) or `B` (dead-letter); the
--- queue's index (1-based); the payload as the processing list holds it;
--- for `T` the next attempt's payload and the delay in milliseconds, for
--- `B` the dead-letter envelope and the unique key's release token
--- (unique.lua; '' for none), for `A` an empty string and the release token.
+-- tolerance in ms (as for fetch.lua), then per settlement a head, the
+-- kind followed by the queue's index (1-based, e.g. `A1`), the payload as
+-- the processing list holds it, and what the kind needs:
+--   `A` done: nothing more;
+--   `U` done, freeing its unique key: the release token (unique.lua);
+--   `T` retry later: the next attempt's payload, the delay in ms;
+--   `B` dead-letter: the envelope, the release token ('' for none).
 -- Each settlement first removes its exact payload from the processing list
 -- and writes only if that happened: a job a reaper returned meanwhile is
 -- not settled twice.
@@ -23,26 +25,46 @@ local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
 local kept = {}
-for i = 6, #ARGV, 5 do
-  local kind, base, payload = ARGV[i], (tonumber(ARGV[i + 1]) - 1) * 10, ARGV[i + 2]
-  local processing, processed = KEYS[base + 2], KEYS[base + 3]
-  local retry, failed, dead, dead_total = KEYS[base + 4], KEYS[base + 5], KEYS[base + 6], KEYS[base + 7]
-  local ok = redis.call('LREM', processing, 1, payload)
+-- Counters add up per key and are written once per script, not per job.
+local counts, counted = {}, {}
+local function count(key)
+  local n = counts[key]
+  if not n then
+    counted[#counted + 1] = key
+    n = 0
+  end
+  counts[key] = n + 1
+end
+local i = 6
+while i <= #ARGV do
+  local head, payload = ARGV[i], ARGV[i + 1]
+  local kind, base = string.byte(head, 1), (tonumber(string.sub(head, 2)) - 1) * 10
+  local extra = ARGV[i + 2]
+  i = i + (kind == 65 and 2 or kind == 85 and 3 or 4)
+  -- From the tail: the list is newest first, and the jobs that finish
+  -- first are mostly the oldest, so the match is found within a few
+  -- entries instead of after every job still running.
+  local ok = redis.call('LREM', KEYS[base + 2], -1, payload)
   if ok == 1 then
-    if kind == 'A' then
-      redis.call('INCR', processed)
-      release(KEYS[base + 8], KEYS[base + 9], ARGV[i + 4])
-    elseif kind == 'T' then
-      redis.call('ZADD', retry, now + tonumber(ARGV[i + 4]), ARGV[i + 3])
-      redis.call('INCR', failed)
-    else
-      redis.call('LPUSH', dead, ARGV[i + 3])
-      redis.call('INCR', failed)
-      redis.call('INCR', dead_total)
-      release(KEYS[base + 8], KEYS[base + 9], ARGV[i + 4])
+    if kind == 65 or kind == 85 then -- A, U
+      count(KEYS[base + 3])
+      if kind == 85 then
+        release(KEYS[base + 8], KEYS[base + 9], extra)
+      end
+    elseif kind == 84 then -- T
+      redis.call('ZADD', KEYS[base + 4], now + tonumber(ARGV[i - 1]), extra)
+      count(KEYS[base + 5])
+    else -- B
+      redis.call('LPUSH', KEYS[base + 6], extra)
+      count(KEYS[base + 5])
+      count(KEYS[base + 7])
+      release(KEYS[base + 8], KEYS[base + 9], ARGV[i - 1])
     end
   end
   kept[#kept + 1] = ok
+end
+for _, key in ipairs(counted) do
+  redis.call('INCRBY', key, counts[key])
 end
 local taken = {}
 local limited, wait = 0, -1

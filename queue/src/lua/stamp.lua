@@ -1,3 +1,6 @@
+-- `now` as text, made once per script rather than once per job.
+local now_text = string.format('%d', now)
+
 -- stamp(payload, max_attempts, id): the intake stamp, done as a job is
 -- taken so that its handler can start without another round trip. Returns
 -- the payload to hold in the processing list and how it was stamped:
@@ -27,10 +30,21 @@ local function stamp(v, max_attempts, id)
     return v, 0
   end
   local has_id, has_enqueued
-  if string.find(v, '"attempt"', 1, true) or string.find(v, '"id"', 1, true)
-      or string.find(v, '"enqueued_at"', 1, true) then
-    -- One of the names is somewhere in the payload: read the object's own
-    -- fields (a small payload only; a large one is the worker's to parse).
+  local has_attempt = string.find(v, '"attempt"', 1, true)
+  local names_id = string.find(v, '"id"', 1, true)
+  if has_attempt or names_id or string.find(v, '"enqueued_at"', 1, true) then
+    -- One of the names is somewhere in the payload. What workerpool's own
+    -- producers write (the CLI, the library, schedules) ends with
+    -- `"id":"…","enqueued_at":N}`: a field just before the closing brace
+    -- is the object's own, and so, with no `attempt` and `id` named, both
+    -- are taken as present. Taking a field as present is safe either way: the worker
+    -- checks the stamped job and takes the untouched path when one is not.
+    local e = names_id and not has_attempt and string.find(v, '","enqueued_at":', math.max(1, #v - 40), true)
+    if e and string.find(v, '^%d+}$', e + 16) then
+      return '{"attempt":1,' .. string.sub(v, 2), 12
+    end
+    -- Else read the object's own fields (a small payload only; a large one
+    -- is the worker's to parse).
     if #v > 4096 then
       return v, 0
     end
@@ -40,12 +54,18 @@ local function stamp(v, max_attempts, id)
     end
     has_id, has_enqueued = fields.id ~= nil, fields.enqueued_at ~= nil
   end
-  local add = '"attempt":1'
-  if not has_id then
-    add = add .. ',"id":"' .. id .. '"'
-  end
-  if not has_enqueued then
-    add = add .. ',"enqueued_at":' .. string.format('%d', now)
+  local add
+  if not has_id and not has_enqueued then
+    -- The common case in one concatenation.
+    add = '"attempt":1,"id":"' .. id .. '","enqueued_at":' .. now_text
+  else
+    add = '"attempt":1'
+    if not has_id then
+      add = add .. ',"id":"' .. id .. '"'
+    end
+    if not has_enqueued then
+      add = add .. ',"enqueued_at":' .. now_text
+    end
   end
   local rest = string.sub(v, 2)
   if string.find(rest, '^%s*}') then

@@ -15,16 +15,37 @@ local function take_jobs(waiting, processing, bucket, index, want, out, max_atte
     room, tat = admissible(bucket, want, interval, tolerance)
   end
   local started = 0
-  while started < room do
+  -- One RPOP for the whole batch and one LPUSH of every stamped payload:
+  -- two commands per take instead of two per job. RPOP with a count hands
+  -- the oldest first, and pushing them in that order leaves the newest at
+  -- the head of the processing list, as a job-by-job move would.
+  if room == 1 then
+    -- One job: the plain commands, without the tables a batch needs.
     local v = redis.call('RPOP', waiting)
-    if not v then break end
-    local k = #out / 3
-    local held, how = stamp(v, max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
-    redis.call('LPUSH', processing, held)
-    out[#out + 1] = index
-    out[#out + 1] = held
-    out[#out + 1] = how
-    started = started + 1
+    if v then
+      local held, how = stamp(v, max_attempts, string.sub(ids, #out / 3 * 32 + 1, #out / 3 * 32 + 32))
+      redis.call('LPUSH', processing, held)
+      out[#out + 1] = index
+      out[#out + 1] = held
+      out[#out + 1] = how
+      started = 1
+    end
+  end
+  local popped = room > 1 and redis.call('RPOP', waiting, room)
+  if popped then
+    local held_all = {}
+    for j = 1, #popped do
+      local k = #out / 3
+      local held, how = stamp(popped[j], max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
+      held_all[j] = held
+      out[#out + 1] = index
+      out[#out + 1] = held
+      out[#out + 1] = how
+    end
+    started = #popped
+    for from = 1, started, 1000 do
+      redis.call('LPUSH', processing, unpack(held_all, from, math.min(from + 999, started)))
+    end
   end
   if interval > 0 then
     local next_in = spend(bucket, tat, started, interval, tolerance)

@@ -347,6 +347,29 @@ mod tests {
     }
 
     #[test]
+    fn a_job_the_script_took_for_having_an_id_it_has_only_nested_gets_one_from_the_worker() {
+        // The script reads `"id"` somewhere and `enqueued_at` last as both
+        // present, and adds only the attempt.
+        let pushed = br#"{"data":{"id":7},"task":"t","enqueued_at":5}"#;
+        let held = br#"{"attempt":1,"data":{"id":7},"task":"t","enqueued_at":5}"#.to_vec();
+        let stamp = Stamp::Fresh(12);
+        assert_eq!(job::unstamped(&held, stamp), pushed.to_vec());
+        let plan = plan(vec![(held.clone(), stamp)], 1, NOW, 5, "w~1");
+        assert!(
+            plan.ready.is_empty(),
+            "no top-level id: the stamp does not stand"
+        );
+        let IntakeAction::Run { held: h, stamped } = &plan.actions[0] else {
+            panic!("{:?}", plan.actions[0]);
+        };
+        assert_eq!(*h, held);
+        let (job, _) = plan.runs[0].as_ref().expect("runs");
+        assert_eq!(job.attempt(), 1);
+        assert_eq!(job.id().len(), 32, "a fresh id: {stamped}");
+        assert_eq!(job.data()["id"], 7);
+    }
+
+    #[test]
     fn a_stamped_job_beyond_the_free_slots_goes_back_as_it_was_pushed() {
         let plan = plan(vec![fresh(r#""task":"t"}"#)], 0, NOW, 5, "w~1");
         assert!(plan.ready.is_empty());
