@@ -103,31 +103,48 @@ impl Worker {
     }
 
     /// Settles finished jobs in batches: each round trip settles every job
-    /// that finished while the previous one was in flight, and takes new
-    /// jobs into the slots they free (none once the drain has started). An
-    /// idle worker flushes a single job at once, so batching adds no wait.
+    /// that finished since the last one was sent, and takes new jobs into
+    /// the slots they free (none once the drain has started). Up to
+    /// [`SETTLES_IN_FLIGHT`] round trips are under way at once, so the
+    /// worker prepares the next batch while Redis runs the last one instead
+    /// of each waiting for the other. An idle worker flushes a single job
+    /// at once, so batching adds no wait.
     pub(super) async fn settle_loop(
         self: Arc<Self>,
         mut finished: tokio::sync::mpsc::UnboundedReceiver<Settling>,
         stop: CancellationToken,
     ) {
+        // A batch holds a share of the slots, so that the jobs of one batch
+        // run while the others' round trips are under way; but no fewer
+        // than SPLIT_BELOW jobs, under which each script's fixed cost in
+        // Redis outweighs the overlap (docs/benchmarks.md).
+        let most = self
+            .config
+            .concurrency
+            .div_ceil(SETTLES_IN_FLIGHT)
+            .clamp(SPLIT_BELOW, MAX_BATCH);
+        let mut flushing = FuturesUnordered::new();
         loop {
             let first = tokio::select! {
-                next = finished.recv() => match next {
+                biased;
+                Some(()) = flushing.next(), if !flushing.is_empty() => continue,
+                next = finished.recv(), if flushing.len() < SETTLES_IN_FLIGHT => match next {
                     Some(f) => f,
                     None => break,
                 },
                 _ = stop.cancelled() => break,
             };
             let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
+            while batch.len() < most {
                 match finished.try_recv() {
                     Ok(f) => batch.push(f),
                     Err(_) => break,
                 }
             }
-            self.flush(batch).await;
+            flushing.push(self.flush(batch));
         }
+        // Every settlement sent gets its answer: a job's task waits for it.
+        while flushing.next().await.is_some() {}
     }
 
     /// One settle round trip for `batch`, retried with backoff until done or
