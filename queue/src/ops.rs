@@ -104,27 +104,50 @@ fn taking_args(
         .arg(tolerance);
 }
 
-/// Reads the flat `queue index, payload, stamp` triples of a taking script
-/// and its `{limited queue, wait ms}` pair.
-fn taken(flat: &[redis::Value], limit: (usize, i64)) -> RedisResult<Taken> {
-    let mut jobs = Vec::with_capacity(flat.len() / 3);
-    for triple in flat.chunks_exact(3) {
-        let index: usize = redis::from_redis_value_ref(&triple[0])?;
-        let stamp: i64 = redis::from_redis_value_ref(&triple[2])?;
-        jobs.push(Fetched {
-            queue: index.saturating_sub(1),
-            payload: redis::from_redis_value_ref(&triple[1])?,
-            stamp: Stamp::from_reply(stamp),
-        });
+/// Reads a taking script's flat reply from `at` on: groups of a queue
+/// index (1-based) and a count, each followed by that many pairs of the
+/// payload as held and its stamp.
+fn taken(reply: &[redis::Value], mut at: usize) -> RedisResult<Vec<Fetched>> {
+    let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v);
+    let mut jobs = Vec::new();
+    while at + 1 < reply.len() {
+        let index = int(&reply[at])?;
+        let count = usize::try_from(int(&reply[at + 1])?).unwrap_or(0);
+        let pairs = reply
+            .get(at + 2..at + 2 + 2 * count)
+            .ok_or_else(|| malformed_reply("a group of taken jobs is cut short"))?;
+        jobs.reserve(count);
+        for pair in pairs.chunks_exact(2) {
+            jobs.push(Fetched {
+                queue: usize::try_from(index - 1).unwrap_or(0),
+                payload: redis::from_redis_value_ref(&pair[0])?,
+                stamp: Stamp::from_reply(int(&pair[1])?),
+            });
+        }
+        at += 2 + 2 * count;
     }
-    let limited = match limit {
-        (queue, wait) if queue > 0 && wait >= 0 => Some(Limited {
-            queue: queue - 1,
-            wait: Duration::from_millis(wait as u64),
-        }),
-        _ => None,
+    Ok(jobs)
+}
+
+/// The `limited queue, wait ms` pair that starts a taking script's reply.
+fn limited(reply: &[redis::Value]) -> RedisResult<Option<Limited>> {
+    let (Some(queue), Some(wait)) = (reply.first(), reply.get(1)) else {
+        return Err(malformed_reply("no rate-limit pair"));
     };
-    Ok(Taken { jobs, limited })
+    let queue: i64 = redis::from_redis_value_ref(queue)?;
+    let wait: i64 = redis::from_redis_value_ref(wait)?;
+    Ok((queue > 0 && wait >= 0).then(|| Limited {
+        queue: (queue - 1) as usize,
+        wait: Duration::from_millis(wait as u64),
+    }))
+}
+
+fn malformed_reply(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "unexpected reply from a queue script",
+        what.to_string(),
+    ))
 }
 
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
@@ -148,8 +171,11 @@ pub async fn fetch(
             .key(q.rate());
     }
     taking_args(&mut invocation, n, max_attempts, rate);
-    let (flat, limit): (Vec<redis::Value>, (usize, i64)) = invocation.invoke_async(conn).await?;
-    taken(&flat, limit)
+    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    Ok(Taken {
+        limited: limited(&reply)?,
+        jobs: taken(&reply, 2)?,
+    })
 }
 
 /// Waits up to `timeout` for a job on one queue and moves it into the
@@ -316,11 +342,25 @@ pub async fn settle(
                 .arg(release.unwrap_or_default()),
         };
     }
-    let (kept, flat, limit): (Vec<i64>, Vec<redis::Value>, (usize, i64)) =
-        invocation.invoke_async(conn).await?;
+    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let lost = reply
+        .get(2)
+        .map(redis::from_redis_value_ref::<usize>)
+        .transpose()?
+        .ok_or_else(|| malformed_reply("no count of settlements whose job was gone"))?;
+    let mut kept = vec![true; finished.len()];
+    for position in reply.get(3..3 + lost).unwrap_or_default() {
+        let position: usize = redis::from_redis_value_ref(position)?;
+        if let Some(k) = position.checked_sub(1).and_then(|i| kept.get_mut(i)) {
+            *k = false;
+        }
+    }
     Ok((
-        kept.into_iter().map(|k| k == 1).collect(),
-        taken(&flat, limit)?,
+        kept,
+        Taken {
+            limited: limited(&reply)?,
+            jobs: taken(&reply, 3 + lost)?,
+        },
     ))
 }
 

@@ -48,9 +48,10 @@ fn taking_script(body: &str) -> Script {
 /// [`crate::job::Stamp`]), no more from a queue than its rate limit allows
 /// (`rate.lua`). ARGV: the count, the attempt limit, the ids for fresh jobs
 /// (32 hex digits each, concatenated), the limit's interval and tolerance
-/// in ms (interval 0: none). Returns `{{queue index (1-based), payload as
-/// held, stamp, …}, {queue the limit stopped, ms until its next start}}`,
-/// the latter `{0, -1}` when no limit stopped it.
+/// in ms (interval 0: none). Returns one flat array: the queue the limit
+/// stopped and the ms until its next start (`0, -1` when no limit stopped
+/// it), then groups of a queue index (1-based) and a count, each followed
+/// by that many pairs of payload as held and stamp.
 pub static FETCH: LazyLock<Script> = LazyLock::new(|| taking_script(include_str!("lua/fetch.lua")));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
@@ -84,8 +85,10 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// `A1`), the payload as held, and what the kind needs: `A` (done)
 /// nothing, `U` (done, freeing its unique key) the release token, `T`
 /// (retry) the next payload and the delay in ms, `B` (dead) the envelope
-/// and the release token. Returns `{{1 or 0 per settlement}, {queue index, payload, stamp,
-/// …taken}, {queue the limit stopped, ms until its next start}}`.
+/// and the release token. Returns one flat array: the limit's pair as
+/// [`FETCH`] does, how many settlements found their job gone and the
+/// position (1-based) of each, then the jobs taken, grouped as [`FETCH`]
+/// returns them.
 pub static SETTLE: LazyLock<Script> =
     LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));
 

@@ -196,7 +196,7 @@ const ROWS: &[Row] = &[
         ],
     },
     Row {
-        rule: "a fetch adds only the attempt to what workerpool's producers write, id and enqueued_at last, and to any object ending with enqueued_at that names an id (the worker checks the id is its own)",
+        rule: "a fetch adds only the attempt to what workerpool's producers write, id and enqueued_at last, and reads the fields of other objects that name an id",
         given: &[&[
             "LPUSH",
             "<q>",
@@ -204,9 +204,9 @@ const ROWS: &[Row] = &[
             r#"{"data":{"id":7},"task":"t","enqueued_at":5}"#,
         ]],
         op: Op::Fetch(2),
-        reply: "[{attempt:1,task:t,data:{id:7},id:mine,enqueued_at:5} ~fresh, {attempt:1,data:{id:7},task:t,enqueued_at:5} ~fresh]",
+        reply: "[{attempt:1,task:t,data:{id:7},id:mine,enqueued_at:5} ~fresh, {attempt:1,id:<id>,data:{id:7},task:t,enqueued_at:5} ~fresh]",
         then: &[
-            "<q>:processing:w~1=[{attempt:1,data:{id:7},task:t,enqueued_at:5}, {attempt:1,task:t,data:{id:7},id:mine,enqueued_at:5}]",
+            "<q>:processing:w~1=[{attempt:1,id:<id>,data:{id:7},task:t,enqueued_at:5}, {attempt:1,task:t,data:{id:7},id:mine,enqueued_at:5}]",
         ],
     },
     Row {

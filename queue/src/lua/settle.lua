@@ -17,14 +17,16 @@
 -- Each settlement first removes its exact payload from the processing list
 -- and writes only if that happened: a job a reaper returned meanwhile is
 -- not settled twice.
--- Returns {{1 or 0 per settlement: whether the job was still ours},
--- {queue index (1-based), payload as held, stamp, … for each job taken},
--- {queue index, ms until its next start} when a rate limit stopped the
--- taking with jobs left, else {0, -1}}.
+-- Returns one flat array: the queue index and ms until its next start
+-- when a rate limit stopped the taking with jobs left (else 0, -1); how
+-- many settlements found their job gone (a reaper returned it meanwhile)
+-- and the position (1-based) of each; then the jobs taken, grouped as
+-- fetch.lua returns them.
 local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
-local kept = {}
+local out = {0, -1, 0}
+local settlement = 0
 -- Counters add up per key and are written once per script, not per job.
 local counts, counted = {}, {}
 local function count(key)
@@ -38,14 +40,18 @@ end
 local i = 6
 while i <= #ARGV do
   local head, payload = ARGV[i], ARGV[i + 1]
-  local kind, base = string.byte(head, 1), (tonumber(string.sub(head, 2)) - 1) * 10
+  local kind, base = byte(head, 1), (tonumber(sub(head, 2)) - 1) * 10
   local extra = ARGV[i + 2]
   i = i + (kind == 65 and 2 or kind == 85 and 3 or 4)
   -- From the tail: the list is newest first, and the jobs that finish
   -- first are mostly the oldest, so the match is found within a few
   -- entries instead of after every job still running.
   local ok = redis.call('LREM', KEYS[base + 2], -1, payload)
-  if ok == 1 then
+  settlement = settlement + 1
+  if ok == 0 then
+    out[3] = out[3] + 1
+    out[#out + 1] = settlement
+  else
     if kind == 65 or kind == 85 then -- A, U
       count(KEYS[base + 3])
       if kind == 85 then
@@ -61,21 +67,19 @@ while i <= #ARGV do
       release(KEYS[base + 8], KEYS[base + 9], ARGV[i - 1])
     end
   end
-  kept[#kept + 1] = ok
 end
 for _, key in ipairs(counted) do
   redis.call('INCRBY', key, counts[key])
 end
-local taken = {}
-local limited, wait = 0, -1
+local taken = 0
 for base = 0, #KEYS - 10, 10 do
   if take == 0 then break end
   local index = base / 10 + 1
   local started, next_in = take_jobs(KEYS[base + 1], KEYS[base + 2], KEYS[base + 10], index,
-    take, taken, max_attempts, ids, interval, tolerance)
-  take = take - started
-  if next_in and (wait < 0 or next_in < wait) then
-    limited, wait = index, next_in
+    take, out, taken, max_attempts, ids, interval, tolerance)
+  take, taken = take - started, taken + started
+  if next_in and (out[2] < 0 or next_in < out[2]) then
+    out[1], out[2] = index, next_in
   end
 end
-return {kept, taken, {limited, wait}}
+return out

@@ -1,48 +1,47 @@
--- take_jobs(waiting, processing, bucket, index, want, out, max_attempts,
--- ids, interval, tolerance): the taking half shared by fetch.lua and
--- settle.lua (a function they start with, after now.lua, stamp.lua and
--- rate.lua). Moves up to `want` jobs from the queue `waiting` into
--- `processing`, stamped (stamp.lua, with the ids after those already in
--- `out`), no more than the rate bucket `bucket` allows (rate.lua; interval
--- 0: no limit), and appends a triple of `index`, payload as held and stamp
--- to `out` for each. Returns how many it took and, when the limit stopped
--- it with jobs left in the queue and more wanted, the ms until the next
--- start is allowed (else nil).
-local function take_jobs(waiting, processing, bucket, index, want, out, max_attempts, ids,
-                         interval, tolerance)
+-- take_jobs(waiting, processing, bucket, index, want, out, taken,
+-- max_attempts, ids, interval, tolerance): the taking half shared by
+-- fetch.lua and settle.lua (a function they start with, after now.lua,
+-- stamp.lua and rate.lua). Moves up to `want` jobs from the queue
+-- `waiting` into `processing`, stamped (stamp.lua, with the ids after the
+-- `taken` jobs this script took before), no more than the rate bucket
+-- `bucket` allows (rate.lua; interval 0: no limit). When it takes any, it
+-- appends to the flat reply `out` the group `index, count`, then the
+-- payload as held and the stamp of each job. Returns how many it took and,
+-- when the limit stopped it with jobs left in the queue and more wanted,
+-- the ms until the next start is allowed (else nil).
+local function take_jobs(waiting, processing, bucket, index, want, out, taken, max_attempts,
+                         ids, interval, tolerance)
   local room, tat = want, 0
   if interval > 0 then
     room, tat = admissible(bucket, want, interval, tolerance)
   end
   local started = 0
+  if room == 1 then
+    -- One job: the plain commands, without the table a batch needs.
+    local v = redis.call('RPOP', waiting)
+    if v then
+      local held, how = stamp(v, max_attempts, ids, taken)
+      redis.call('LPUSH', processing, held)
+      local n = #out
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = index, 1, held, how
+      started = 1
+    end
+  end
   -- One RPOP for the whole batch and one LPUSH of every stamped payload:
   -- two commands per take instead of two per job. RPOP with a count hands
   -- the oldest first, and pushing them in that order leaves the newest at
   -- the head of the processing list, as a job-by-job move would.
-  if room == 1 then
-    -- One job: the plain commands, without the tables a batch needs.
-    local v = redis.call('RPOP', waiting)
-    if v then
-      local held, how = stamp(v, max_attempts, string.sub(ids, #out / 3 * 32 + 1, #out / 3 * 32 + 32))
-      redis.call('LPUSH', processing, held)
-      out[#out + 1] = index
-      out[#out + 1] = held
-      out[#out + 1] = how
-      started = 1
-    end
-  end
   local popped = room > 1 and redis.call('RPOP', waiting, room)
   if popped then
-    local held_all = {}
-    for j = 1, #popped do
-      local k = #out / 3
-      local held, how = stamp(popped[j], max_attempts, string.sub(ids, 32 * k + 1, 32 * k + 32))
-      held_all[j] = held
-      out[#out + 1] = index
-      out[#out + 1] = held
-      out[#out + 1] = how
-    end
     started = #popped
+    local n = #out
+    out[n + 1], out[n + 2] = index, started
+    local held_all = {}
+    for j = 1, started do
+      local held, how = stamp(popped[j], max_attempts, ids, taken + j - 1)
+      held_all[j] = held
+      out[n + 2 * j + 1], out[n + 2 * j + 2] = held, how
+    end
     for from = 1, started, 1000 do
       redis.call('LPUSH', processing, unpack(held_all, from, math.min(from + 999, started)))
     end

@@ -348,8 +348,8 @@ mod tests {
 
     #[test]
     fn a_job_the_script_took_for_having_an_id_it_has_only_nested_gets_one_from_the_worker() {
-        // The script reads `"id"` somewhere and `enqueued_at` last as both
-        // present, and adds only the attempt.
+        // Should the script take an `id` that sits in a nested object just
+        // before `enqueued_at` for the object's own, it adds only the attempt.
         let pushed = br#"{"data":{"id":7},"task":"t","enqueued_at":5}"#;
         let held = br#"{"attempt":1,"data":{"id":7},"task":"t","enqueued_at":5}"#.to_vec();
         let stamp = Stamp::Fresh(12);
