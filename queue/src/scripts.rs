@@ -14,7 +14,11 @@ use redis::Script;
 /// Server time in unix milliseconds as `now`, prepended to every script.
 const NOW_MS: &str = include_str!("lua/now.lua");
 
-/// The intake stamp done as jobs are taken, prepended (after [`NOW_MS`]) to
+/// `now()`, the server time read only when a script asks for it: the
+/// scripts that take jobs start with it instead of [`NOW_MS`].
+const CLOCK: &str = include_str!("lua/clock.lua");
+
+/// The intake stamp done as jobs are taken, prepended (after [`CLOCK`]) to
 /// the scripts that take jobs.
 const STAMP: &str = include_str!("lua/stamp.lua");
 
@@ -27,7 +31,8 @@ const RATE: &str = include_str!("lua/rate.lua");
 const TAKE: &str = include_str!("lua/take.lua");
 
 /// `release()`, which frees a finished job's unique key, prepended (after
-/// [`NOW_MS`]) to the scripts that end jobs.
+/// [`NOW_MS`], or [`TAKE`] in the taking scripts) to the scripts that end
+/// jobs.
 const UNIQUE: &str = include_str!("lua/unique.lua");
 
 pub(crate) fn script(body: &str) -> Script {
@@ -39,7 +44,7 @@ fn ending_script(body: &str) -> Script {
 }
 
 fn taking_script(body: &str) -> Script {
-    Script::new(&format!("{NOW_MS}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
+    Script::new(&format!("{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
 }
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,

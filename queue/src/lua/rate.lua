@@ -1,5 +1,5 @@
 -- The rate limit of a queue (a function the scripts that take jobs start
--- with, after now.lua): a GCRA bucket (generic cell rate algorithm) in one
+-- with, after clock.lua): a GCRA bucket (generic cell rate algorithm) in one
 -- key, `<q>:rate`, holding the theoretical arrival time (TAT) of the next
 -- start in unix ms (Redis clock, with a fraction). A start at `now` is
 -- allowed when now >= TAT - tolerance, and moves TAT to
@@ -9,11 +9,12 @@
 -- admissible(key, want, interval, tolerance): how many of `want` starts
 -- the bucket allows now, and the TAT to spend them from.
 local function admissible(key, want, interval, tolerance)
-  local tat = tonumber(redis.call('GET', key)) or now
-  if tat < now then
-    tat = now
+  local t = now()
+  local tat = tonumber(redis.call('GET', key)) or t
+  if tat < t then
+    tat = t
   end
-  local k = math.floor((now + tolerance - tat) / interval + 1e-9) + 1
+  local k = math.floor((t + tolerance - tat) / interval + 1e-9) + 1
   if k < 0 then
     k = 0
   end
@@ -29,9 +30,9 @@ end
 local function spend(key, tat, started, interval, tolerance)
   if started > 0 then
     tat = tat + started * interval
-    redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1)
+    redis.call('SET', key, string.format('%.3f', tat), 'PX', math.ceil(tat - now()) + 1)
   end
-  local wait = math.ceil(tat - tolerance - now)
+  local wait = math.ceil(tat - tolerance - now())
   if wait < 1 then
     wait = 1
   end

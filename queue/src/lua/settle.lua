@@ -58,7 +58,7 @@ while i <= #ARGV do
         release(KEYS[base + 8], KEYS[base + 9], extra)
       end
     elseif kind == 84 then -- T
-      redis.call('ZADD', KEYS[base + 4], now + tonumber(ARGV[i - 1]), extra)
+      redis.call('ZADD', KEYS[base + 4], now() + tonumber(ARGV[i - 1]), extra)
       count(KEYS[base + 5])
     else -- B
       redis.call('LPUSH', KEYS[base + 6], extra)

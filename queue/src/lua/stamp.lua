@@ -1,8 +1,9 @@
 -- Locals for the string functions the stamp calls for every job taken
 -- (a global lookup per call costs Redis as much as a short search), and
--- `now` as text, made once per script rather than once per job.
+-- `now` as text, made once per script (when a job needs it) rather than
+-- once per job.
 local byte, find, sub, match = string.byte, string.find, string.sub, string.match
-local now_text = string.format('%d', now)
+local now_text
 
 -- stamp(payload, max_attempts, ids, k): the intake stamp, done as a job is
 -- taken so that its handler can start without another round trip. Returns
@@ -17,7 +18,7 @@ local now_text = string.format('%d', now)
 -- recover them exactly; it checks every stamped job again and takes the
 -- untouched path itself when it disagrees. A fresh job without an id gets
 -- the k-th (0-based) of the 32-hex-digit ids in `ids`, made by the caller;
--- `now` comes from now.lua.
+-- `now()` comes from clock.lua.
 --
 -- The searches look for a name with its closing quote but not its opening
 -- one (`run_at"`): the opening quote is the commonest byte of a JSON
@@ -41,17 +42,16 @@ local function stamp(v, max_attempts, ids, k)
     return v, 0
   end
   local has_attempt = find(v, 'attempt"', 1, true)
-  if not has_attempt then
-    -- What workerpool's own producers write (the CLI, the library,
-    -- schedules) ends with `,"id":"<32 hex digits>","enqueued_at":N}`:
-    -- fields just before the object's closing brace are its own.
-    local e = find(v, '","enqueued_at":', #v > 64 and #v - 64 or 1, true)
-    if e and e > 39 and find(v, '^%d+}$', e + 16) and find(v, '^,"id":"', e - 39) then
-      return '{"attempt":1,' .. sub(v, 2), 12
-    end
+  local enqueued = find(v, 'enqueued_at"', 1, true)
+  -- What workerpool's own producers write (the CLI, the library,
+  -- schedules) ends with `,"id":"<32 hex digits>","enqueued_at":N}`:
+  -- fields just before the object's closing brace are its own.
+  if enqueued and not has_attempt and enqueued > 42
+      and find(v, '^","enqueued_at":%d+}$', enqueued - 3) and find(v, '^,"id":"', enqueued - 42) then
+    return '{"attempt":1,' .. sub(v, 2), 12
   end
   local has_id, has_enqueued
-  if has_attempt or find(v, 'id"', 1, true) or find(v, 'enqueued_at"', 1, true) then
+  if has_attempt or enqueued or find(v, 'id"', 1, true) then
     -- One of the names is somewhere in the payload: read the object's own
     -- fields (a small payload only; a large one is the worker's to parse).
     if #v > 4096 then
@@ -63,21 +63,23 @@ local function stamp(v, max_attempts, ids, k)
     end
     has_id, has_enqueued = fields.id ~= nil, fields.enqueued_at ~= nil
   end
-  local add
+  if not has_enqueued and not now_text then
+    now_text = string.format('%d', now())
+  end
+  -- A comma after the added fields unless the object is empty; the bytes
+  -- added are what the held payload has beyond the pushed one.
+  local comma = find(v, '^%s*}', 2) and '' or ','
+  local held
   if not has_id and not has_enqueued then
     -- The common case in one concatenation.
-    add = '"attempt":1,"id":"' .. sub(ids, 32 * k + 1, 32 * k + 32) .. '","enqueued_at":' .. now_text
+    held = '{"attempt":1,"id":"' .. sub(ids, 32 * k + 1, 32 * k + 32) .. '","enqueued_at":'
+      .. now_text .. comma .. sub(v, 2)
+  elseif not has_id then
+    held = '{"attempt":1,"id":"' .. sub(ids, 32 * k + 1, 32 * k + 32) .. '"' .. comma .. sub(v, 2)
+  elseif not has_enqueued then
+    held = '{"attempt":1,"enqueued_at":' .. now_text .. comma .. sub(v, 2)
   else
-    add = '"attempt":1'
-    if not has_id then
-      add = add .. ',"id":"' .. sub(ids, 32 * k + 1, 32 * k + 32) .. '"'
-    end
-    if not has_enqueued then
-      add = add .. ',"enqueued_at":' .. now_text
-    end
+    held = '{"attempt":1' .. comma .. sub(v, 2)
   end
-  if find(v, '^%s*}', 2) then
-    return '{' .. add .. sub(v, 2), #add
-  end
-  return '{' .. add .. ',' .. sub(v, 2), #add + 1
+  return held, #held - #v
 end

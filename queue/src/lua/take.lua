@@ -1,6 +1,6 @@
 -- take_jobs(waiting, processing, bucket, index, want, out, taken,
 -- max_attempts, ids, interval, tolerance): the taking half shared by
--- fetch.lua and settle.lua (a function they start with, after now.lua,
+-- fetch.lua and settle.lua (a function they start with, after clock.lua,
 -- stamp.lua and rate.lua). Moves up to `want` jobs from the queue
 -- `waiting` into `processing`, stamped (stamp.lua, with the ids after the
 -- `taken` jobs this script took before), no more than the rate bucket
