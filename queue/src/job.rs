@@ -427,11 +427,20 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
     let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
         return None;
     };
-    let stands = check_types(&fields).is_ok()
-        && read_u64(&fields, field::ATTEMPT) == Some(expected)
-        && fields.contains_key(field::ID)
-        && fields.contains_key(field::ENQUEUED_AT)
-        && !fields.contains_key(field::RUN_AT);
+    // One pass over the fields rather than a hashed lookup per name: this
+    // runs for every job taken.
+    let (mut types_hold, mut attempt, mut has_id, mut has_enqueued) = (true, None, false, false);
+    for (name, value) in &fields {
+        match name.as_str() {
+            field::TASK => types_hold &= value.is_string(),
+            field::ID => (types_hold, has_id) = (types_hold && value.is_string(), true),
+            field::ATTEMPT => attempt = value.as_u64(),
+            field::ENQUEUED_AT => (types_hold, has_enqueued) = (types_hold && value.is_u64(), true),
+            field::RUN_AT => return None,
+            _ => {}
+        }
+    }
+    let stands = types_hold && attempt == Some(expected) && has_id && has_enqueued;
     stands.then_some(Job { fields })
 }
 

@@ -6,12 +6,13 @@
 //! text would fail on the first payload that is not UTF-8, after the fetch
 //! had already moved it.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::connection::Conn;
 use redis::AsyncCommands;
 
-use crate::job::{Stamp, new_id};
+use crate::job::Stamp;
 use crate::keys::QueueKeys;
 use crate::rate::RateLimit;
 use crate::scripts;
@@ -94,7 +95,12 @@ fn taking_args(
     max_attempts: u32,
     rate: Option<&RateLimit>,
 ) {
-    let ids: String = (0..n).map(|_| new_id()).collect();
+    // One buffer for every id (they are written for every slot, whether
+    // the jobs need them or not).
+    let mut ids = String::with_capacity(32 * n);
+    for _ in 0..n {
+        let _ = write!(ids, "{:032x}", rand::random::<u128>());
+    }
     let (interval, tolerance) = rate.map_or((0.0, 0.0), |r| (r.interval_ms(), r.tolerance_ms()));
     invocation
         .arg(n)
@@ -107,20 +113,22 @@ fn taking_args(
 /// Reads a taking script's flat reply from `at` on: groups of a queue
 /// index (1-based) and a count, each followed by that many pairs of the
 /// payload as held and its stamp.
-fn taken(reply: &[redis::Value], mut at: usize) -> RedisResult<Vec<Fetched>> {
+fn taken(reply: &mut [redis::Value], mut at: usize) -> RedisResult<Vec<Fetched>> {
     let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v);
     let mut jobs = Vec::new();
     while at + 1 < reply.len() {
         let index = int(&reply[at])?;
         let count = usize::try_from(int(&reply[at + 1])?).unwrap_or(0);
         let pairs = reply
-            .get(at + 2..at + 2 + 2 * count)
+            .get_mut(at + 2..at + 2 + 2 * count)
             .ok_or_else(|| malformed_reply("a group of taken jobs is cut short"))?;
         jobs.reserve(count);
-        for pair in pairs.chunks_exact(2) {
+        for pair in pairs.chunks_exact_mut(2) {
+            // The payload's bytes move out of the reply rather than being copied.
+            let payload = std::mem::replace(&mut pair[0], redis::Value::Nil);
             jobs.push(Fetched {
                 queue: usize::try_from(index - 1).unwrap_or(0),
-                payload: redis::from_redis_value_ref(&pair[0])?,
+                payload: redis::from_redis_value(payload)?,
                 stamp: Stamp::from_reply(int(&pair[1])?),
             });
         }
@@ -171,10 +179,10 @@ pub async fn fetch(
             .key(q.rate());
     }
     taking_args(&mut invocation, n, max_attempts, rate);
-    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let mut reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
     Ok(Taken {
         limited: limited(&reply)?,
-        jobs: taken(&reply, 2)?,
+        jobs: taken(&mut reply, 2)?,
     })
 }
 
@@ -342,7 +350,7 @@ pub async fn settle(
                 .arg(release.unwrap_or_default()),
         };
     }
-    let reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let mut reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
     let lost = reply
         .get(2)
         .map(redis::from_redis_value_ref::<usize>)
@@ -359,7 +367,7 @@ pub async fn settle(
         kept,
         Taken {
             limited: limited(&reply)?,
-            jobs: taken(&reply, 3 + lost)?,
+            jobs: taken(&mut reply, 3 + lost)?,
         },
     ))
 }

@@ -17,7 +17,7 @@ pub(super) struct Held {
 #[derive(Default)]
 pub(super) struct Ledger {
     pub(super) next: u64,
-    pub(super) queues: Vec<HashMap<u64, Held>>,
+    pub(super) queues: Vec<BTreeMap<u64, Held>>,
 }
 
 impl Worker {

@@ -6,7 +6,7 @@
 //! Redis call goes through [`connection`]; what this process holds is in
 //! its [`ledger`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,6 +70,8 @@ struct Worker {
     handler: Arc<dyn Handler>,
     redis: Redis,
     metrics: Metrics,
+    /// Each queue's per-job series, looked up once rather than per job.
+    job_metrics: Vec<JobMetrics>,
     health: Arc<Health>,
     ledger: Mutex<Ledger>,
     /// Unix ms of the Redis server minus this host's clock.
@@ -86,6 +88,14 @@ struct Worker {
     tracker: TaskTracker,
     /// Finished jobs on their way to the settle loop.
     settler: tokio::sync::mpsc::UnboundedSender<Settling>,
+}
+
+/// A queue's series of the metrics every job touches.
+struct JobMetrics {
+    /// `workerpool_jobs_total{outcome="done"}`.
+    done: prometheus::IntCounter,
+    /// `workerpool_job_duration_seconds`.
+    duration: prometheus::Histogram,
 }
 
 /// Errors that stop the worker.
@@ -154,8 +164,15 @@ pub async fn run(
         instance: instance.name(),
         ledger: Mutex::new(Ledger {
             next: 0,
-            queues: queues.iter().map(|_| HashMap::new()).collect(),
+            queues: queues.iter().map(|_| BTreeMap::new()).collect(),
         }),
+        job_metrics: queues
+            .iter()
+            .map(|q| JobMetrics {
+                done: metrics.jobs.with_label_values(&[q.name(), "done"]),
+                duration: metrics.job_duration.with_label_values(&[q.name()]),
+            })
+            .collect(),
         queues,
         handler,
         redis: Redis {

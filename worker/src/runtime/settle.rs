@@ -17,7 +17,6 @@ impl Worker {
         permit: OwnedSemaphorePermit,
     ) {
         let _slot = permit;
-        let queue = self.queues[qi].name();
         self.metrics.in_flight.inc();
         let started = Instant::now();
         let outcome = tokio::select! {
@@ -33,9 +32,8 @@ impl Worker {
         self.metrics.in_flight.dec();
         // Abandoned at the shutdown deadline: the drain gives it back.
         let Some(outcome) = outcome else { return };
-        self.metrics
-            .job_duration
-            .with_label_values(&[queue])
+        self.job_metrics[qi]
+            .duration
             .observe(started.elapsed().as_secs_f64());
         let (label, settlement) = self.settlement(qi, &job, outcome);
         let (done, kept) = tokio::sync::oneshot::channel();
@@ -220,6 +218,7 @@ impl Worker {
     pub(super) fn record(&self, qi: usize, job: &Job, label: &str, kept: Option<bool>) {
         let queue = self.queues[qi].name();
         match kept {
+            Some(true) if label == "done" => self.job_metrics[qi].done.inc(),
             Some(true) => self.metrics.jobs.with_label_values(&[queue, label]).inc(),
             Some(false) => {
                 self.metrics.stale_acks.with_label_values(&[queue]).inc();
