@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The same drain as scripts/bench.sh — JOBS preloaded no-op jobs, one worker
 # process at each concurrency, jobs/s from the worker's start to the last
-# job done — with BullMQ, Celery, Dramatiq and RQ on the same machine and a
-# throwaway redis-server. Installs them under target/bench-others (npm and
-# PyPI). Prints one line per runtime and concurrency: NAME C JOBS_PER_S.
+# job done — with BullMQ, Celery (threads and prefork), Dramatiq and RQ on
+# the same machine and a throwaway redis-server. Installs them under
+# target/bench-others (npm and PyPI). Prints one line per runtime and
+# concurrency: NAME C JOBS_PER_S.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-20000}
@@ -45,6 +46,18 @@ for c in $CONCURRENCY; do
   drained llen celery; while [ "$(cli hlen unacked)" != "0" ]; do sleep 0.02; done
   end=$(now); kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   echo "celery $c $(rate "$start" "$end")"
+
+  # Celery prefork: c child processes, each running the no-op in Python,
+  # the model of workerpool's exec handler (HANDLER=exec scripts/bench.sh).
+  cli flushall >/dev/null
+  (cd "$dir" && "$py" tasks.py celery "$JOBS")
+  start=$(now)
+  (cd "$dir" && exec "$py" -m celery -A tasks worker -P prefork -c "$c" --without-gossip --without-mingle \
+    --without-heartbeat --loglevel=ERROR >/dev/null 2>&1) &
+  pid=$!
+  drained llen celery; while [ "$(cli hlen unacked)" != "0" ]; do sleep 0.02; done
+  end=$(now); kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  echo "celery-prefork $c $(rate "$start" "$end")"
 
   # Dramatiq: one process with c threads; done when no message is left.
   cli flushall >/dev/null

@@ -140,9 +140,16 @@ impl Job {
         &self.fields
     }
 
-    /// The job as one line of JSON.
+    /// The job as one line of JSON (serialized from the fields in place:
+    /// handlers call this for every job).
     pub fn to_json(&self) -> String {
-        Value::Object(self.fields.clone()).to_string()
+        let mut line = Vec::with_capacity(256);
+        match serde_json::to_writer(&mut line, &self.fields) {
+            // serde_json writes UTF-8, and a map of JSON values always
+            // serializes.
+            Ok(()) => String::from_utf8(line).unwrap_or_default(),
+            Err(_) => Value::Object(self.fields.clone()).to_string(),
+        }
     }
 
     /// The payload that waits for the next attempt after this one failed.
