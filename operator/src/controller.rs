@@ -96,6 +96,10 @@ pub struct Context {
     /// The workload problem last announced with an event, per pool: the
     /// pool's status says it too, but may lag behind a reconcile.
     announced: Mutex<HashMap<String, String>>,
+    /// The Deployment last applied per pool: a hash of what was sent and
+    /// the generation the API server gave it. While both still hold,
+    /// applying it again would change nothing.
+    applied: Mutex<HashMap<String, (u64, Option<i64>)>>,
     started: Instant,
 }
 
@@ -120,6 +124,7 @@ impl Context {
             redis: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             announced: Mutex::new(HashMap::new()),
+            applied: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -133,6 +138,7 @@ impl Context {
         lock(&self.engines).remove(key);
         lock(&self.failures).remove(key);
         lock(&self.announced).remove(key);
+        lock(&self.applied).remove(key);
         if let Some((namespace, pool)) = key.split_once('/') {
             self.metrics.forget_pool(namespace, pool);
         }
@@ -376,6 +382,16 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
     apply(pool, ctx, observed, plan, decided_at).await
 }
 
+/// A hash of what an apply sends.
+fn fingerprint(deployment: &Deployment) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(deployment)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Reads the Deployment, the pods when workers are missing, and the queue.
 async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
     let deployments: Api<Deployment> =
@@ -528,15 +544,27 @@ async fn apply(
         };
         mark_idle_pods(pool, ctx, snap, pods).await?;
     }
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    deployments
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&plan.deployment),
-        )
-        .await
-        .map_err(Error::ApplyDeployment)?;
+    // Applied before and unchanged since (its generation moves with any
+    // edit of its spec, ours or anyone else's): applying it again would
+    // change nothing, and with thousands of pools every write counts for
+    // the API server.
+    let key = pool_key(pool);
+    let sent = fingerprint(&plan.deployment);
+    let unchanged = observed.existing.as_ref().is_some_and(|live| {
+        lock(&ctx.applied).get(&key) == Some(&(sent, live.metadata.generation))
+    });
+    if !unchanged {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+        let live = deployments
+            .patch(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&plan.deployment),
+            )
+            .await
+            .map_err(Error::ApplyDeployment)?;
+        lock(&ctx.applied).insert(key, (sent, live.metadata.generation));
+    }
     // The scale event counts for the rate policies only now that it was
     // applied: a refused apply changed nothing.
     if let Some((from, to)) = plan.scale {
@@ -555,15 +583,19 @@ async fn apply(
         Some(reason) => lock(&ctx.announced).insert(pool_key(pool), reason),
         None => lock(&ctx.announced).remove(&pool_key(pool)),
     };
-    let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
-    pools
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": plan.status })),
-        )
-        .await
-        .map_err(Error::PatchStatus)?;
+    // An unchanged status is not written again: for an idle pool that is
+    // every look but the first.
+    if pool.status.as_ref() != Some(&plan.status) {
+        let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
+        pools
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": plan.status })),
+            )
+            .await
+            .map_err(Error::PatchStatus)?;
+    }
     tracing::debug!(
         pool = %pool_key(pool),
         backlog = plan.status.backlog,
