@@ -6,7 +6,12 @@
 #   scripts/bench-instructions.sh                       # this tree's release worker
 #   scripts/bench-instructions.sh OLD_WORKER NEW_WORKER # compare builds
 #   JOBS=2000 CONCURRENCY="1 10" scripts/bench-instructions.sh
+#   PRODUCER=cli scripts/bench-instructions.sh         # jobs from `workerpool enqueue`
 #
+# PRODUCER=raw (the default) pushes the bare JSON with LPUSH, as most
+# producers do; PRODUCER=cli enqueues it with the `workerpool` CLI beside
+# each worker binary, which adds `id` and `enqueued_at` last (the form the
+# taking scripts stamp without parsing).
 # Each run: a fresh redis-server under callgrind, JOBS no-op jobs pushed,
 # one worker under callgrind drains them, then both are stopped. A run with
 # no jobs gives the fixed cost (start, registration, idle waits), which is
@@ -15,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 JOBS=${JOBS:-5000}
+PRODUCER=${PRODUCER:-raw}
 CONCURRENCY=${CONCURRENCY:-"1 10"}
 QUEUE=bench
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -39,6 +45,7 @@ cleanup() {
 trap cleanup EXIT
 
 job='{"task":"noop","data":{"user":12345,"template":"welcome","locale":"en"}}'
+for ((i = 0; i < JOBS; i++)); do echo "$job"; done >"$tmp/jobs.txt"
 # LPUSH commands in the protocol, for redis-cli --pipe.
 python3 - "$QUEUE" "$job" "$JOBS" >"$tmp/jobs.resp" <<'EOF'
 import sys
@@ -60,7 +67,10 @@ run() {
     --daemonize no >"$tmp/redis.log" 2>&1 &
   redis_pid=$!
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
-  if [ "$n" -gt 0 ]; then
+  if [ "$n" -gt 0 ] && [ "$PRODUCER" = cli ]; then
+    "$(dirname "$bin")/workerpool" enqueue --redis-url "redis://127.0.0.1:$port/0" \
+      --queue "$QUEUE" <"$tmp/jobs.txt" >/dev/null
+  elif [ "$n" -gt 0 ]; then
     redis-cli -p "$port" --pipe <"$tmp/jobs.resp" >/dev/null
   fi
   valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.worker" \
