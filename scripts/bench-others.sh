@@ -31,33 +31,30 @@ rate() { awk -v s="$1" -v e="$2" -v n="$JOBS" 'BEGIN { printf "%.0f", n / (e - s
 # Waits until `cli $@` prints 0.
 drained() { while [ "$(cli "$@")" != "0" ]; do sleep 0.02; done; }
 
+# run_celery POOL C NAME: one Celery worker with POOL (-P) and C slots drains
+# the jobs; done when the list and the unacked hash are both empty.
+run_celery() {
+  cli flushall >/dev/null
+  (cd "$dir" && "$py" tasks.py celery "$JOBS")
+  local start end pid
+  start=$(now)
+  (cd "$dir" && exec "$py" -m celery -A tasks worker -P "$1" -c "$2" --without-gossip --without-mingle \
+    --without-heartbeat --loglevel=ERROR >/dev/null 2>&1) &
+  pid=$!
+  drained llen celery; while [ "$(cli hlen unacked)" != "0" ]; do sleep 0.02; done
+  end=$(now); kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
+  echo "$3 $2 $(rate "$start" "$end")"
+}
+
 for c in $CONCURRENCY; do
   cli flushall >/dev/null
   (cd "$dir" && node bullmq.js "$port" "$JOBS" "$c")
 
-  # Celery: threads pool, acks on receipt (its default); done when the list
-  # and the unacked hash are both empty.
-  cli flushall >/dev/null
-  (cd "$dir" && "$py" tasks.py celery "$JOBS")
-  start=$(now)
-  (cd "$dir" && exec "$py" -m celery -A tasks worker -P threads -c "$c" --without-gossip --without-mingle \
-    --without-heartbeat --loglevel=ERROR >/dev/null 2>&1) &
-  pid=$!
-  drained llen celery; while [ "$(cli hlen unacked)" != "0" ]; do sleep 0.02; done
-  end=$(now); kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
-  echo "celery $c $(rate "$start" "$end")"
-
-  # Celery prefork: c child processes, each running the no-op in Python,
-  # the model of workerpool's exec handler (HANDLER=exec scripts/bench.sh).
-  cli flushall >/dev/null
-  (cd "$dir" && "$py" tasks.py celery "$JOBS")
-  start=$(now)
-  (cd "$dir" && exec "$py" -m celery -A tasks worker -P prefork -c "$c" --without-gossip --without-mingle \
-    --without-heartbeat --loglevel=ERROR >/dev/null 2>&1) &
-  pid=$!
-  drained llen celery; while [ "$(cli hlen unacked)" != "0" ]; do sleep 0.02; done
-  end=$(now); kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
-  echo "celery-prefork $c $(rate "$start" "$end")"
+  # Celery's threads pool (acks on receipt, its default), then its prefork
+  # pool: c child processes each running the no-op in Python, the model of
+  # workerpool's exec handler (HANDLER=exec scripts/bench.sh).
+  run_celery threads "$c" celery
+  run_celery prefork "$c" celery-prefork
 
   # Dramatiq: one process with c threads; done when no message is left.
   cli flushall >/dev/null
