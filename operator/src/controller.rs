@@ -683,6 +683,18 @@ struct Counts {
     current: i32,
 }
 
+/// A rate as the status shows it: three significant digits, and none below
+/// one job in a thousand seconds. The smoothed rates decay towards zero
+/// without reaching it; shown in full they would change the status, and so
+/// cost a write, on every look at a pool long idle.
+fn shown_rate(rate: f64) -> f64 {
+    if !rate.is_finite() || rate.abs() < 0.001 {
+        return 0.0;
+    }
+    let scale = 10f64.powi(2 - rate.abs().log10().floor() as i32);
+    (rate * scale).round() / scale
+}
+
 fn status(
     pool: &WorkerPool,
     counts: Counts,
@@ -782,10 +794,10 @@ fn status(
         backlog,
         in_flight,
         oldest_job_age_seconds: oldest,
-        arrival_rate: decision.and_then(|d| d.arrival_rate),
+        arrival_rate: decision.and_then(|d| d.arrival_rate).map(shown_rate),
         throughput: decision.and_then(|d| {
             d.per_replica_throughput
-                .map(|t| t * f64::from(ready.max(1)))
+                .map(|t| shown_rate(t * f64::from(ready.max(1))))
         }),
         last_scale_time: if desired != current {
             Some(Time(k8s_openapi::jiff::Timestamp::now()))

@@ -208,6 +208,25 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
     });
     assert_eq!(status["replicas"], 0, "{status}");
 
+    // Idle at zero, the pool is looked at every second, but a look that
+    // changes nothing writes nothing: no apply of the Deployment, no status
+    // patch (the API server's own request counters say so).
+    eventually(
+        Duration::from_secs(30),
+        "a 4 s window without writes for the idle pool",
+        |last| {
+            let before = operator_writes(k);
+            std::thread::sleep(Duration::from_secs(4));
+            let after = operator_writes(k);
+            let written = (after.0 - before.0, after.1 - before.1);
+            *last = format!(
+                "{} Deployment applies, {} status patches",
+                written.0, written.1
+            );
+            (written.0 <= 1.0 && written.1 <= 1.0).then_some(())
+        },
+    );
+
     let ids: Vec<String> = (0..30).map(|i| format!("job-{i}")).collect();
     let started = Instant::now();
     redis.push("mail", &ids, 500);
@@ -304,6 +323,27 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
         let at = header.iter().position(|h| *h == column).expect("a column");
         assert_eq!(row.get(at), Some(&"0"), "{column} in {table}");
     }
+}
+
+/// The API server's count of Deployment applies and WorkerPool status
+/// patches so far (`apiserver_request_total`).
+fn operator_writes(k: &Cluster) -> (f64, f64) {
+    let text = k.kubectl(&["get", "--raw", "/metrics"]);
+    let count = |labels: &[&str]| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+            .filter(|l| labels.iter().all(|label| l.contains(label)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        count(&[r#"resource="deployments""#, r#"verb="APPLY""#]),
+        count(&[
+            r#"resource="workerpools""#,
+            r#"subresource="status""#,
+            r#"verb="PATCH""#,
+        ]),
+    )
 }
 
 /// Waits for `n` Ready worker Pods of a pool; returns their names.
@@ -614,6 +654,29 @@ fn kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployme
     let pool = Pool::new("mail", &redis).manual(1);
     k.apply(&ns.name, &pool.manifest());
     ready_workers(k, &ns.name, "mail", 1);
+
+    // A hand edit of the Deployment's spec is put back: it moves the
+    // Deployment's generation, so the operator applies its own again.
+    k.kubectl(&[
+        "scale",
+        "deployment",
+        "mail",
+        "-n",
+        &ns.name,
+        "--replicas=2",
+    ]);
+    eventually(
+        Duration::from_secs(30),
+        "the Deployment back at 1",
+        |last| {
+            let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
+            *last = format!(
+                "spec.replicas {} generation {}",
+                d["spec"]["replicas"], d["metadata"]["generation"]
+            );
+            (d["spec"]["replicas"] == 1 && d["metadata"]["generation"].as_i64()? >= 3).then_some(())
+        },
+    );
 
     // The scale subresource points at spec.replicas.
     k.kubectl(&["scale", "wp", "mail", "-n", &ns.name, "--replicas=3"]);

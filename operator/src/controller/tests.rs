@@ -925,3 +925,17 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
         (json!("tick"), json!("schedule:jobs/mail/tick"))
     );
 }
+
+#[test]
+fn status_rates_keep_three_digits_and_a_long_idle_pool_shows_none() {
+    assert_eq!(shown_rate(12.3456), 12.3);
+    assert_eq!(shown_rate(0.012345), 0.0123);
+    assert_eq!(shown_rate(1234.5), 1230.0);
+    assert_eq!(shown_rate(0.0004), 0.0);
+    assert_eq!(shown_rate(f64::NAN), 0.0);
+    // A decaying rate settles: later looks show the same status.
+    let settled: Vec<f64> = (0..5)
+        .map(|i| shown_rate(0.0009 * 0.8f64.powi(i)))
+        .collect();
+    assert!(settled.iter().all(|r| *r == 0.0), "{settled:?}");
+}
