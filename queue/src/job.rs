@@ -143,13 +143,7 @@ impl Job {
     /// The job as one line of JSON (serialized from the fields in place:
     /// handlers call this for every job).
     pub fn to_json(&self) -> String {
-        let mut line = Vec::with_capacity(256);
-        match serde_json::to_writer(&mut line, &self.fields) {
-            // serde_json writes UTF-8, and a map of JSON values always
-            // serializes.
-            Ok(()) => String::from_utf8(line).unwrap_or_default(),
-            Err(_) => Value::Object(self.fields.clone()).to_string(),
-        }
+        serde_json::to_string(&self.fields).expect("a map of JSON values always serializes")
     }
 
     /// The payload that waits for the next attempt after this one failed.
@@ -453,7 +447,16 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
 
 /// A fresh job id: 128 random bits in hex.
 pub fn new_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    let mut id = String::with_capacity(32);
+    push_new_id(&mut id);
+    id
+}
+
+/// Appends a fresh job id (as [`new_id`] makes it) to `to`: the taking
+/// scripts get one per slot, all in one string.
+pub fn push_new_id(to: &mut String) {
+    use std::fmt::Write as _;
+    let _ = write!(to, "{:032x}", rand::random::<u128>());
 }
 
 fn check_types(fields: &Map<String, Value>) -> Result<(), String> {

@@ -6,13 +6,12 @@
 //! text would fail on the first payload that is not UTF-8, after the fetch
 //! had already moved it.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::connection::Conn;
 use redis::AsyncCommands;
 
-use crate::job::Stamp;
+use crate::job::{Stamp, push_new_id};
 use crate::keys::QueueKeys;
 use crate::rate::RateLimit;
 use crate::scripts;
@@ -99,7 +98,7 @@ fn taking_args(
     // the jobs need them or not).
     let mut ids = String::with_capacity(32 * n);
     for _ in 0..n {
-        let _ = write!(ids, "{:032x}", rand::random::<u128>());
+        push_new_id(&mut ids);
     }
     let (interval, tolerance) = rate.map_or((0.0, 0.0), |r| (r.interval_ms(), r.tolerance_ms()));
     invocation
@@ -357,7 +356,10 @@ pub async fn settle(
         .transpose()?
         .ok_or_else(|| malformed_reply("no count of settlements whose job was gone"))?;
     let mut kept = vec![true; finished.len()];
-    for position in reply.get(3..3 + lost).unwrap_or_default() {
+    let gone = reply.get(3..3 + lost).ok_or_else(|| {
+        malformed_reply("the positions of settlements whose job was gone are cut short")
+    })?;
+    for position in gone {
         let position: usize = redis::from_redis_value_ref(position)?;
         if let Some(k) = position.checked_sub(1).and_then(|i| kept.get_mut(i)) {
             *k = false;

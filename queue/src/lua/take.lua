@@ -16,34 +16,29 @@ local function take_jobs(waiting, processing, bucket, index, want, out, taken, m
     room, tat = admissible(bucket, want, interval, tolerance)
   end
   local started = 0
-  if room == 1 then
-    -- One job: the plain commands, without the table a batch needs.
-    local v = redis.call('RPOP', waiting)
-    if v then
-      local held, how = stamp(v, max_attempts, ids, taken)
-      redis.call('LPUSH', processing, held)
-      local n = #out
-      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = index, 1, held, how
-      started = 1
-    end
-  end
   -- One RPOP for the whole batch and one LPUSH of every stamped payload:
   -- two commands per take instead of two per job. RPOP with a count hands
   -- the oldest first, and pushing them in that order leaves the newest at
-  -- the head of the processing list, as a job-by-job move would.
-  local popped = room > 1 and redis.call('RPOP', waiting, room)
+  -- the head of the processing list, as a job-by-job move would. (A count
+  -- of 1 still replies with an array; one slot takes the plain RPOP.)
+  local popped
+  if room == 1 then
+    local v = redis.call('RPOP', waiting)
+    popped = v and {v}
+  elseif room > 1 then
+    popped = redis.call('RPOP', waiting, room)
+  end
   if popped then
     started = #popped
     local n = #out
     out[n + 1], out[n + 2] = index, started
-    local held_all = {}
     for j = 1, started do
       local held, how = stamp(popped[j], max_attempts, ids, taken + j - 1)
-      held_all[j] = held
+      popped[j] = held
       out[n + 2 * j + 1], out[n + 2 * j + 2] = held, how
     end
     for from = 1, started, 1000 do
-      redis.call('LPUSH', processing, unpack(held_all, from, math.min(from + 999, started)))
+      redis.call('LPUSH', processing, unpack(popped, from, math.min(from + 999, started)))
     end
   end
   if interval > 0 then
