@@ -43,12 +43,8 @@ use self::ledger::{Held, Ledger};
 use self::settle::Settling;
 pub use self::shutdown::Shutdown;
 
-/// Most jobs taken in one fetch round trip.
+/// Most jobs taken or settled in one round trip.
 const MAX_BATCH: usize = 100;
-/// Most settle round trips under way at once (see `settle_loop`).
-const SETTLES_IN_FLIGHT: usize = 4;
-/// Settle batches are not split below this many jobs (see `settle_loop`).
-const SPLIT_BELOW: usize = 12;
 /// How long one blocking wait for a job lasts on the server. A killed
 /// worker's blocked command can still move a job for this long, which is
 /// far below any allowed `--dead-after`, so the reaper always sees it.

@@ -102,31 +102,24 @@ impl Worker {
 
     /// Settles finished jobs in batches: each round trip settles every job
     /// that finished since the last one was sent, and takes new jobs into
-    /// the slots they free (none once the drain has started). Up to
-    /// [`SETTLES_IN_FLIGHT`] round trips are under way at once, so the
-    /// worker prepares the next batch while Redis runs the last one instead
-    /// of each waiting for the other. An idle worker flushes a single job
-    /// at once, so batching adds no wait.
+    /// the slots they free (none once the drain has started). Two round
+    /// trips (more only above [`MAX_BATCH`] slots per round trip) are under
+    /// way at once, each with a share of the slots, so that the jobs of one
+    /// run while Redis runs the other instead of each side waiting for the
+    /// other. An idle worker flushes a single job at once, so batching adds
+    /// no wait.
     pub(super) async fn settle_loop(
         self: Arc<Self>,
         mut finished: tokio::sync::mpsc::UnboundedReceiver<Settling>,
         stop: CancellationToken,
     ) {
-        // A batch holds a share of the slots, so that the jobs of one batch
-        // run while the others' round trips are under way; but no fewer
-        // than SPLIT_BELOW jobs, under which each script's fixed cost in
-        // Redis outweighs the overlap (docs/benchmarks.md).
-        let most = self
-            .config
-            .concurrency
-            .div_ceil(SETTLES_IN_FLIGHT)
-            .clamp(SPLIT_BELOW, MAX_BATCH);
+        let (in_flight, most) = settle_shares(self.config.concurrency);
         let mut flushing = FuturesUnordered::new();
         loop {
             let first = tokio::select! {
                 biased;
                 Some(()) = flushing.next(), if !flushing.is_empty() => continue,
-                next = finished.recv(), if flushing.len() < SETTLES_IN_FLIGHT => match next {
+                next = finished.recv(), if flushing.len() < in_flight => match next {
                     Some(f) => f,
                     None => break,
                 },
@@ -140,6 +133,13 @@ impl Worker {
                 }
             }
             flushing.push(self.flush(batch));
+            // Send this batch before the next one forms: its first poll
+            // hands the script to the connection, and the yield lets the
+            // connection write it. Formed at once, both batches would reach
+            // Redis in one read and come back in one reply, in step, and
+            // each side would still wait for the other (docs/benchmarks.md).
+            let _ = futures::poll!(flushing.next());
+            tokio::task::yield_now().await;
         }
         // Every settlement sent gets its answer: a job's task waits for it.
         while flushing.next().await.is_some() {}
@@ -244,6 +244,15 @@ impl Worker {
     }
 }
 
+/// How many settle round trips may be under way at once, and the most jobs
+/// each settles: two halves of the slots, so that one half's jobs run while
+/// the other's round trip is under way, and more round trips only when a
+/// half would exceed [`MAX_BATCH`].
+fn settle_shares(concurrency: usize) -> (usize, usize) {
+    let in_flight = concurrency.div_ceil(MAX_BATCH).max(2);
+    (in_flight, concurrency.div_ceil(in_flight).max(1))
+}
+
 /// A finished job on its way to the settle loop, with the slot it holds
 /// until its settlement is recorded in Redis.
 pub(super) struct Settling {
@@ -256,4 +265,20 @@ pub(super) struct Settling {
     /// Whether the job was still ours; `None` when Redis could not be
     /// reached before the shutdown deadline.
     done: tokio::sync::oneshot::Sender<Option<bool>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settle_shares;
+
+    #[test]
+    fn the_slots_are_settled_in_two_halves_of_at_most_max_batch() {
+        assert_eq!(settle_shares(1), (2, 1));
+        assert_eq!(settle_shares(10), (2, 5));
+        assert_eq!(settle_shares(11), (2, 6));
+        assert_eq!(settle_shares(50), (2, 25));
+        assert_eq!(settle_shares(200), (2, 100));
+        assert_eq!(settle_shares(201), (3, 67));
+        assert_eq!(settle_shares(1000), (10, 100));
+    }
 }
