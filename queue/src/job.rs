@@ -455,8 +455,13 @@ pub fn new_id() -> String {
 /// Appends a fresh job id (as [`new_id`] makes it) to `to`: the taking
 /// scripts get one per slot, all in one string.
 pub fn push_new_id(to: &mut String) {
-    use std::fmt::Write as _;
-    let _ = write!(to, "{:032x}", rand::random::<u128>());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let n = rand::random::<u128>();
+    to.extend(
+        (0..32)
+            .rev()
+            .map(|i| char::from(HEX[(n >> (4 * i)) as usize & 0xf])),
+    );
 }
 
 fn check_types(fields: &Map<String, Value>) -> Result<(), String> {
@@ -496,6 +501,28 @@ mod tests {
     use serde_json::json;
 
     const NOW: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn an_id_is_32_lowercase_hex_digits_of_fresh_random_bits() {
+        let ids: Vec<String> = (0..64).map(|_| new_id()).collect();
+        for id in &ids {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        // Every digit value shows up somewhere in 64 ids (2,048 digits).
+        let digits: std::collections::HashSet<u8> = ids.iter().flat_map(|id| id.bytes()).collect();
+        assert_eq!(digits.len(), 16);
+        let mut two = String::from("x");
+        push_new_id(&mut two);
+        push_new_id(&mut two);
+        assert_eq!(two.len(), 65);
+        assert_ne!(two[1..33], two[33..]);
+    }
 
     fn run(raw: &str) -> Job {
         match intake(raw, NOW, 5, "w~1") {

@@ -37,16 +37,23 @@ local function count(key)
   end
   counts[key] = n + 1
 end
+-- A head's kind and its queue's first key, read once per distinct head.
+local kinds, bases = {}, {}
 local i = 6
 while i <= #ARGV do
   local head, payload = ARGV[i], ARGV[i + 1]
-  local kind, base = byte(head, 1), (tonumber(sub(head, 2)) - 1) * 10
+  local kind, base = kinds[head], bases[head]
+  if not kind then
+    kind, base = byte(head, 1), (tonumber(sub(head, 2)) - 1) * 10
+    kinds[head], bases[head] = kind, base
+  end
   local extra = ARGV[i + 2]
   i = i + (kind == 65 and 2 or kind == 85 and 3 or 4)
   -- From the tail: the list is newest first, and the jobs that finish
   -- first are mostly the oldest, so the match is found within a few
   -- entries instead of after every job still running.
-  local ok = redis.call('LREM', KEYS[base + 2], -1, payload)
+  -- The count as text: Redis formats a number argument with snprintf.
+  local ok = redis.call('LREM', KEYS[base + 2], '-1', payload)
   settlement = settlement + 1
   if ok == 0 then
     out[3] = out[3] + 1
