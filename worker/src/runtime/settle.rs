@@ -6,8 +6,10 @@
 use super::*;
 
 impl Worker {
-    /// One attempt at one job, then its settlement. Holds its slot until
-    /// the outcome is recorded in Redis.
+    /// One attempt at one job, then its settlement, which the settle loop
+    /// sends and records. The job's slot is held until its outcome is
+    /// recorded in Redis, and so is the task tracker that the drain waits
+    /// on.
     pub(super) async fn run_job(
         self: Arc<Self>,
         qi: usize,
@@ -16,7 +18,6 @@ impl Worker {
         stamped: Arc<str>,
         permit: OwnedSemaphorePermit,
     ) {
-        let _slot = permit;
         self.metrics.in_flight.inc();
         let started = Instant::now();
         let outcome = tokio::select! {
@@ -36,24 +37,21 @@ impl Worker {
             .duration
             .observe(started.elapsed().as_secs_f64());
         let (label, settlement) = self.settlement(qi, &job, outcome);
-        let (done, kept) = tokio::sync::oneshot::channel();
         let finished = Settling {
             qi,
+            seq,
             held: stamped,
             release: job.release_token(),
             settlement,
-            slot: _slot,
-            done,
+            label,
+            job,
+            slot: permit,
+            _tracked: self.tracker.token(),
         };
-        if self.settler.send(finished).is_err() {
-            // The settler has stopped: only after the drain gave up on
-            // running jobs, which stay in the processing list for the
-            // give-back.
-            return;
-        }
-        let kept = kept.await.unwrap_or(None);
-        self.record(qi, &job, label, kept);
-        self.ledger().queues[qi].remove(&seq);
+        // An error means the settler has stopped: only after the drain gave
+        // up on running jobs, which stay in the processing list (and in the
+        // ledger) for the give-back.
+        let _ = self.settler.send(finished);
     }
 
     /// What a job's outcome becomes in Redis, and its metric label.
@@ -201,9 +199,20 @@ impl Worker {
             None => (vec![None; batch.len()], Vec::new()),
         };
         let mut slots = Vec::with_capacity(batch.len());
+        let mut settled = Vec::with_capacity(batch.len());
         for (settling, kept) in batch.into_iter().zip(kept) {
+            self.record(settling.qi, &settling.job, settling.label, kept);
+            settled.push((settling.qi, settling.seq));
             slots.push(settling.slot);
-            let _ = settling.done.send(kept);
+        }
+        {
+            // Out of the ledger even when Redis could not be reached before
+            // the deadline: the job then stays in the processing list, for
+            // the next incarnation to recover.
+            let mut ledger = self.ledger();
+            for (qi, seq) in settled {
+                ledger.queues[qi].remove(&seq);
+            }
         }
         if !taken.is_empty() {
             let worker = self.clone();
@@ -257,14 +266,18 @@ fn settle_shares(concurrency: usize) -> (usize, usize) {
 /// until its settlement is recorded in Redis.
 pub(super) struct Settling {
     qi: usize,
+    /// The job's entry in the ledger.
+    seq: u64,
     held: Arc<str>,
     /// Frees the job's unique key once it is done or dead.
     release: Option<String>,
     settlement: Settlement,
+    /// The outcome's metric label.
+    label: &'static str,
+    job: Arc<Job>,
     slot: OwnedSemaphorePermit,
-    /// Whether the job was still ours; `None` when Redis could not be
-    /// reached before the shutdown deadline.
-    done: tokio::sync::oneshot::Sender<Option<bool>>,
+    /// Keeps the drain waiting until the settlement is recorded.
+    _tracked: tokio_util::task::task_tracker::TaskTrackerToken,
 }
 
 #[cfg(test)]
