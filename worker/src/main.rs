@@ -6,6 +6,9 @@ use tracing_subscriber::EnvFilter;
 use workerpool_worker::config::Args;
 use workerpool_worker::{Metrics, Shutdown, build_handler, run};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 // One thread: the worker only waits on Redis, sockets and child processes,
 // and a single-threaded runtime avoids the cross-thread wake-ups that cost
 // more CPU than the jobs themselves (docs/benchmarks.md: about twice the
