@@ -117,12 +117,7 @@ impl Worker {
                             .with_label_values(&[q.name(), "scheduled"])
                             .inc();
                     }
-                    (IntakeAction::Dead { .. }, _) if kept => {
-                        self.metrics
-                            .jobs
-                            .with_label_values(&[q.name(), "dead"])
-                            .inc();
-                    }
+                    (IntakeAction::Dead { .. }, _) if kept => self.job_metrics[qi].dead.inc(),
                     _ => {}
                 }
             }

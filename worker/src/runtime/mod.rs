@@ -90,6 +90,10 @@ struct Worker {
 struct JobMetrics {
     /// `workerpool_jobs_total{outcome="done"}`.
     done: prometheus::IntCounter,
+    /// `workerpool_jobs_total{outcome="retried"}`.
+    retried: prometheus::IntCounter,
+    /// `workerpool_jobs_total{outcome="dead"}`.
+    dead: prometheus::IntCounter,
     /// `workerpool_job_duration_seconds`.
     duration: prometheus::Histogram,
 }
@@ -166,6 +170,8 @@ pub async fn run(
             .iter()
             .map(|q| JobMetrics {
                 done: metrics.jobs.with_label_values(&[q.name(), "done"]),
+                retried: metrics.jobs.with_label_values(&[q.name(), "retried"]),
+                dead: metrics.jobs.with_label_values(&[q.name(), "dead"]),
                 duration: metrics.job_duration.with_label_values(&[q.name()]),
             })
             .collect(),

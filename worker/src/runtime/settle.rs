@@ -36,14 +36,13 @@ impl Worker {
         self.job_metrics[qi]
             .duration
             .observe(started.elapsed().as_secs_f64());
-        let (label, settlement) = self.settlement(qi, &job, outcome);
+        let settlement = self.settlement(qi, &job, outcome);
         let finished = Settling {
             qi,
             seq,
             held: stamped,
             release: job.release_token(),
             settlement,
-            label,
             job,
             slot: permit,
             _tracked: self.tracker.token(),
@@ -54,16 +53,11 @@ impl Worker {
         let _ = self.settler.send(finished);
     }
 
-    /// What a job's outcome becomes in Redis, and its metric label.
-    pub(super) fn settlement(
-        &self,
-        qi: usize,
-        job: &Job,
-        outcome: Outcome,
-    ) -> (&'static str, Settlement) {
+    /// What a job's outcome becomes in Redis.
+    pub(super) fn settlement(&self, qi: usize, job: &Job, outcome: Outcome) -> Settlement {
         let queue = self.queues[qi].name();
         match outcome {
-            Outcome::Done => ("done", Settlement::Done),
+            Outcome::Done => Settlement::Done,
             Outcome::Failed { error, retry }
                 if retry && job.attempt() < self.config.max_attempts =>
             {
@@ -75,7 +69,7 @@ impl Worker {
                 );
                 tracing::info!(queue, id = job.id(), attempt = job.attempt(), %error, retry_in = ?delay, "attempt failed");
                 let next = job.failed(&error);
-                ("retried", Settlement::Retry { next, delay })
+                Settlement::Retry { next, delay }
             }
             Outcome::Failed { error, retry } => {
                 let letter = DeadLetter {
@@ -93,7 +87,7 @@ impl Worker {
                 };
                 self.log_dead(qi, &letter);
                 let envelope = letter.to_json();
-                ("dead", Settlement::Dead { envelope })
+                Settlement::Dead { envelope }
             }
         }
     }
@@ -201,7 +195,7 @@ impl Worker {
         let mut slots = Vec::with_capacity(batch.len());
         let mut settled = Vec::with_capacity(batch.len());
         for (settling, kept) in batch.into_iter().zip(kept) {
-            self.record(settling.qi, &settling.job, settling.label, kept);
+            self.record(settling.qi, &settling.job, &settling.settlement, kept);
             settled.push((settling.qi, settling.seq));
             slots.push(settling.slot);
         }
@@ -224,11 +218,15 @@ impl Worker {
 
     /// Counts a settlement: `Some(false)` when a reaper had already returned
     /// the job, `None` when Redis could not be reached before the deadline.
-    pub(super) fn record(&self, qi: usize, job: &Job, label: &str, kept: Option<bool>) {
+    pub(super) fn record(&self, qi: usize, job: &Job, settlement: &Settlement, kept: Option<bool>) {
         let queue = self.queues[qi].name();
+        let counted = &self.job_metrics[qi];
         match kept {
-            Some(true) if label == "done" => self.job_metrics[qi].done.inc(),
-            Some(true) => self.metrics.jobs.with_label_values(&[queue, label]).inc(),
+            Some(true) => match settlement {
+                Settlement::Done => counted.done.inc(),
+                Settlement::Retry { .. } => counted.retried.inc(),
+                Settlement::Dead { .. } => counted.dead.inc(),
+            },
             Some(false) => {
                 self.metrics.stale_acks.with_label_values(&[queue]).inc();
                 tracing::warn!(
@@ -272,8 +270,6 @@ pub(super) struct Settling {
     /// Frees the job's unique key once it is done or dead.
     release: Option<String>,
     settlement: Settlement,
-    /// The outcome's metric label.
-    label: &'static str,
     job: Arc<Job>,
     slot: OwnedSemaphorePermit,
     /// Keeps the drain waiting until the settlement is recorded.
