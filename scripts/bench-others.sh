@@ -28,8 +28,13 @@ py="$PWD/$dir/venv/bin/python"
 cli() { redis-cli -p "$port" "$@"; }
 now() { date +%s.%N; }
 rate() { awk -v s="$1" -v e="$2" -v n="$JOBS" 'BEGIN { printf "%.0f", n / (e - s) }'; }
-# Waits until `cli $@` prints 0.
-drained() { while [ "$(cli "$@")" != "0" ]; do sleep 0.02; done; }
+# Waits until `cli $@` prints 0. One redis-cli polls every 20 ms and bash
+# reads its lines: a process started per poll would take CPU from the
+# worker being measured (scripts/bench.sh does the same).
+drained() {
+  local n
+  while read -r n; do [ "$n" = "0" ] && break; done < <(cli -r -1 -i 0.02 "$@")
+}
 
 # run_celery POOL C NAME: one Celery worker with POOL (-P) and C slots drains
 # the jobs; done when the list and the unacked hash are both empty.
@@ -41,7 +46,7 @@ run_celery() {
   (cd "$dir" && exec "$py" -m celery -A tasks worker -P "$1" -c "$2" --without-gossip --without-mingle \
     --without-heartbeat --loglevel=ERROR >/dev/null 2>&1) &
   pid=$!
-  drained llen celery; while [ "$(cli hlen unacked)" != "0" ]; do sleep 0.02; done
+  drained llen celery; drained hlen unacked
   end=$(now); kill -TERM "$pid"; wait "$pid" 2>/dev/null || true
   echo "$3 $2 $(rate "$start" "$end")"
 }
