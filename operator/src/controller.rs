@@ -382,14 +382,14 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
     apply(pool, ctx, observed, plan, decided_at).await
 }
 
-/// A hash of what an apply sends.
-fn fingerprint(deployment: &Deployment) -> u64 {
+/// A hash of what an apply sends; `None` when it does not serialize (it
+/// is then applied on every look, and the apply reports why it fails).
+fn fingerprint(deployment: &Deployment) -> Option<u64> {
     use std::hash::{Hash, Hasher};
+    let text = serde_json::to_string(deployment).ok()?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(deployment)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    text.hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// Reads the Deployment, the pods when workers are missing, and the queue.
@@ -550,8 +550,10 @@ async fn apply(
     // the API server.
     let key = pool_key(pool);
     let sent = fingerprint(&plan.deployment);
-    let unchanged = observed.existing.as_ref().is_some_and(|live| {
-        lock(&ctx.applied).get(&key) == Some(&(sent, live.metadata.generation))
+    let unchanged = sent.is_some_and(|sent| {
+        observed.existing.as_ref().is_some_and(|live| {
+            lock(&ctx.applied).get(&key) == Some(&(sent, live.metadata.generation))
+        })
     });
     if !unchanged {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
@@ -563,7 +565,10 @@ async fn apply(
             )
             .await
             .map_err(Error::ApplyDeployment)?;
-        lock(&ctx.applied).insert(key, (sent, live.metadata.generation));
+        match sent {
+            Some(sent) => lock(&ctx.applied).insert(key, (sent, live.metadata.generation)),
+            None => lock(&ctx.applied).remove(&key),
+        };
     }
     // The scale event counts for the rate policies only now that it was
     // applied: a refused apply changed nothing.
