@@ -1,7 +1,7 @@
 //! Prometheus metrics of the worker.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 /// Every metric the worker exports, registered in one registry.
@@ -15,8 +15,8 @@ pub struct Metrics {
     pub dead_letters: IntCounterVec,
     /// Handler run time by queue.
     pub job_duration: HistogramVec,
-    /// Jobs running now.
-    pub in_flight: IntGauge,
+    /// Jobs running now by queue.
+    pub in_flight: IntGaugeVec,
     /// Round-trip time of a fetch that found jobs waiting.
     pub fetch_duration: Histogram,
     /// Failed Redis operations by operation.
@@ -60,8 +60,11 @@ impl Metrics {
                 &["queue"],
             )
             .expect("valid metric"),
-            in_flight: IntGauge::new("workerpool_jobs_in_flight", "Jobs running now")
-                .expect("valid metric"),
+            in_flight: IntGaugeVec::new(
+                Opts::new("workerpool_jobs_in_flight", "Jobs running now"),
+                &["queue"],
+            )
+            .expect("valid metric"),
             fetch_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "workerpool_fetch_duration_seconds",

@@ -204,6 +204,7 @@ mod tests {
     async fn metrics_are_served_in_the_prometheus_text_format() {
         let metrics = Metrics::new();
         metrics.jobs.with_label_values(&["q", "done"]).inc_by(3);
+        metrics.in_flight.with_label_values(&["q"]).set(2);
         let app = app(Arc::new(Health::new(Duration::from_secs(5))), metrics);
         let (status, body) = get(&app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
@@ -213,6 +214,10 @@ mod tests {
         );
         assert!(
             body.contains("# TYPE workerpool_jobs_in_flight gauge"),
+            "{body}"
+        );
+        assert!(
+            body.contains("workerpool_jobs_in_flight{queue=\"q\"} 2"),
             "{body}"
         );
     }

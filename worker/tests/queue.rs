@@ -530,3 +530,49 @@ async fn jobs_that_finish_together_are_settled_together() {
     // taken, would be well over 400; settled in batches it is far fewer.
     assert!(scripts < 200, "{scripts} script calls for 400 jobs");
 }
+
+#[tokio::test]
+async fn jobs_in_flight_are_counted_per_queue() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    push(&mut c, "slow", &[json!({"task": "wait"}).to_string()]).await;
+    // The job runs until the test lets it finish.
+    let gate = Arc::new(Semaphore::new(0));
+    let handler = {
+        let gate = gate.clone();
+        workerpool_worker::handler_fn(move |_job: Job| {
+            let gate = gate.clone();
+            async move {
+                let _ = gate.acquire().await;
+                Outcome::Done
+            }
+        })
+    };
+    let mut cfg = config(&redis, &["slow", "fast"], "gauge");
+    cfg.concurrency = 4;
+    let worker = start(cfg, Arc::new(handler));
+    let running = r#"workerpool_jobs_in_flight{queue="slow"} 1"#;
+    let metrics = eventually(WAIT, "the slow job running", || {
+        let metrics = worker.metrics.render();
+        async move { metrics.contains(running).then_some(metrics) }
+    })
+    .await;
+    assert!(
+        metrics.contains(r#"workerpool_jobs_in_flight{queue="fast"} 0"#),
+        "{metrics}"
+    );
+    gate.add_permits(1);
+    eventually(WAIT, "the slow job done", || {
+        let mut c = c.clone();
+        async move {
+            (counter(&mut c, QueueKeys::new("slow").stats_processed()).await == 1).then_some(())
+        }
+    })
+    .await;
+    let metrics = worker.metrics.render();
+    worker.stop().await;
+    assert!(
+        metrics.contains(r#"workerpool_jobs_in_flight{queue="slow"} 0"#),
+        "{metrics}"
+    );
+}

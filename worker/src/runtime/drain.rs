@@ -11,7 +11,7 @@ impl Worker {
     pub(super) async fn drain(&self) {
         let tracker = &self.tracker;
         self.health.set_draining();
-        let running = self.metrics.in_flight.get();
+        let running = self.running();
         tracing::info!(running, timeout = ?self.config.shutdown_timeout, "draining");
         tracker.close();
         tokio::select! {

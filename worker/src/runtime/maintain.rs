@@ -10,7 +10,7 @@ impl Worker {
             ("id", self.config.worker_id.clone()),
             ("pid", std::process::id().to_string()),
             ("concurrency", self.config.concurrency.to_string()),
-            ("in_flight", self.metrics.in_flight.get().to_string()),
+            ("in_flight", self.running().to_string()),
             ("queues", self.queue_names().join(",")),
             // Lets readers (the CLI) tell live workers from lost ones.
             (

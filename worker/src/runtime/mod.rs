@@ -96,6 +96,8 @@ struct JobMetrics {
     dead: prometheus::IntCounter,
     /// `workerpool_job_duration_seconds`.
     duration: prometheus::Histogram,
+    /// `workerpool_jobs_in_flight`.
+    in_flight: prometheus::IntGauge,
 }
 
 /// Errors that stop the worker.
@@ -173,6 +175,7 @@ pub async fn run(
                 retried: metrics.jobs.with_label_values(&[q.name(), "retried"]),
                 dead: metrics.jobs.with_label_values(&[q.name(), "dead"]),
                 duration: metrics.job_duration.with_label_values(&[q.name()]),
+                in_flight: metrics.in_flight.with_label_values(&[q.name()]),
             })
             .collect(),
         queues,
@@ -266,6 +269,11 @@ impl Worker {
     /// against the ledger first.
     pub(super) fn suspect_lost_reply(&self) {
         self.reconcile.store(true, Ordering::Relaxed);
+    }
+
+    /// Jobs running now, on all queues.
+    pub(super) fn running(&self) -> i64 {
+        self.job_metrics.iter().map(|m| m.in_flight.get()).sum()
     }
 
     /// The queues' names, in priority order.

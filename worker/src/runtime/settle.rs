@@ -18,7 +18,7 @@ impl Worker {
         stamped: Arc<str>,
         permit: OwnedSemaphorePermit,
     ) {
-        self.metrics.in_flight.inc();
+        self.job_metrics[qi].in_flight.inc();
         let started = Instant::now();
         let outcome = tokio::select! {
             biased;
@@ -30,7 +30,7 @@ impl Worker {
                 ))),
             ),
         };
-        self.metrics.in_flight.dec();
+        self.job_metrics[qi].in_flight.dec();
         // Abandoned at the shutdown deadline: the drain gives it back.
         let Some(outcome) = outcome else { return };
         self.job_metrics[qi]
