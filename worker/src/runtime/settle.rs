@@ -124,7 +124,12 @@ impl Worker {
                     Err(_) => break,
                 }
             }
+            let holds_every_slot = batch.len() >= self.config.concurrency;
             flushing.push(self.flush(batch));
+            if holds_every_slot {
+                // No other job can finish before this batch's reply.
+                continue;
+            }
             // Send this batch before the next one forms: its first poll
             // hands the script to the connection, and the yield lets the
             // connection write it. Formed at once, both batches would reach
@@ -133,7 +138,8 @@ impl Worker {
             let _ = futures::poll!(flushing.next());
             tokio::task::yield_now().await;
         }
-        // Every settlement sent gets its answer: a job's task waits for it.
+        // Every settlement sent gets its answer before the loop ends: the
+        // drain waits for them (each holds a task-tracker token).
         while flushing.next().await.is_some() {}
     }
 
