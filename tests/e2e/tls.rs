@@ -159,6 +159,12 @@ fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
             (done.trim() == "20").then_some(())
         },
     );
-    let wp = k.get(&["wp", "-n", &ns.name, "secure"]).expect("the pool");
-    assert_eq!(condition(&wp, "Ready"), Some("True"), "{}", wp["status"]);
+    // The worker takes jobs as soon as it has registered, which can be
+    // before the kubelet's first readiness probe passes: the pool's Ready
+    // follows the probe, not the jobs.
+    eventually(Duration::from_secs(60), "the pool Ready", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "secure"])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "Ready") == Some("True")).then_some(())
+    });
 }
