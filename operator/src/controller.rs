@@ -566,7 +566,7 @@ async fn apply(
             .await
             .map_err(Error::ApplyDeployment)?;
         match sent {
-            Some(sent) => lock(&ctx.applied).insert(key, (sent, live.metadata.generation)),
+            Some(sent) => lock(&ctx.applied).insert(key.clone(), (sent, live.metadata.generation)),
             None => lock(&ctx.applied).remove(&key),
         };
     }
@@ -576,7 +576,7 @@ async fn apply(
         ctx.metrics.observe_scale(&ns, &name, from, to);
     }
     if let Some((from, to)) = plan.scale
-        && let Some(engine) = lock(&ctx.engines).get_mut(&pool_key(pool))
+        && let Some(engine) = lock(&ctx.engines).get_mut(&key)
     {
         engine.applied(decided_at, from, to);
     }
@@ -585,8 +585,8 @@ async fn apply(
         publish(ctx, &reference, type_, &reason, note).await;
     }
     match plan.announced {
-        Some(reason) => lock(&ctx.announced).insert(pool_key(pool), reason),
-        None => lock(&ctx.announced).remove(&pool_key(pool)),
+        Some(reason) => lock(&ctx.announced).insert(key.clone(), reason),
+        None => lock(&ctx.announced).remove(&key),
     };
     // An unchanged status is not written again: for an idle pool that is
     // every look but the first.
@@ -602,7 +602,7 @@ async fn apply(
             .map_err(Error::PatchStatus)?;
     }
     tracing::debug!(
-        pool = %pool_key(pool),
+        pool = %key,
         backlog = plan.status.backlog,
         desired = plan.status.desired_replicas,
         reason = plan.status.reason.as_deref().unwrap_or_default(),

@@ -41,7 +41,6 @@ impl Worker {
             qi,
             seq,
             held: stamped,
-            release: job.release_token(),
             settlement,
             job,
             slot: permit,
@@ -124,19 +123,18 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            let holds_every_slot = batch.len() >= self.config.concurrency;
             flushing.push(self.flush(batch));
-            if holds_every_slot {
-                // No other job can finish before this batch's reply.
-                continue;
+            // When the next batch could form at once, send this one first:
+            // its first poll hands the script to the connection, and the
+            // yield lets the connection write it. Formed together, both
+            // batches would reach Redis in one read and come back in one
+            // reply, in step, and each side would still wait for the other
+            // (docs/benchmarks.md). Otherwise the loop's next wait lets the
+            // connection write it anyway.
+            if flushing.len() < in_flight && !finished.is_empty() {
+                let _ = futures::poll!(flushing.next());
+                tokio::task::yield_now().await;
             }
-            // Send this batch before the next one forms: its first poll
-            // hands the script to the connection, and the yield lets the
-            // connection write it. Formed at once, both batches would reach
-            // Redis in one read and come back in one reply, in step, and
-            // each side would still wait for the other (docs/benchmarks.md).
-            let _ = futures::poll!(flushing.next());
-            tokio::task::yield_now().await;
         }
         // Every settlement sent gets its answer before the loop ends: the
         // drain waits for them (each holds a task-tracker token).
@@ -152,13 +150,16 @@ impl Worker {
         } else {
             batch.len()
         };
+        // Frees each done or dead job's unique key.
+        let releases: Vec<Option<String>> = batch.iter().map(|s| s.job.release_token()).collect();
         let finished: Vec<queue::Finished<'_>> = batch
             .iter()
-            .map(|s| queue::Finished {
+            .zip(&releases)
+            .map(|(s, release)| queue::Finished {
                 queue: s.qi,
                 payload: s.held.as_bytes(),
                 settlement: &s.settlement,
-                release: s.release.as_deref(),
+                release: release.as_deref(),
             })
             .collect();
         let stop = self.give_up.clone();
@@ -199,19 +200,15 @@ impl Worker {
             None => (vec![None; batch.len()], Vec::new()),
         };
         let mut slots = Vec::with_capacity(batch.len());
-        let mut settled = Vec::with_capacity(batch.len());
-        for (settling, kept) in batch.into_iter().zip(kept) {
-            self.record(settling.qi, &settling.job, &settling.settlement, kept);
-            settled.push((settling.qi, settling.seq));
-            slots.push(settling.slot);
-        }
         {
             // Out of the ledger even when Redis could not be reached before
             // the deadline: the job then stays in the processing list, for
             // the next incarnation to recover.
             let mut ledger = self.ledger();
-            for (qi, seq) in settled {
-                ledger.queues[qi].remove(&seq);
+            for (settling, kept) in batch.into_iter().zip(kept) {
+                self.record(settling.qi, &settling.job, &settling.settlement, kept);
+                ledger.queues[settling.qi].remove(&settling.seq);
+                slots.push(settling.slot);
             }
         }
         if !taken.is_empty() {
@@ -263,7 +260,7 @@ impl Worker {
 /// half would exceed [`MAX_BATCH`].
 fn settle_shares(concurrency: usize) -> (usize, usize) {
     let in_flight = concurrency.div_ceil(MAX_BATCH).max(2);
-    (in_flight, concurrency.div_ceil(in_flight).max(1))
+    (in_flight, concurrency.div_ceil(in_flight))
 }
 
 /// A finished job on its way to the settle loop, with the slot it holds
@@ -273,8 +270,6 @@ pub(super) struct Settling {
     /// The job's entry in the ledger.
     seq: u64,
     held: Arc<str>,
-    /// Frees the job's unique key once it is done or dead.
-    release: Option<String>,
     settlement: Settlement,
     job: Arc<Job>,
     slot: OwnedSemaphorePermit,
