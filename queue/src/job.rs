@@ -4,12 +4,19 @@
 //! A job is one JSON object. The worker reads and writes only the fields
 //! below and keeps every other field as it came (key order included).
 
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::text;
+
+mod head;
+
+use head::Scalar;
 
 /// How much of a malformed payload an error message quotes.
 const QUOTE_CHARS: usize = 80;
@@ -91,64 +98,147 @@ pub fn release_token(fields: &Map<String, Value>) -> Option<String> {
 
 /// A job as handed to a handler: the producer's object with `id`,
 /// `attempt` and `enqueued_at` filled in.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A job read from a payload the fetch script stamped keeps that text and
+/// the few fields the worker reads for every job; the whole object is
+/// parsed only when something asks for it ([`Job::fields`], [`Job::data`],
+/// [`Job::get`]). Handlers that pass the job on as JSON get the text as it
+/// was pushed, numbers and all, not a re-serialized copy.
+#[derive(Clone)]
 pub struct Job {
-    fields: Map<String, Value>,
+    repr: Repr,
+}
+
+#[derive(Clone)]
+enum Repr {
+    /// Built from fields: by [`intake`], or by a caller.
+    Fields(Map<String, Value>),
+    /// Read from a stamped payload ([`stamped`]).
+    Held(Held),
+}
+
+/// A stamped payload and what one pass over it read.
+#[derive(Clone)]
+struct Held {
+    /// The payload, as held in the processing list.
+    text: Arc<str>,
+    /// Where `id`, `task` and `unique_key` are in `text` (strings without
+    /// escapes: their text is their value).
+    id: Range<usize>,
+    task: Option<Range<usize>>,
+    unique_key: Option<Range<usize>>,
+    attempt: u64,
+    enqueued_at: u64,
+    /// The whole object, parsed on first use.
+    fields: OnceLock<Map<String, Value>>,
+}
+
+impl Held {
+    fn fields(&self) -> &Map<String, Value> {
+        self.fields.get_or_init(|| {
+            // The pass in `stamped` read the same text with the same
+            // parser (deserialize_any all the way down), so this parse
+            // succeeds: an empty object is never returned in practice.
+            match serde_json::from_str::<Value>(&self.text) {
+                Ok(Value::Object(fields)) => fields,
+                _ => {
+                    debug_assert!(false, "a stamped payload stopped parsing");
+                    Map::new()
+                }
+            }
+        })
+    }
 }
 
 impl Job {
     /// The job's idempotency key.
     pub fn id(&self) -> &str {
-        self.fields
-            .get(field::ID)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
+        match &self.repr {
+            Repr::Fields(fields) => fields
+                .get(field::ID)
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            Repr::Held(held) => &held.text[held.id.clone()],
+        }
     }
 
     /// The token that frees its unique key when it ends ([`release_token`]).
     pub fn release_token(&self) -> Option<String> {
-        release_token(&self.fields)
+        match &self.repr {
+            Repr::Fields(fields) => release_token(fields),
+            Repr::Held(held) => {
+                let key = &held.text[held.unique_key.clone()?];
+                let id = self.id();
+                Some(format!("{}:{id}{key}", id.len()))
+            }
+        }
     }
 
     /// The task name, when the producer gave one.
     pub fn task(&self) -> Option<&str> {
-        self.fields.get(field::TASK).and_then(Value::as_str)
+        match &self.repr {
+            Repr::Fields(fields) => fields.get(field::TASK).and_then(Value::as_str),
+            Repr::Held(held) => Some(&held.text[held.task.clone()?]),
+        }
     }
 
     /// The handler's payload (`Value::Null` when absent).
     pub fn data(&self) -> &Value {
-        self.fields.get(field::DATA).unwrap_or(&Value::Null)
+        self.fields().get(field::DATA).unwrap_or(&Value::Null)
     }
 
     /// The number of this attempt, starting at 1.
     pub fn attempt(&self) -> u32 {
-        read_u64(&self.fields, field::ATTEMPT).map_or(0, |a| a as u32)
+        match &self.repr {
+            Repr::Fields(fields) => read_u64(fields, field::ATTEMPT).map_or(0, |a| a as u32),
+            Repr::Held(held) => held.attempt as u32,
+        }
     }
 
     /// When the job was enqueued, unix milliseconds.
     pub fn enqueued_at(&self) -> Option<u64> {
-        read_u64(&self.fields, field::ENQUEUED_AT)
+        match &self.repr {
+            Repr::Fields(fields) => read_u64(fields, field::ENQUEUED_AT),
+            Repr::Held(held) => Some(held.enqueued_at),
+        }
     }
 
     /// Any field of the object.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.fields.get(key)
+        self.fields().get(key)
     }
 
     /// The whole object.
     pub fn fields(&self) -> &Map<String, Value> {
-        &self.fields
+        match &self.repr {
+            Repr::Fields(fields) => fields,
+            Repr::Held(held) => held.fields(),
+        }
     }
 
-    /// The job as one line of JSON (serialized from the fields in place:
-    /// handlers call this for every job).
+    /// The payload as held in the processing list, for a job read from it
+    /// by [`stamped`] (`None` for a job built from fields).
+    pub fn held(&self) -> Option<&Arc<str>> {
+        match &self.repr {
+            Repr::Fields(_) => None,
+            Repr::Held(held) => Some(&held.text),
+        }
+    }
+
+    /// The job as one line of JSON: the payload as held when it is one
+    /// line, otherwise serialized from the fields (handlers call this for
+    /// every job).
     pub fn to_json(&self) -> String {
-        serde_json::to_string(&self.fields).expect("a map of JSON values always serializes")
+        match &self.repr {
+            Repr::Held(held) if !held.text.contains(['\n', '\r']) => held.text.to_string(),
+            _ => serde_json::to_string(self.fields())
+                .expect("a map of JSON values always serializes"),
+        }
     }
 
     /// The payload that waits for the next attempt after this one failed.
     pub fn failed(&self, error: &str) -> String {
-        let mut fields = self.fields.clone();
+        let mut fields = self.fields().clone();
         fields.insert(field::ERROR.into(), Value::from(error));
         Value::Object(fields).to_string()
     }
@@ -157,7 +247,7 @@ impl Job {
     /// without having failed (shutdown): the attempt is not counted, the id
     /// and enqueue time are kept so a rerun is recognisable.
     pub fn unstarted(&self) -> String {
-        let mut fields = self.fields.clone();
+        let mut fields = self.fields().clone();
         match self.attempt() {
             0 | 1 => fields.shift_remove(field::ATTEMPT),
             n => fields.insert(field::ATTEMPT.into(), Value::from(n - 1)),
@@ -167,7 +257,23 @@ impl Job {
 
     /// A job built from fields (for handlers' tests and the library API).
     pub fn from_fields(fields: Map<String, Value>) -> Self {
-        Self { fields }
+        Self {
+            repr: Repr::Fields(fields),
+        }
+    }
+}
+
+impl PartialEq for Job {
+    fn eq(&self, other: &Self) -> bool {
+        self.fields() == other.fields()
+    }
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("fields", self.fields())
+            .finish()
     }
 }
 
@@ -335,7 +441,7 @@ pub fn intake(raw: impl AsRef<[u8]>, now_ms: u64, max_attempts: u32, worker: &st
         stamped.insert(field::ENQUEUED_AT.into(), Value::from(now_ms));
     }
     stamped.extend(fields);
-    let job = Job { fields: stamped };
+    let job = Job::from_fields(stamped);
     let stamped = job.to_json();
     Intake::Run { job, stamped }
 }
@@ -425,24 +531,53 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
         Stamp::Counted => leading_attempt(held)?.0,
     };
     let text = std::str::from_utf8(held).ok()?;
-    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
+    // One pass that checks the whole object and reads the known fields:
+    // this runs for every job taken, and most jobs never need the rest.
+    let head = head::read(text)?;
+    let string = |s: Option<Scalar<'_>>| match s {
+        None | Some(Scalar::Str(_) | Scalar::Escaped) => true,
+        Some(_) => false,
+    };
+    let (Some(Scalar::U64(attempt)), Some(Scalar::U64(enqueued_at))) =
+        (head.attempt, head.enqueued_at)
+    else {
         return None;
     };
-    // One pass over the fields rather than a hashed lookup per name: this
-    // runs for every job taken.
-    let (mut types_hold, mut attempt, mut has_id, mut has_enqueued) = (true, None, false, false);
-    for (name, value) in &fields {
-        match name.as_str() {
-            field::TASK => types_hold &= value.is_string(),
-            field::ID => (types_hold, has_id) = (types_hold && value.is_string(), true),
-            field::ATTEMPT => attempt = value.as_u64(),
-            field::ENQUEUED_AT => (types_hold, has_enqueued) = (types_hold && value.is_u64(), true),
-            field::RUN_AT => return None,
-            _ => {}
-        }
+    if attempt != expected || head.id.is_none() || !string(head.id) || !string(head.task) {
+        return None;
     }
-    let stands = types_hold && attempt == Some(expected) && has_id && has_enqueued;
-    stands.then_some(Job { fields })
+    let at = |s: Option<Scalar<'_>>| match s {
+        Some(Scalar::Str(s)) => Some(range_in(text, s)),
+        _ => None,
+    };
+    let escaped = [head.id, head.task, head.unique_key].contains(&Some(Scalar::Escaped));
+    let (Some(id), false) = (at(head.id), escaped) else {
+        // A string with escapes: its value is not a slice of the text, so
+        // the object is read whole (rare: producers' ids and names are
+        // plain).
+        let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
+            return None;
+        };
+        return Some(Job::from_fields(fields));
+    };
+    Some(Job {
+        repr: Repr::Held(Held {
+            text: Arc::from(text),
+            id,
+            task: at(head.task),
+            unique_key: at(head.unique_key),
+            attempt,
+            enqueued_at,
+            fields: OnceLock::new(),
+        }),
+    })
+}
+
+/// Where `part`, a slice of `whole`, lies in it.
+fn range_in(whole: &str, part: &str) -> Range<usize> {
+    debug_assert!(whole.as_bytes().as_ptr_range().contains(&part.as_ptr()) || part.is_empty());
+    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
+    start..start + part.len()
 }
 
 /// A fresh job id: 128 random bits in hex.
@@ -620,6 +755,38 @@ mod tests {
             "no id"
         );
         assert_eq!(stamped(br#"{"id":"a"}"#, Stamp::Untouched), None);
+    }
+
+    #[test]
+    fn a_stamped_job_hands_on_its_text_as_pushed_and_parses_the_rest_on_demand() {
+        let held = br#"{"attempt":1,"id":"i","enqueued_at":5,"task":"t","data":{"n":1.50,"big":18446744073709551616},"unique_key":"k"}"#;
+        let job = stamped(held, Stamp::Fresh(1)).expect("stands");
+        // The numbers as written, not as a float re-serializes them.
+        assert_eq!(job.to_json().as_bytes(), held);
+        assert_eq!(job.held().map(|h| h.as_bytes()), Some(held.as_slice()));
+        assert_eq!(
+            (job.id(), job.task(), job.attempt(), job.enqueued_at()),
+            ("i", Some("t"), 1, Some(5))
+        );
+        assert_eq!(job.release_token().as_deref(), Some("1:ik"));
+        assert_eq!(job.data()["n"], json!(1.5));
+        let failed: Value = serde_json::from_str(&job.failed("boom")).expect("json");
+        assert_eq!(
+            (failed["error"].as_str(), failed["id"].as_str()),
+            (Some("boom"), Some("i"))
+        );
+        // Over several lines as pushed: one line for a handler.
+        let pretty = b"{\"attempt\":1,\"id\":\"i\",\"enqueued_at\":5,\n \"x\":[1,\r\n2]}";
+        let job = stamped(pretty, Stamp::Fresh(1)).expect("stands");
+        assert_eq!(
+            job.to_json(),
+            r#"{"attempt":1,"id":"i","enqueued_at":5,"x":[1,2]}"#
+        );
+        // An escaped id is read whole; its value, not its text, is the id.
+        let escaped = br#"{"attempt":1,"id":"\u0069d","enqueued_at":5,"unique_key":"k"}"#;
+        let job = stamped(escaped, Stamp::Fresh(1)).expect("stands");
+        assert_eq!((job.id(), job.held()), ("id", None));
+        assert_eq!(job.release_token().as_deref(), Some("2:idk"));
     }
 
     #[test]

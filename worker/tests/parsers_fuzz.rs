@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::{Map, Value};
 use workerpool_worker::Outcome;
 use workerpool_worker::handlers::exec_pool::parse_answer;
-use workerpool_worker::job::{DeadReason, Intake, intake};
+use workerpool_worker::job::{DeadReason, Intake, Stamp, intake, release_token, stamped};
 
 const NOW: u64 = 1_700_000_000_000;
 
@@ -103,8 +103,110 @@ fn check_intake(raw: &[u8]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Objects written out field by field: known names (one escaped) with
+/// values of any type, repeated names, strings with and without escapes.
+fn object_text() -> impl Strategy<Value = String> {
+    let name = prop_oneof![
+        Just("attempt"),
+        Just("id"),
+        Just("task"),
+        Just("enqueued_at"),
+        Just("unique_key"),
+        Just("run_at"),
+        Just("data"),
+        Just("\\u0069d"),
+        Just("other"),
+    ];
+    let value = prop_oneof![
+        json_value().prop_map(|v| v.to_string()),
+        Just("1".to_string()),
+        Just("\"a\"".to_string()),
+        Just("\"a\\nb\"".to_string()),
+        Just("1.0".to_string()),
+        Just("-1".to_string()),
+    ];
+    proptest::collection::vec((name, value), 0..8).prop_map(|fields| {
+        let fields: Vec<String> = fields
+            .into_iter()
+            .map(|(name, value)| format!("\"{name}\":{value}"))
+            .collect();
+        format!("{{{}}}", fields.join(","))
+    })
+}
+
+/// The job a stamp stands for, read the plain way: the whole object
+/// parsed, then the known fields checked.
+fn stamped_by_full_parse(text: &str, expected: u64) -> Option<Map<String, Value>> {
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
+        return None;
+    };
+    let string_or_absent = |name| fields.get(name).is_none_or(Value::is_string);
+    let stands = string_or_absent("task")
+        && fields.get("id").is_some_and(Value::is_string)
+        && fields.get("attempt").and_then(Value::as_u64) == Some(expected)
+        && fields.get("enqueued_at").is_some_and(Value::is_u64)
+        && !fields.contains_key("run_at");
+    stands.then_some(fields)
+}
+
+/// Checks `stamped` against the full parse, for a fresh stamp.
+fn check_stamped(held: &[u8]) -> Result<(), TestCaseError> {
+    let job = stamped(held, Stamp::Fresh(1));
+    let Ok(text) = std::str::from_utf8(held) else {
+        prop_assert!(job.is_none());
+        return Ok(());
+    };
+    let Some(fields) = stamped_by_full_parse(text, 1) else {
+        prop_assert!(job.is_none(), "{} must not stand", text);
+        return Ok(());
+    };
+    let Some(job) = job else {
+        return Err(TestCaseError::fail(format!("{text} must stand")));
+    };
+    prop_assert_eq!(job.fields(), &fields);
+    prop_assert_eq!(Some(job.id()), fields["id"].as_str());
+    prop_assert_eq!(job.task(), fields.get("task").and_then(Value::as_str));
+    prop_assert_eq!(job.attempt(), 1);
+    prop_assert_eq!(job.enqueued_at(), fields["enqueued_at"].as_u64());
+    prop_assert_eq!(job.release_token(), release_token(&fields));
+    let line = job.to_json();
+    prop_assert!(!line.contains(['\n', '\r']));
+    // The line a handler gets reads as the same object.
+    prop_assert_eq!(
+        serde_json::from_str::<Value>(&line).ok(),
+        Some(Value::Object(fields))
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn a_stamp_stands_exactly_where_the_full_parse_says_it_does(
+        text in object_text(),
+        stamp_first in any::<bool>(),
+        pretty in any::<bool>(),
+    ) {
+        let stamp = "\"attempt\":1,\"id\":\"0011\",\"enqueued_at\":5";
+        let mut held = match (stamp_first, text.len() > 2) {
+            (true, true) => format!("{{{stamp},{}", &text[1..]),
+            (true, false) => format!("{{{stamp}}}"),
+            (false, _) => text,
+        };
+        if pretty {
+            held = held.replace(',', ",\n");
+        }
+        check_stamped(held.as_bytes())?;
+    }
+
+    #[test]
+    fn a_stamp_on_any_jsonish_bytes_stands_only_as_the_full_parse_says(raw in jsonish()) {
+        let mut held = b"{\"attempt\":1,\"id\":\"a\",\"enqueued_at\":5,".to_vec();
+        held.extend_from_slice(&raw);
+        check_stamped(&held)?;
+        check_stamped(&raw)?;
+    }
 
     #[test]
     fn intake_takes_any_bytes(raw in proptest::collection::vec(any::<u8>(), 0..300)) {

@@ -186,7 +186,8 @@ pub(super) fn plan(
         {
             if running < free {
                 running += 1;
-                plan.ready.push((Arc::new(job), Arc::from(text)));
+                let text = job.held().cloned().unwrap_or_else(|| Arc::from(text));
+                plan.ready.push((Arc::new(job), text));
             } else {
                 let original = job::unstamped(&held, stamp);
                 plan.back.push((held, original));
