@@ -292,6 +292,48 @@ esac"#;
 }
 
 #[tokio::test]
+async fn a_handler_gets_the_job_as_pushed_on_one_line_numbers_and_spacing_kept() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("lines");
+    let mut c = redis.conn().await;
+    let one_line = r#"{"id":"a", "data": {"big": 18446744073709551616, "f": 1.50}}"#;
+    let pretty = "{\"id\":\"b\",\n  \"data\": [1,\r\n 2.0]}";
+    for raw in [one_line, pretty] {
+        let _: i64 = c.lpush(q.name(), raw).await.expect("lpush");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seen = dir.path().join("seen");
+    let script = format!("read -r job; printf '%s\\n' \"$job\" >> {}", seen.display());
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+        .args(["--redis-url", &redis.url(), "--queue", q.name()])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--handler", "exec-per-job", "--concurrency", "1"])
+        .args(["--", "sh", "-c", &script])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn worker");
+    settled(&c, &q, 2, 0).await;
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let lines = std::fs::read_to_string(&seen).expect("the handler wrote what it got");
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    // The stamp in front, the rest byte for byte.
+    assert!(lines[0].starts_with(r#"{"attempt":1,"#), "{}", lines[0]);
+    assert!(lines[0].ends_with(&one_line[1..]), "{}", lines[0]);
+    // Over several lines as pushed: one compact line, still the same object.
+    let second: Value = serde_json::from_str(lines[1]).expect("JSON");
+    assert_eq!(
+        (&second["id"], &second["data"]),
+        (&json!("b"), &json!([1, 2.0]))
+    );
+    assert_eq!(second["attempt"], 1);
+    assert!(!lines[1].contains(' '), "{}", lines[1]);
+}
+
+#[tokio::test]
 async fn the_rust_handler_example_runs_jobs_and_drains_on_its_shutdown_future() {
     let redis = TestRedis::start();
     let q = QueueKeys::new("emails");
