@@ -292,6 +292,19 @@ impl Schedule {
     }
 }
 
+/// The names of the schedules in `specs` that enqueue on `queue`, for a
+/// pool of `queues` (a schedule without `queue` enqueues on the first):
+/// whose claims on `queue` are still in use. A schedule that cannot be
+/// used still counts, so that fixing it picks up where it was.
+pub fn names_on<'a>(specs: &'a [ScheduleSpec], queues: &[String], queue: &str) -> Vec<&'a str> {
+    let first = queues.first().map(String::as_str);
+    specs
+        .iter()
+        .filter(|s| s.queue.as_deref().or(first) == Some(queue))
+        .map(|s| s.name.as_str())
+        .collect()
+}
+
 /// Every schedule of a pool, or one line per problem (each naming its
 /// schedule). Checks what the CRD's schema and CEL rules check too, for
 /// local mode, which has no API server: names, their uniqueness, queues.

@@ -80,3 +80,26 @@ pub async fn last_fire(
 ) -> RedisResult<Option<i64>> {
     conn.hget(q.fires(), schedule).await
 }
+
+/// Forgets the claims on `q` of the schedules of one pool (their field
+/// names start with `owner`, `<namespace>/<pool>/`) that `keep` does not
+/// name: a schedule removed from the pool, or moved to another queue,
+/// leaves nothing behind that a schedule of the same name added later
+/// would pick up. Returns how many were forgotten.
+pub async fn forget_fires(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    owner: &str,
+    keep: &[&str],
+) -> RedisResult<usize> {
+    let names: Vec<String> = conn.hkeys(q.fires()).await?;
+    let gone: Vec<&String> = names
+        .iter()
+        .filter(|n| n.strip_prefix(owner).is_some_and(|s| !keep.contains(&s)))
+        .collect();
+    if gone.is_empty() {
+        return Ok(0);
+    }
+    conn.hdel::<_, _, ()>(q.fires(), &gone).await?;
+    Ok(gone.len())
+}

@@ -1003,3 +1003,37 @@ async fn every_script_follows_its_rule() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[tokio::test]
+async fn a_pools_claims_of_schedules_it_no_longer_has_are_forgotten_and_no_others() {
+    use redis::AsyncCommands;
+    use workerpool_queue::schedule::{Fired, fire, forget_fires, last_fire};
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("fires");
+    let job = |id: &str| {
+        let mut job = serde_json::Map::new();
+        job.insert("id".into(), id.into());
+        job
+    };
+    for (n, schedule) in ["ns/a/x", "ns/a/y", "ns/ab/y", "other/a/y"]
+        .into_iter()
+        .enumerate()
+    {
+        let fired = fire(&mut c, &q, schedule, 1_000, &job(&format!("j{n}"))).await;
+        assert_eq!(fired, Ok(Fired::Enqueued), "{schedule}");
+    }
+    let forgotten = forget_fires(&mut c, &q, "ns/a/", &["x"]).await;
+    assert_eq!(forgotten, Ok(1));
+    let mut left: Vec<String> = c.hkeys(q.fires()).await.expect("hkeys");
+    left.sort();
+    assert_eq!(left, ["ns/a/x", "ns/ab/y", "other/a/y"]);
+    // Added again, the schedule starts afresh: its earlier claim is gone.
+    assert_eq!(last_fire(&mut c, &q, "ns/a/y").await, Ok(None));
+    assert_eq!(
+        fire(&mut c, &q, "ns/a/y", 500, &job("again")).await,
+        Ok(Fired::Enqueued)
+    );
+    assert_eq!(forget_fires(&mut c, &q, "ns/a/", &["x", "y"]).await, Ok(0));
+    assert_eq!(forget_fires(&mut c, &q, "ns/a/", &[]).await, Ok(2));
+}

@@ -198,8 +198,25 @@ async fn an_allow_schedule_every_second_enqueues_a_job_about_once_a_second() {
     let log = dir.path().join("jobs.log");
     let schedule =
         "{name: tick, schedule: \"@every 1s\", concurrencyPolicy: Allow, job: {task: tick}}";
+    // The claim of a schedule an earlier run of the pool had.
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&["sched:fires", "default/reports/gone", "5"])
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
     let local = Local::start(&redis, &manifest(schedule, 1, 2, "0", &log));
     let first = first_fire(&log).await;
+    let claims: Vec<String> = redis::cmd("HKEYS")
+        .arg("sched:fires")
+        .query_async(&mut conn)
+        .await
+        .expect("hkeys");
+    assert_eq!(
+        claims,
+        ["default/reports/tick"],
+        "only the pool's schedules keep claims"
+    );
     tokio::time::sleep(Duration::from_secs(6)).await;
     let seen = runs(&log);
     let n = fired_within(&seen, first, Duration::from_secs(4));
@@ -213,7 +230,6 @@ async fn an_allow_schedule_every_second_enqueues_a_job_about_once_a_second() {
         assert_eq!(run.fire_ms % 1000, 0, "fires are on whole seconds: {id}");
     }
     // Allow: the jobs hold no key.
-    let mut conn = redis.conn().await;
     let held: i64 = redis::cmd("HLEN")
         .arg("sched:unique")
         .query_async(&mut conn)

@@ -15,7 +15,7 @@ use workerpool_queue::connection::Endpoint;
 use super::Context;
 use crate::crd::{ScheduleStatus, WorkerPool, WorkerPoolStatus};
 use crate::schedule::Schedule;
-use crate::schedule::fire::{Report, look};
+use crate::schedule::fire::{Report, forget_removed, look};
 
 /// The condition that says whether every schedule can be used.
 const CONDITION: &str = "SchedulesValid";
@@ -41,21 +41,41 @@ pub(super) struct Fires {
 /// were, their fires still waited for.
 pub(super) async fn fire(pool: &WorkerPool, ctx: &Context, endpoint: Option<&Endpoint>) -> Fires {
     let old = pool.status.as_ref().and_then(|s| s.schedules.clone());
-    if pool.spec.schedules.is_empty() {
-        return Fires {
-            statuses: old.map(|_| Vec::new()),
-            ..Fires::default()
-        };
+    if pool.spec.schedules.is_empty() && old.is_none() {
+        return Fires::default();
     }
     let namespace = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
     let queues = pool.spec.queue.redis.queue_names();
-    let old = old.unwrap_or_default();
-    let previous = |n: &str| old.iter().find(|s| s.name == n);
     let mut conn = match endpoint {
         Some(e) => ctx.redis_conn(e).await.ok(),
         None => None,
     };
+    // The spec changed since the status was written (or the pool is new):
+    // the claims of schedules it no longer has go.
+    let observed = pool.status.as_ref().and_then(|s| s.observed_generation);
+    if let Some(conn) = conn.as_mut()
+        && (observed.is_none() || observed != pool.metadata.generation)
+    {
+        let specs = &pool.spec.schedules;
+        match forget_removed(conn, specs, &queues, &namespace, &name).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(pool = %name, forgotten = n, "claims of removed schedules forgotten")
+            }
+            Err(e) => {
+                tracing::warn!(pool = %name, error = %e, "could not forget the claims of removed schedules")
+            }
+        }
+    }
+    if pool.spec.schedules.is_empty() {
+        return Fires {
+            statuses: Some(Vec::new()),
+            ..Fires::default()
+        };
+    }
+    let old = old.unwrap_or_default();
+    let previous = |n: &str| old.iter().find(|s| s.name == n);
     let now = Timestamp::now();
     let mut fires = Fires {
         statuses: Some(Vec::new()),

@@ -867,6 +867,12 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
         }]),
         ..Default::default()
     });
+    // Claims of a schedule this pool had before its spec changed, and of
+    // another pool's.
+    let mut c = redis.conn().await;
+    for (schedule, at) in [("jobs/mail/gone", 5), ("jobs/mailer/gone", 6)] {
+        let _: () = c.hset("mail:fires", schedule, at).await.expect("hset");
+    }
     let (task, mut api, _) = start(p);
 
     let (_, send) = api.expect("GET", DEPLOYMENT).await;
@@ -913,7 +919,9 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
         "{action:?}"
     );
     api.done().await;
-    let mut c = redis.conn().await;
+    let mut claims: Vec<String> = c.hkeys("mail:fires").await.expect("hkeys");
+    claims.sort();
+    assert_eq!(claims, ["jobs/mail/tick", "jobs/mailer/gone"]);
     let jobs: Vec<String> = c.lrange("mail", 0, -1).await.expect("lrange");
     let job: Value = serde_json::from_str(&jobs[0]).expect("json");
     assert_eq!(

@@ -10,7 +10,7 @@ use workerpool_queue::keys::QueueKeys;
 
 use crate::crd::{ScheduleStatus, WorkerPool};
 use crate::schedule::Schedule;
-use crate::schedule::fire::{Report, look};
+use crate::schedule::fire::{Report, forget_removed, look};
 
 /// How long a timeout the Redis calls of schedules get.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -47,7 +47,8 @@ impl Schedules {
     /// [`crate::schedule::parse_all`]). Each waits for the fire after the
     /// latest one claimed in Redis, so that fires missed while nothing ran
     /// follow `startingDeadlineSeconds`; a schedule never fired waits for
-    /// its next fire.
+    /// its next fire. The claims of schedules the pool no longer has are
+    /// forgotten first.
     pub async fn start(pool: &WorkerPool, schedules: Vec<Schedule>, endpoint: Endpoint) -> Self {
         let namespace = pool
             .metadata
@@ -63,6 +64,14 @@ impl Schedules {
             entries: Vec::new(),
             failed: None,
         };
+        // What a run of this pool before claimed for schedules it no longer
+        // has goes, so that one added again later starts afresh.
+        let queues = pool.spec.queue.redis.queue_names();
+        let (namespace, name) = (this.namespace.clone(), this.pool.clone());
+        if let Ok(conn) = this.conn().await {
+            let specs = &pool.spec.schedules;
+            let _ = forget_removed(conn, specs, &queues, &namespace, &name).await;
+        }
         for schedule in schedules {
             let identity = schedule.identity(&this.namespace, &this.pool);
             let queue = QueueKeys::new(schedule.queue.clone());

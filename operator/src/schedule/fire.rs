@@ -8,10 +8,10 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use workerpool_queue::connection::{Conn, describe};
 use workerpool_queue::keys::QueueKeys;
-use workerpool_queue::schedule::{Fired, fire};
+use workerpool_queue::schedule::{Fired, fire, forget_fires};
 
-use super::{Schedule, Step};
-use crate::crd::{ConcurrencyPolicy, ScheduleStatus};
+use super::{Schedule, Step, names_on};
+use crate::crd::{ConcurrencyPolicy, ScheduleSpec, ScheduleStatus};
 
 /// Something worth telling the user about a look: an Event in a cluster, a
 /// note in local mode.
@@ -37,6 +37,27 @@ pub struct Look {
     pub enqueued: Option<String>,
     /// What to tell the user, if anything.
     pub report: Option<Report>,
+}
+
+/// Forgets, on each of the pool's `queues`, the claims of schedules of pool
+/// `namespace/pool` that `specs` no longer has there (removed, or moved to
+/// another queue): one added later under the same name starts afresh
+/// instead of from the old one's latest fire. Returns how many were
+/// forgotten.
+pub async fn forget_removed(
+    conn: &mut impl Conn,
+    specs: &[ScheduleSpec],
+    queues: &[String],
+    namespace: &str,
+    pool: &str,
+) -> redis::RedisResult<usize> {
+    let owner = format!("{namespace}/{pool}/");
+    let mut forgotten = 0;
+    for queue in queues {
+        let keep = names_on(specs, queues, queue);
+        forgotten += forget_fires(conn, &QueueKeys::new(queue.clone()), &owner, &keep).await?;
+    }
+    Ok(forgotten)
 }
 
 /// Looks at `schedule` of pool `namespace/pool` at `now`, waiting for the

@@ -394,3 +394,17 @@ fn a_pool_refuses_schedule_names_that_are_not_dns_labels_or_not_unique() {
         "{problems:?}"
     );
 }
+
+#[test]
+fn a_schedules_claims_are_in_use_on_the_queue_it_enqueues_on() {
+    let specs: Vec<ScheduleSpec> = serde_json::from_value(serde_json::json!([
+        {"name": "a", "schedule": "@hourly"},
+        {"name": "b", "schedule": "@hourly", "queue": "low"},
+        {"name": "c", "schedule": "not cron", "queue": "high"},
+    ]))
+    .expect("specs");
+    let queues = ["high".to_string(), "low".to_string()];
+    assert_eq!(names_on(&specs, &queues, "high"), ["a", "c"]);
+    assert_eq!(names_on(&specs, &queues, "low"), ["b"]);
+    assert!(names_on(&specs, &queues, "other").is_empty());
+}
