@@ -546,14 +546,17 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
     if attempt != expected || head.id.is_none() || !string(head.id) || !string(head.task) {
         return None;
     }
-    let at = |s: Option<Scalar<'_>>| match s {
-        Some(Scalar::Str(s)) => Some(range_in(text, s)),
-        _ => None,
+    // Where each string is in the text; `Err` for one with escapes, whose
+    // value is not a slice of the text.
+    let place = |s: Option<Scalar<'_>>| match s {
+        Some(Scalar::Str(s)) => range_in(text, s).map(Some).ok_or(()),
+        Some(Scalar::Escaped) => Err(()),
+        None | Some(_) => Ok(None),
     };
-    let escaped = [head.id, head.task, head.unique_key].contains(&Some(Scalar::Escaped));
-    let (Some(id), false) = (at(head.id), escaped) else {
-        // A string with escapes: its value is not a slice of the text, so
-        // the object is read whole (rare: producers' ids and names are
+    let (Ok(Some(id)), Ok(task), Ok(unique_key)) =
+        (place(head.id), place(head.task), place(head.unique_key))
+    else {
+        // The object is read whole (rare: producers' ids and names are
         // plain).
         let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
             return None;
@@ -564,8 +567,8 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
         repr: Repr::Held(Held {
             text: Arc::from(text),
             id,
-            task: at(head.task),
-            unique_key: at(head.unique_key),
+            task,
+            unique_key,
             attempt,
             enqueued_at,
             fields: OnceLock::new(),
@@ -573,11 +576,12 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
     })
 }
 
-/// Where `part`, a slice of `whole`, lies in it.
-fn range_in(whole: &str, part: &str) -> Range<usize> {
-    debug_assert!(whole.as_bytes().as_ptr_range().contains(&part.as_ptr()) || part.is_empty());
-    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
-    start..start + part.len()
+/// Where `part`, a slice of `whole`, lies in it (`None` if it is not one).
+fn range_in(whole: &str, part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let range = start..start + part.len();
+    let found = whole.get(range.clone())?;
+    (found.as_ptr() == part.as_ptr()).then_some(range)
 }
 
 /// A fresh job id: 128 random bits in hex.
