@@ -18,6 +18,8 @@ use crate::scripts;
 pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_DEAD_AFTER_MS;
 /// Entries handled per script call when moving or removing dead letters.
 const BATCH: usize = 500;
+/// Dead letters read per `LRANGE`.
+const PAGE: i64 = 1000;
 
 /// The Redis server's clock, unix milliseconds.
 pub async fn server_time_ms(conn: &mut impl Conn) -> RedisResult<u64> {
@@ -205,19 +207,44 @@ impl DeadEntry {
 }
 
 /// The dead letters of `q`, newest first; with `id`, only that job's.
+/// The list is read a page at a time, so looking for one job keeps one
+/// page in memory however long the list is.
 pub async fn dead_letters(
     conn: &mut impl Conn,
     q: &QueueKeys,
     id: Option<&str>,
 ) -> RedisResult<Vec<DeadEntry>> {
-    let raw: Vec<Vec<u8>> = conn.lrange(q.dead(), 0, -1).await?;
+    let mut found = Vec::new();
+    let mut start = 0;
+    loop {
+        let page = dead_range(conn, q, start, start + PAGE - 1).await?;
+        let last = page.len() < PAGE as usize;
+        start += PAGE;
+        found.extend(
+            page.into_iter()
+                .filter(|e| id.is_none() || e.job_id() == id),
+        );
+        if last {
+            return Ok(found);
+        }
+    }
+}
+
+/// Entries `start` to `stop` of the dead list (`LRANGE` indexes: negative
+/// ones count from the oldest end).
+async fn dead_range(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    start: i64,
+    stop: i64,
+) -> RedisResult<Vec<DeadEntry>> {
+    let raw: Vec<Vec<u8>> = conn.lrange(q.dead(), start as isize, stop as isize).await?;
     Ok(raw
         .into_iter()
         .map(|raw| DeadEntry {
             letter: serde_json::from_slice(&raw).ok(),
             raw,
         })
-        .filter(|e| id.is_none() || e.job_id() == id)
         .collect())
 }
 
@@ -323,8 +350,11 @@ pub struct Resurrected {
 }
 
 /// Moves dead jobs (all, or those with `id`) back onto the queue for a
-/// fresh start (see [`fresh_start`]). Each entry moves atomically and at
-/// most once, even with several of these running at once.
+/// fresh start (see [`fresh_start`]), oldest first so that they keep their
+/// order. Each entry moves atomically and at most once, even with several
+/// of these running at once. Only the entries there when it starts are
+/// looked at (a retried job that dies again is not retried again), a page
+/// at a time from the oldest end.
 pub async fn retry_dead(
     conn: &mut impl Conn,
     q: &QueueKeys,
@@ -332,31 +362,54 @@ pub async fn retry_dead(
 ) -> RedisResult<Resurrected> {
     let now = server_time_ms(conn).await?;
     let mut report = Resurrected::default();
-    let mut pairs = Vec::new();
-    for entry in dead_letters(conn, q, id).await? {
-        match entry.letter.as_ref().and_then(|l| fresh_start(l, now)) {
-            Some(payload) => pairs.push((entry.raw, payload)),
-            None => report.skipped_malformed += 1,
+    let there: i64 = conn.llen(q.dead()).await?;
+    // Entries looked at and left in the list: they stay at its oldest end,
+    // so the next page starts before them.
+    let (mut looked, mut left) = (0, 0);
+    while looked < there {
+        let want = PAGE.min(there - looked);
+        let stop = -1 - left;
+        let page = dead_range(conn, q, stop - (want - 1), stop).await?;
+        if page.is_empty() {
+            break;
         }
-    }
-    // Oldest first, so the retried jobs keep their order in the queue.
-    pairs.reverse();
-    for chunk in pairs.chunks(BATCH) {
-        let mut invocation = scripts::RESURRECT.prepare_invoke();
-        invocation.key(q.dead()).key(q.waiting());
-        for (raw, payload) in chunk {
-            invocation.arg(raw).arg(payload);
+        looked += page.len() as i64;
+        let mut pairs = Vec::with_capacity(page.len());
+        // Oldest first: the page lists the newest first.
+        for entry in page.into_iter().rev() {
+            if id.is_some() && entry.job_id() != id {
+                left += 1;
+                continue;
+            }
+            match entry.letter.as_ref().and_then(|l| fresh_start(l, now)) {
+                Some(payload) => pairs.push((entry.raw, payload)),
+                None => {
+                    report.skipped_malformed += 1;
+                    left += 1;
+                }
+            }
         }
-        let moved: u64 = invocation.invoke_async(conn).await?;
-        report.retried += moved;
+        for chunk in pairs.chunks(BATCH) {
+            let mut invocation = scripts::RESURRECT.prepare_invoke();
+            invocation.key(q.dead()).key(q.waiting());
+            for (raw, payload) in chunk {
+                invocation.arg(raw).arg(payload);
+            }
+            let moved: u64 = invocation.invoke_async(conn).await?;
+            report.retried += moved;
+        }
     }
     Ok(report)
 }
 
-/// Removes dead letters (all, or those of job `id`) that are there now;
-/// entries added meanwhile stay. Returns how many were removed.
+/// Removes dead letters, all or those of job `id`, and returns how many.
+/// All of them go in one step (entries added after it stay); those of one
+/// job are found a page at a time.
 pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -> RedisResult<u64> {
-    let entries = dead_letters(conn, q, id).await?;
+    let Some(id) = id else {
+        return scripts::PURGE.key(q.dead()).invoke_async(conn).await;
+    };
+    let entries = dead_letters(conn, q, Some(id)).await?;
     let mut removed = 0;
     for chunk in entries.chunks(BATCH) {
         let mut invocation = scripts::REMOVE.prepare_invoke();

@@ -150,6 +150,10 @@ pub static RESURRECT: LazyLock<Script> =
 /// as stored. Returns how many were removed.
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/remove.lua")));
 
+/// Removes a whole list in one step. KEYS: the list. Returns how many
+/// entries it had.
+pub static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/purge.lua")));
+
 /// Claims one fire of a recurring schedule and enqueues its job as
 /// [`ENQUEUE`] does, in one script: `enqueue.lua` runs inside it as a
 /// function. KEYS: queue, scheduled, unique, unique:expiry, fires. ARGV:
