@@ -100,6 +100,8 @@ pub struct Context {
     /// the generation the API server gave it. While both still hold,
     /// applying it again would change nothing.
     applied: Mutex<HashMap<String, (u64, Option<i64>)>>,
+    /// When each pool's status was last written ([`Context::now`]).
+    status_written: Mutex<HashMap<String, Duration>>,
     started: Instant,
 }
 
@@ -125,6 +127,7 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             announced: Mutex::new(HashMap::new()),
             applied: Mutex::new(HashMap::new()),
+            status_written: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -139,6 +142,7 @@ impl Context {
         lock(&self.failures).remove(key);
         lock(&self.announced).remove(key);
         lock(&self.applied).remove(key);
+        lock(&self.status_written).remove(key);
         if let Some((namespace, pool)) = key.split_once('/') {
             self.metrics.forget_pool(namespace, pool);
         }
@@ -588,9 +592,8 @@ async fn apply(
         Some(reason) => lock(&ctx.announced).insert(key.clone(), reason),
         None => lock(&ctx.announced).remove(&key),
     };
-    // An unchanged status is not written again: for an idle pool that is
-    // every look but the first.
-    if pool.status.as_ref() != Some(&plan.status) {
+    let written = lock(&ctx.status_written).get(&key).copied();
+    if status_write(pool.status.as_ref(), &plan.status, written, ctx.now()) {
         let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
         pools
             .patch_status(
@@ -600,6 +603,7 @@ async fn apply(
             )
             .await
             .map_err(Error::PatchStatus)?;
+        lock(&ctx.status_written).insert(key.clone(), ctx.now());
     }
     tracing::debug!(
         pool = %key,
@@ -686,6 +690,38 @@ struct Counts {
     ready: i32,
     /// The Deployment's replicas before this reconcile.
     current: i32,
+}
+
+/// How often a status that differs from the one written only in its rates
+/// (`arrivalRate`, `throughput`) is written: after a burst the smoothed
+/// rates decay for minutes, and a write on every look at every pool would
+/// load the API server for figures that move on anyway.
+const RATES_WRITTEN_EVERY: Duration = Duration::from_secs(30);
+
+/// Whether to write the status `new` over `old`, the status this operator
+/// last wrote at `written` (`None`: not since it started), at `now`. An
+/// unchanged status is not written again: for an idle pool that is every
+/// look but the first. A change of its rates alone waits for
+/// [`RATES_WRITTEN_EVERY`]; any other change is written at once.
+fn status_write(
+    old: Option<&WorkerPoolStatus>,
+    new: &WorkerPoolStatus,
+    written: Option<Duration>,
+    now: Duration,
+) -> bool {
+    let Some(old) = old else {
+        return true;
+    };
+    if old == new {
+        return false;
+    }
+    let rates_only = *new
+        == WorkerPoolStatus {
+            arrival_rate: new.arrival_rate,
+            throughput: new.throughput,
+            ..old.clone()
+        };
+    !rates_only || written.is_none_or(|at| now.saturating_sub(at) >= RATES_WRITTEN_EVERY)
 }
 
 /// A rate as the status shows it: three significant digits, and none below

@@ -410,12 +410,14 @@ pub struct WorkerPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_job_age_seconds: Option<f64>,
     /// Jobs arriving per second, as the scaling engine smooths it; shown
-    /// to three significant digits, and 0 below 0.001.
+    /// to three significant digits, and 0 below 0.001. When only the rates
+    /// change, the status is written at most every 30 seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrival_rate: Option<f64>,
     /// Jobs completed per second: the measured throughput of one worker
     /// times the ready workers (at least one); shown to three significant
-    /// digits, and 0 below 0.001.
+    /// digits, and 0 below 0.001. When only the rates change, the status is
+    /// written at most every 30 seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput: Option<f64>,
     /// When the operator last changed the number of workers.

@@ -947,3 +947,37 @@ fn status_rates_keep_three_digits_and_a_long_idle_pool_shows_none() {
         .collect();
     assert!(settled.iter().all(|r| *r == 0.0), "{settled:?}");
 }
+
+#[test]
+fn a_status_whose_rates_alone_moved_is_written_at_most_every_thirty_seconds() {
+    let old = WorkerPoolStatus {
+        backlog: 40,
+        arrival_rate: Some(12.5),
+        throughput: Some(3.1),
+        ..Default::default()
+    };
+    let s = Duration::from_secs;
+    let decayed = WorkerPoolStatus {
+        arrival_rate: Some(9.8),
+        ..old.clone()
+    };
+    assert!(status_write(None, &old, None, s(100)), "a first status");
+    assert!(!status_write(Some(&old), &old, None, s(100)), "unchanged");
+    assert!(!status_write(Some(&old), &decayed, Some(s(80)), s(100)));
+    assert!(status_write(Some(&old), &decayed, Some(s(70)), s(100)));
+    assert!(
+        status_write(Some(&old), &decayed, None, s(100)),
+        "not written since this operator started"
+    );
+    let gone = WorkerPoolStatus {
+        throughput: None,
+        ..old.clone()
+    };
+    assert!(!status_write(Some(&old), &gone, Some(s(99)), s(100)));
+    // Anything else is written at once.
+    let busier = WorkerPoolStatus {
+        backlog: 41,
+        ..decayed.clone()
+    };
+    assert!(status_write(Some(&old), &busier, Some(s(99)), s(100)));
+}
