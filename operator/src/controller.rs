@@ -396,6 +396,26 @@ fn fingerprint(deployment: &Deployment) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// Whether `live` still has the labels, annotations and owners of
+/// `sent`: edits of its metadata do not move its generation.
+fn metadata_holds(sent: &Deployment, live: &Deployment) -> bool {
+    let subset = |want: &Option<std::collections::BTreeMap<String, String>>,
+                  have: &Option<std::collections::BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
+    };
+    let (want, have) = (&sent.metadata, &live.metadata);
+    subset(&want.labels, &have.labels)
+        && subset(&want.annotations, &have.annotations)
+        && want.owner_references.iter().flatten().all(|owner| {
+            have.owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.uid == owner.uid && o.controller == owner.controller)
+        })
+}
+
 /// Reads the Deployment, the pods when workers are missing, and the queue.
 async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
     let deployments: Api<Deployment> =
@@ -549,14 +569,16 @@ async fn apply(
         mark_idle_pods(pool, ctx, snap, pods).await?;
     }
     // Applied before and unchanged since (its generation moves with any
-    // edit of its spec, ours or anyone else's): applying it again would
-    // change nothing, and with thousands of pools every write counts for
-    // the API server.
+    // edit of its spec, ours or anyone else's; an edit of its metadata
+    // shows in the labels, annotations and owner it must have): applying
+    // it again would change nothing, and with thousands of pools every
+    // write counts for the API server.
     let key = pool_key(pool);
     let sent = fingerprint(&plan.deployment);
     let unchanged = sent.is_some_and(|sent| {
         observed.existing.as_ref().is_some_and(|live| {
             lock(&ctx.applied).get(&key) == Some(&(sent, live.metadata.generation))
+                && metadata_holds(&plan.deployment, live)
         })
     });
     if !unchanged {

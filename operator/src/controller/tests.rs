@@ -510,10 +510,12 @@ async fn a_refused_apply_does_not_count_against_the_scale_up_policy() {
     task.await.expect("task").expect("reconcile");
 
     // This one was applied: the period's 2 pods are used up. The
-    // Deployment is as applied (the same generation), so it is not sent
-    // again.
+    // Deployment is as applied (the same generation, its labels and owner
+    // kept), so it is not sent again.
+    let sent = applied.clone();
     let at = |generation| {
         let mut d = existing_deployment(3, 3);
+        d["metadata"] = sent["metadata"].clone();
         d["metadata"]["generation"] = json!(generation);
         d
     };
@@ -534,6 +536,23 @@ async fn a_refused_apply_does_not_count_against_the_scale_up_policy() {
     reply(send, StatusCode::OK, &at(3));
     let (status, send) = api.expect("PATCH", STATUS).await;
     assert_eq!(status["status"]["reason"], json!("ScaleUpLimit"));
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+
+    // Someone changed its pool label (the generation stays): applied
+    // again, the label back.
+    let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    let mut relabelled = at(3);
+    relabelled["metadata"]["labels"]["workerpool.dev/pool"] = json!("other");
+    reply(send, StatusCode::OK, &relabelled);
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(
+        applied["metadata"]["labels"]["workerpool.dev/pool"],
+        json!("mail")
+    );
+    reply(send, StatusCode::OK, &at(3));
+    let (status, send) = api.expect("PATCH", STATUS).await;
     reply(send, StatusCode::OK, &pool_object(&status));
     task.await.expect("task").expect("reconcile");
     api.done().await;
@@ -852,13 +871,19 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
         "template": template(),
         "replicas": 1,
         "schedules": [
-            {"name": "tick", "schedule": "@every 1s", "job": {"task": "tick"}},
+            {"name": "tick", "schedule": "@every 10s", "job": {"task": "tick"}},
             {"name": "bad", "schedule": "@hourly", "timeZone": "Mars/Olympus"},
         ],
     }));
-    // The fire the last reconcile waited for has come.
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let due = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).expect("a second");
+    // The fire the last reconcile waited for has come, and the next one is
+    // seconds away (a busy machine may take a while to the reconcile).
+    let mut now = k8s_openapi::jiff::Timestamp::now();
+    if now.as_second() % 10 >= 7 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        now = k8s_openapi::jiff::Timestamp::now();
+    }
+    let due = k8s_openapi::jiff::Timestamp::from_second(now.as_second() - now.as_second() % 10)
+        .expect("a second");
     p.status = Some(WorkerPoolStatus {
         schedules: Some(vec![crate::crd::ScheduleStatus {
             name: "tick".into(),
@@ -912,11 +937,15 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
     assert_eq!(status["status"]["backlog"], json!(1));
     reply(send, StatusCode::OK, &pool_object(&status));
 
-    // Woken for the next fire, a second later at most, not a poll later.
+    // Woken for the next fire (ten seconds after this one), not a poll
+    // later.
     let action = task.await.expect("task").expect("reconcile");
+    let until_next = (due.as_millisecond() + 10_000
+        - k8s_openapi::jiff::Timestamp::now().as_millisecond()) as u64;
     assert!(
-        (0..=1050).any(|ms| action == Action::requeue(Duration::from_millis(ms))),
-        "{action:?}"
+        (until_next.saturating_sub(100)..=until_next + 1_500)
+            .any(|ms| action == Action::requeue(Duration::from_millis(ms))),
+        "{action:?}, the next fire in {until_next} ms"
     );
     api.done().await;
     let mut claims: Vec<String> = c.hkeys("mail:fires").await.expect("hkeys");
