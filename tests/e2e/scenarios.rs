@@ -678,6 +678,27 @@ fn kubectl_scale_drives_a_manual_pool_and_deleting_the_pool_removes_its_deployme
         },
     );
 
+    // So is a hand edit of its labels, which leaves the generation as it
+    // was.
+    k.kubectl(&[
+        "label",
+        "deployment",
+        "mail",
+        "-n",
+        &ns.name,
+        "--overwrite",
+        "workerpool.dev/pool=other",
+    ]);
+    eventually(
+        Duration::from_secs(60),
+        "the Deployment's pool label back",
+        |last| {
+            let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
+            *last = d["metadata"]["labels"].to_string();
+            (d["metadata"]["labels"]["workerpool.dev/pool"] == "mail").then_some(())
+        },
+    );
+
     // The scale subresource points at spec.replicas.
     k.kubectl(&["scale", "wp", "mail", "-n", &ns.name, "--replicas=3"]);
     ready_workers(k, &ns.name, "mail", 3);
