@@ -206,28 +206,32 @@ impl DeadEntry {
     }
 }
 
-/// The dead letters of `q`, newest first; with `id`, only that job's.
-/// The list is read a page at a time, so looking for one job keeps one
-/// page in memory however long the list is.
+/// The dead letters of `q`, newest first; with `id`, only that job's; with
+/// `limit`, at most that many. The list is read a page at a time, so
+/// looking for one job keeps one page in memory however long the list is.
 pub async fn dead_letters(
     conn: &mut impl Conn,
     q: &QueueKeys,
     id: Option<&str>,
+    limit: Option<usize>,
 ) -> RedisResult<Vec<DeadEntry>> {
+    let limit = limit.unwrap_or(usize::MAX);
     let mut found = Vec::new();
     let mut start = 0;
-    loop {
+    while found.len() < limit {
         let page = dead_range(conn, q, start, start + PAGE - 1).await?;
         let last = page.len() < PAGE as usize;
         start += PAGE;
         found.extend(
             page.into_iter()
-                .filter(|e| id.is_none() || e.job_id() == id),
+                .filter(|e| id.is_none() || e.job_id() == id)
+                .take(limit - found.len()),
         );
         if last {
-            return Ok(found);
+            break;
         }
     }
+    Ok(found)
 }
 
 /// Entries `start` to `stop` of the dead list (`LRANGE` indexes: negative
@@ -409,7 +413,7 @@ pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -
     let Some(id) = id else {
         return scripts::PURGE.key(q.dead()).invoke_async(conn).await;
     };
-    let entries = dead_letters(conn, q, Some(id)).await?;
+    let entries = dead_letters(conn, q, Some(id), None).await?;
     let mut removed = 0;
     for chunk in entries.chunks(BATCH) {
         let mut invocation = scripts::REMOVE.prepare_invoke();

@@ -38,13 +38,18 @@ async fn retry_and_purge_go_through_a_long_dead_list_a_page_at_a_time() {
         let _: () = c.lpush(q.dead(), chunk).await.expect("lpush");
     }
 
-    let one = dead_letters(&mut c, &q, Some("j1500")).await.expect("list");
+    let one = dead_letters(&mut c, &q, Some("j1500"), None)
+        .await
+        .expect("list");
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].raw, entries[1500]);
-    assert_eq!(
-        dead_letters(&mut c, &q, None).await.expect("list").len(),
-        2500
-    );
+    let all = dead_letters(&mut c, &q, None, None).await.expect("list");
+    assert_eq!(all.len(), 2500);
+    let newest = dead_letters(&mut c, &q, None, Some(1200))
+        .await
+        .expect("list");
+    assert_eq!(newest.len(), 1200);
+    assert_eq!(newest[1199].raw, entries[2500 - 1200]);
 
     let done = retry_dead(&mut c, &q, Some("j2")).await.expect("retry one");
     assert_eq!(

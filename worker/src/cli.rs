@@ -138,6 +138,9 @@ pub enum DeadAction {
         target: Target,
         #[command(flatten)]
         select: Select,
+        /// Show at most the N newest (all without it).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
         /// Print JSON (the stored envelopes) instead of a table.
         #[arg(long)]
         json: bool,
@@ -300,12 +303,23 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
             DeadAction::List {
                 target,
                 select,
+                limit,
                 json,
             } => {
                 let (mut c, q) = connect(&target, true).await?;
                 let now = admin::server_time_ms(&mut c).await?;
-                let entries = admin::dead_letters(&mut c, &q, select.id.as_deref()).await?;
-                Ok(render_dead(&entries, now, json))
+                let entries = admin::dead_letters(&mut c, &q, select.id.as_deref(), limit).await?;
+                let mut out = render_dead(&entries, now, json);
+                if !json && select.id.is_none() && Some(entries.len()) == limit {
+                    let total: u64 = redis::cmd("LLEN").arg(q.dead()).query_async(&mut c).await?;
+                    if total > entries.len() as u64 {
+                        out.push_str(&format!(
+                            "the {} newest of {total} dead letters (--limit)\n",
+                            entries.len()
+                        ));
+                    }
+                }
+                Ok(out)
             }
             DeadAction::Retry {
                 target,

@@ -514,6 +514,23 @@ async fn dead_letters_of_any_bytes_are_listed_skipped_by_retry_and_purged() {
         "{table}"
     );
 
+    // The newest first, as many as asked for, and how many there are.
+    let newest = ok(workerpool(
+        &url,
+        &["dead", "list", "--queue", "raw", "--limit", "1"],
+        None,
+    ));
+    let lines: Vec<&str> = newest.lines().collect();
+    assert_eq!(lines.len(), 3, "{newest}");
+    assert!(lines[1].contains(r"\xfa not a letter"), "{newest}");
+    assert_eq!(lines[2], "the 1 newest of 2 dead letters (--limit)");
+    let all = ok(workerpool(
+        &url,
+        &["dead", "list", "--queue", "raw", "--limit", "2"],
+        None,
+    ));
+    assert_eq!(all, table);
+
     let listed = json_of(workerpool(
         &url,
         &["dead", "list", "--queue", "raw", "--json"],
