@@ -233,7 +233,7 @@ impl Schedule {
 
     /// The schedule's identity in Redis: `<namespace>/<pool>/<name>`.
     pub fn identity(&self, namespace: &str, pool: &str) -> String {
-        format!("{namespace}/{pool}/{}", self.name)
+        owner(namespace, pool) + &self.name
     }
 
     /// The id of the fire at `at`: the same in every process, so a fire
@@ -290,6 +290,12 @@ impl Schedule {
         }
         job
     }
+}
+
+/// What the identities of one pool's schedules start with:
+/// `<namespace>/<pool>/`.
+pub fn owner(namespace: &str, pool: &str) -> String {
+    format!("{namespace}/{pool}/")
 }
 
 /// The names of the schedules in `specs` that enqueue on `queue`, for a

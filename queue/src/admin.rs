@@ -19,7 +19,7 @@ pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_D
 /// Entries handled per script call when moving or removing dead letters.
 const BATCH: usize = 500;
 /// Dead letters read per `LRANGE`.
-const PAGE: i64 = 1000;
+const PAGE: isize = 1000;
 
 /// The Redis server's clock, unix milliseconds.
 pub async fn server_time_ms(conn: &mut impl Conn) -> RedisResult<u64> {
@@ -234,15 +234,20 @@ pub async fn dead_letters(
     Ok(found)
 }
 
+/// How many entries the dead list of `q` has.
+pub async fn dead_count(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<u64> {
+    conn.llen(q.dead()).await
+}
+
 /// Entries `start` to `stop` of the dead list (`LRANGE` indexes: negative
 /// ones count from the oldest end).
 async fn dead_range(
     conn: &mut impl Conn,
     q: &QueueKeys,
-    start: i64,
-    stop: i64,
+    start: isize,
+    stop: isize,
 ) -> RedisResult<Vec<DeadEntry>> {
-    let raw: Vec<Vec<u8>> = conn.lrange(q.dead(), start as isize, stop as isize).await?;
+    let raw: Vec<Vec<u8>> = conn.lrange(q.dead(), start, stop).await?;
     Ok(raw
         .into_iter()
         .map(|raw| DeadEntry {
@@ -366,7 +371,7 @@ pub async fn retry_dead(
 ) -> RedisResult<Resurrected> {
     let now = server_time_ms(conn).await?;
     let mut report = Resurrected::default();
-    let there: i64 = conn.llen(q.dead()).await?;
+    let there = isize::try_from(dead_count(conn, q).await?).unwrap_or(isize::MAX);
     // Entries looked at and left in the list: they stay at its oldest end,
     // so the next page starts before them.
     let (mut looked, mut left) = (0, 0);
@@ -377,7 +382,7 @@ pub async fn retry_dead(
         if page.is_empty() {
             break;
         }
-        looked += page.len() as i64;
+        looked += page.len() as isize;
         let mut pairs = Vec::with_capacity(page.len());
         // Oldest first: the page lists the newest first.
         for entry in page.into_iter().rev() {

@@ -93,7 +93,11 @@ pub fn unique_of(fields: &Map<String, Value>) -> Result<Option<(&str, u64)>, Str
 pub fn release_token(fields: &Map<String, Value>) -> Option<String> {
     let key = fields.get(field::UNIQUE_KEY)?.as_str()?;
     let id = fields.get(field::ID)?.as_str()?;
-    Some(format!("{}:{id}{key}", id.len()))
+    Some(token_of(id, key))
+}
+
+fn token_of(id: &str, unique_key: &str) -> String {
+    format!("{}:{id}{unique_key}", id.len())
 }
 
 /// A job as handed to a handler: the producer's object with `id`,
@@ -166,11 +170,7 @@ impl Job {
     pub fn release_token(&self) -> Option<String> {
         match &self.repr {
             Repr::Fields(fields) => release_token(fields),
-            Repr::Held(held) => {
-                let key = &held.text[held.unique_key.clone()?];
-                let id = self.id();
-                Some(format!("{}:{id}{key}", id.len()))
-            }
+            Repr::Held(held) => Some(token_of(self.id(), &held.text[held.unique_key.clone()?])),
         }
     }
 
@@ -534,16 +534,14 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
     // One pass that checks the whole object and reads the known fields:
     // this runs for every job taken, and most jobs never need the rest.
     let head = head::read(text)?;
-    let string = |s: Option<Scalar<'_>>| match s {
-        None | Some(Scalar::Str(_) | Scalar::Escaped) => true,
-        Some(_) => false,
-    };
     let (Some(Scalar::U64(attempt)), Some(Scalar::U64(enqueued_at))) =
         (head.attempt, head.enqueued_at)
     else {
         return None;
     };
-    if attempt != expected || head.id.is_none() || !string(head.id) || !string(head.task) {
+    let id_holds = head.id.is_some_and(Scalar::is_string);
+    let task_holds = head.task.is_none_or(Scalar::is_string);
+    if attempt != expected || !id_holds || !task_holds {
         return None;
     }
     // Where each string is in the text; `Err` for one with escapes, whose

@@ -311,7 +311,7 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
                 let entries = admin::dead_letters(&mut c, &q, select.id.as_deref(), limit).await?;
                 let mut out = render_dead(&entries, now, json);
                 if !json && select.id.is_none() && Some(entries.len()) == limit {
-                    let total: u64 = redis::cmd("LLEN").arg(q.dead()).query_async(&mut c).await?;
+                    let total = admin::dead_count(&mut c, &q).await?;
                     if total > entries.len() as u64 {
                         out.push_str(&format!(
                             "the {} newest of {total} dead letters (--limit)\n",

@@ -10,7 +10,7 @@ use workerpool_queue::connection::{Conn, describe};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::schedule::{Fired, fire, forget_fires};
 
-use super::{Schedule, Step, names_on};
+use super::{Schedule, Step, names_on, owner};
 use crate::crd::{ConcurrencyPolicy, ScheduleSpec, ScheduleStatus};
 
 /// Something worth telling the user about a look: an Event in a cluster, a
@@ -51,7 +51,7 @@ pub async fn forget_removed(
     namespace: &str,
     pool: &str,
 ) -> redis::RedisResult<usize> {
-    let owner = format!("{namespace}/{pool}/");
+    let owner = owner(namespace, pool);
     let mut forgotten = 0;
     for queue in queues {
         let keep = names_on(specs, queues, queue);

@@ -28,6 +28,13 @@ pub(super) enum Scalar<'a> {
     Other,
 }
 
+impl Scalar<'_> {
+    /// Whether the value is a string, with or without escapes.
+    pub(super) fn is_string(self) -> bool {
+        matches!(self, Scalar::Str(_) | Scalar::Escaped)
+    }
+}
+
 /// The known fields of the object, each as its last occurrence (as a map
 /// keeps it). `run_at` stops the pass: such a job is not run from its stamp.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -181,12 +181,16 @@ pub(super) fn plan(
     let mut plan = Plan::default();
     let mut running = 0;
     for (held, stamp) in taken {
-        if let Some(job) = job::stamped(&held, stamp)
-            && let Ok(text) = std::str::from_utf8(&held)
-        {
+        if let Some(job) = job::stamped(&held, stamp) {
             if running < free {
                 running += 1;
-                let text = job.held().cloned().unwrap_or_else(|| Arc::from(text));
+                // The job keeps the text it was read from, unless it was
+                // read whole (an escaped id or name): `stamped` checked
+                // that the payload is UTF-8, so nothing is replaced here.
+                let text = match job.held() {
+                    Some(text) => text.clone(),
+                    None => Arc::from(String::from_utf8_lossy(&held)),
+                };
                 plan.ready.push((Arc::new(job), text));
             } else {
                 let original = job::unstamped(&held, stamp);
