@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use workerpool_queue::connection::{Connection, Endpoint, Pem, Tls, describe, redact};
@@ -24,6 +23,7 @@ use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
+use crate::events::{EventType, Note, Recorder};
 use crate::metrics::{Metrics, Replicas};
 use crate::scaling::{self, Engine, Observation, Verdict};
 use crate::workload;
@@ -114,12 +114,8 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// A context for `client`, reporting events as `instance`.
     pub fn new(client: Client, metrics: Metrics, instance: Option<String>) -> Self {
-        let reporter = Reporter {
-            controller: MANAGER.into(),
-            instance,
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Recorder::new(client.clone(), MANAGER, instance),
             client,
             metrics,
             engines: Mutex::new(HashMap::new()),
@@ -155,7 +151,7 @@ impl Context {
         let c = endpoint
             .connect(READ_TIMEOUT, READ_TIMEOUT)
             .await
-            .map_err(|e| unreachable_problem(&e))?;
+            .map_err(|e| unreachable_problem(endpoint, &e))?;
         lock(&self.redis).insert(endpoint.clone(), c.clone());
         Ok(c)
     }
@@ -165,6 +161,16 @@ impl Context {
         endpoint: &Endpoint,
         queues: &[QueueKeys],
     ) -> Result<Snapshot, QueueProblem> {
+        // A pool admitted before the API server checked its names.
+        if let Some(problem) = queues
+            .iter()
+            .find_map(|q| workerpool_queue::keys::check_name(q.name()).err())
+        {
+            return Err(QueueProblem {
+                reason: "InvalidQueueName",
+                message: format!("spec.queue.redis: {problem}"),
+            });
+        }
         let mut c = self.redis_conn(endpoint).await?;
         if c.is_cluster()
             && let Some(problem) = workerpool_queue::keys::cluster_problem(queues)
@@ -178,16 +184,22 @@ impl Context {
             Ok(s) => Ok(s),
             Err(e) => {
                 lock(&self.redis).remove(endpoint);
-                Err(unreachable_problem(&e))
+                Err(unreachable_problem(endpoint, &e))
             }
         }
     }
 }
 
-fn unreachable_problem(e: &redis::RedisError) -> QueueProblem {
+/// A failed read of the queue, naming where it was read (the password
+/// masked), as the CLI does.
+fn unreachable_problem(endpoint: &Endpoint, e: &redis::RedisError) -> QueueProblem {
     QueueProblem {
         reason: "RedisUnreachable",
-        message: format!("cannot read the queue: {}", describe(e)),
+        message: format!(
+            "cannot read the queue at {}: {}",
+            endpoint.redacted(),
+            describe(e)
+        ),
     }
 }
 
@@ -346,6 +358,8 @@ struct Plan {
     /// The replica change the apply makes (from, to), if any: the engine
     /// records it only once the API server has taken the Deployment.
     scale: Option<(i32, i32)>,
+    /// Why the pool has its size, for the log of a scale.
+    scale_note: String,
     /// Events to record: type, reason, note.
     events: Vec<(EventType, String, String)>,
     /// The workload problem to remember as announced (None: forget it).
@@ -528,6 +542,7 @@ fn plan(
         deployment,
         mark_idle: observed.reading.is_ok() && desired < current,
         scale: (desired != current).then_some((current, desired)),
+        scale_note: verdict.message(),
         events,
         announced: problem.map(|p| p.reason),
         status,
@@ -600,7 +615,16 @@ async fn apply(
     // applied: a refused apply changed nothing.
     if let Some((from, to)) = plan.scale {
         ctx.metrics.observe_scale(&ns, &name, from, to);
+        tracing::info!(
+            pool = %key,
+            from,
+            to,
+            reason = plan.status.reason.as_deref().unwrap_or("Replicas"),
+            "scaled: {}",
+            plan.scale_note
+        );
     }
+    log_transitions(&key, pool.status.as_ref(), &plan.status);
     if let Some((from, to)) = plan.scale
         && let Some(engine) = lock(&ctx.engines).get_mut(&key)
     {
@@ -621,7 +645,7 @@ async fn apply(
             .patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({ "status": plan.status })),
+                &Patch::Merge(status_patch(pool.status.as_ref(), &plan.status)),
             )
             .await
             .map_err(Error::PatchStatus)?;
@@ -645,16 +669,54 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    let event = Event {
+    let event = Note {
         type_,
         reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
+        note,
     };
     if let Err(e) = ctx.recorder.publish(&event, reference).await {
         tracing::warn!(error = %e, "cannot publish event");
     }
+}
+
+/// Logs each problem the conditions show once as it starts and once as it
+/// clears, not on every look.
+fn log_transitions(pool: &str, old: Option<&WorkerPoolStatus>, new: &WorkerPoolStatus) {
+    for (type_, started) in transitions(old, new) {
+        let Some(c) = new.conditions.iter().find(|c| c.type_ == type_) else {
+            continue;
+        };
+        if started {
+            tracing::warn!(pool, condition = %c.type_, reason = %c.reason, "{}", c.message);
+        } else {
+            tracing::info!(pool, condition = %c.type_, reason = %c.reason, "cleared: {}", c.message);
+        }
+    }
+}
+
+/// The conditions whose problem started (`true`) or cleared (`false`)
+/// between `old` and `new`: the conditions are the memory of what was
+/// said. `Ready` waiting for workers to start is no problem.
+fn transitions(old: Option<&WorkerPoolStatus>, new: &WorkerPoolStatus) -> Vec<(String, bool)> {
+    const WATCHED: [&str; 3] = ["QueueReachable", "Ready", "SchedulesValid"];
+    let problem = |c: &Condition| c.status == "False" && c.reason != "WorkersStarting";
+    let mut changes = Vec::new();
+    for c in new
+        .conditions
+        .iter()
+        .filter(|c| WATCHED.contains(&c.type_.as_str()))
+    {
+        let before = old.and_then(|o| o.conditions.iter().find(|o| o.type_ == c.type_));
+        if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
+            continue;
+        }
+        if problem(c) {
+            changes.push((c.type_.clone(), true));
+        } else if before.is_some_and(problem) {
+            changes.push((c.type_.clone(), false));
+        }
+    }
+    changes
 }
 
 /// The reason of the pool's `Ready` condition as last written.
@@ -744,6 +806,25 @@ fn status_write(
             ..old.clone()
         };
     !rates_only || written.is_none_or(|at| now.saturating_sub(at) >= RATES_WRITTEN_EVERY)
+}
+
+/// The merge patch that makes the status `new` where it was `old`. A
+/// field that `new` leaves out (an optional one that is `None`) is sent as
+/// `null`, which removes it: left out of a merge patch, the old value would
+/// stay (an oldest job's age shown after the queue drained).
+fn status_patch(old: Option<&WorkerPoolStatus>, new: &WorkerPoolStatus) -> serde_json::Value {
+    let mut fields = match serde_json::to_value(new) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    if let Some(serde_json::Value::Object(old)) = old.and_then(|o| serde_json::to_value(o).ok()) {
+        for name in old.keys() {
+            fields
+                .entry(name.clone())
+                .or_insert(serde_json::Value::Null);
+        }
+    }
+    json!({ "status": fields })
 }
 
 /// A rate as the status shows it: three significant digits, and none below
@@ -837,10 +918,20 @@ fn status(
             verdict.message(),
         )),
     }
+    // Ready, which the Status column shows, names the most important
+    // problem first: a queue that cannot be read (the pool can neither run
+    // nor size its workers), then workers the cluster refuses, and only
+    // then how many are ready.
     let ready_ok = ready >= desired;
     let counted = format!("{ready} of {desired} workers ready");
-    conditions.push(match problem {
-        Some(p) if !ready_ok => condition(
+    conditions.push(match (reading, problem) {
+        (Err(q), _) => condition(
+            "Ready",
+            false,
+            q.reason,
+            format!("{counted}; {}", q.message),
+        ),
+        (Ok(_), Some(p)) if !ready_ok => condition(
             "Ready",
             false,
             &p.reason,

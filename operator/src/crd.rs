@@ -37,7 +37,7 @@ use crate::scaling::ScalingSpec;
     printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs running"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Workers wanted"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Workers ready"}"#,
-    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"WorkersReady, WorkersStarting, or why the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...)"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"The most important problem first: the queue cannot be read (RedisUnreachable, SecretNotFound ...), the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...); else WorkersStarting or WorkersReady"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","description":"Why the pool has this size","priority":1}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","description":"The Ready condition's message","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -186,6 +186,9 @@ pub struct QueueSpec {
 #[x_kube(validation = Rule::new("has(self.key) != has(self.keys)").message("set exactly one of spec.queue.redis.key (one queue) or spec.queue.redis.keys (several, in priority order)"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss://')").message("spec.queue.redis.tls needs a TLS URL: spec.queue.redis.url must start with rediss://"))]
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || (has(self.key) ? self.key.matches('[{][^}]+[}]') : self.keys.all(k, k.matches('[{][^}]+[}]')))").message("spec.queue.redis.mode is Cluster: queue names need a hash tag so each queue's keys share one slot, for example {mail}, or {mail}:high and {mail}:low for several queues"))]
+#[x_kube(validation = Rule::new("!has(self.url) || self.url.matches('^rediss?://')").message("spec.queue.redis.url must start with redis:// (or rediss:// for TLS): redis://[user:password@]host[:port][/db], for example redis://redis:6379/0"))]
+#[x_kube(validation = Rule::new("!has(self.key) || !self.key.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires)(:|$)')").message(Message::Expression("'spec.queue.redis.key ' + self.key + ' would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats or fires; rename it, for example with - for :'".into())))]
+#[x_kube(validation = Rule::new("!has(self.keys) || self.keys.all(k, !k.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires)(:|$)'))").message("spec.queue.redis.keys: a name would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats or fires; rename it, for example with - for :"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisQueue {
     /// Redis URL, `redis://[user:password@]host[:port][/db]`. Use
@@ -773,6 +776,53 @@ mod tests {
         ] {
             let errors = cel_errors(spec.clone());
             assert!(errors.contains(message), "{spec}: got {errors:?}");
+        }
+    }
+
+    #[test]
+    fn cel_refuses_exactly_the_queue_names_the_queue_crate_refuses() {
+        use workerpool_queue::keys::{KEY_PARTS, check_name};
+        let spec = |redis: serde_json::Value| json!({"queue": {"redis": redis}, "template": template(), "replicas": 1});
+        let mut names = vec!["mail".to_string(), "retry".into(), "retry:mail".into()];
+        for part in KEY_PARTS {
+            names.push(format!("mail:{part}"));
+            names.push(format!("{{mail}}:high:{part}:x"));
+            names.push(format!("mail:{part}s"));
+            names.push(format!("mail:x{part}"));
+            names.push(part.to_string());
+        }
+        for name in names {
+            let refused = check_name(&name).is_err();
+            let one = cel_errors(spec(json!({"url": "redis://r", "key": name})));
+            let several = cel_errors(spec(json!({"url": "redis://r", "keys": ["ok", name]})));
+            assert_eq!(
+                (
+                    one.contains("would be a key of another queue"),
+                    several.contains("would be a key of another queue")
+                ),
+                (refused, refused),
+                "{name}: {one:?} / {several:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_redis_url_without_its_scheme_is_refused_at_apply() {
+        for (url, refused) in [
+            ("10.0.0.69:6379", true),
+            ("redis:6379", true),
+            ("http://redis:6379", true),
+            ("redis://redis:6379/0", false),
+            ("rediss://:pw@redis:6380", false),
+        ] {
+            let errors = cel_errors(
+                json!({"queue": {"redis": {"url": url, "key": "q"}}, "template": template(), "replicas": 1}),
+            );
+            assert_eq!(
+                errors.contains("spec.queue.redis.url must start with redis://"),
+                refused,
+                "{url}: {errors:?}"
+            );
         }
     }
 }

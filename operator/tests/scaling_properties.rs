@@ -164,12 +164,21 @@ fn spec_and_start() -> impl Strategy<Value = (ScalingSpec, i32)> {
     })
 }
 
+/// A spec and a starting replica count anywhere, within its bounds or not:
+/// a pool whose bounds were just edited, or a Deployment scaled by hand.
+fn spec_and_any_start() -> impl Strategy<Value = (ScalingSpec, i32)> {
+    spec().prop_flat_map(|s| {
+        let start = 0..=s.max_replicas.saturating_mul(2).saturating_add(3);
+        (Just(s), start)
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn the_result_is_always_within_min_and_max(
-        (spec, start) in spec_and_start(),
+        (spec, start) in spec_and_any_start(),
         steps in proptest::collection::vec(step(), 1..40),
     ) {
         replay(&spec, start, &steps, |engine, observation, now, step| {

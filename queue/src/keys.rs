@@ -113,6 +113,77 @@ impl QueueKeys {
     }
 }
 
+/// The words that follow a queue's name, after a colon, in the names of
+/// its other keys (`<q>:retry`, `<q>:stats:processed`, `<q>:worker:<id>`).
+/// A queue name with one of them as a colon-separated part after its first
+/// is refused ([`check_name`]): it would be, or could become, a key of
+/// another queue.
+pub const KEY_PARTS: [&str; 10] = [
+    "processing",
+    "retry",
+    "scheduled",
+    "dead",
+    "workers",
+    "worker",
+    "unique",
+    "rate",
+    "stats",
+    "fires",
+];
+
+/// Why `name` cannot be a queue's name, if it cannot. Besides being
+/// non-empty and without white space, no part of it after a colon may be
+/// one of [`KEY_PARTS`]. That is enough for no two distinct valid names to
+/// share a key: every key of a queue `a` is `a` or `a:<part>…` with `<part>`
+/// in [`KEY_PARTS`]. If a key of `a` were a key of another queue `b`, the
+/// shorter name would be a prefix of the longer, say `b = a + t`; `t` is
+/// then a prefix of `a`'s suffix `:<part>…` that ends at a colon or at the
+/// key's end (where `b`'s own suffix starts), so it holds the whole first
+/// `:<part>`, and `b` has `<part>` after a colon.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!(
+            "queue name {name:?} must be non-empty and without white space"
+        ));
+    }
+    let parts: Vec<&str> = name.split(':').collect();
+    let Some(at) = (1..parts.len()).find(|&i| KEY_PARTS.contains(&parts[i])) else {
+        return Ok(());
+    };
+    let owner = parts[..at].join(":");
+    let keys = QueueKeys::new(owner.clone());
+    let what = [
+        (keys.retry(), "the retry set"),
+        (keys.scheduled(), "the set of delayed jobs"),
+        (keys.dead(), "the dead-letter list"),
+        (keys.workers(), "the set of live workers"),
+        (keys.unique(), "the hash of unique keys"),
+        (keys.unique_expiry(), "the expiry set of unique keys"),
+        (keys.rate(), "the rate-limit bucket"),
+        (keys.fires(), "the hash of schedule fires"),
+        (keys.stats_processed(), "a counter"),
+        (keys.stats_failed(), "a counter"),
+        (keys.stats_dead(), "a counter"),
+        (keys.stats_recovered(), "a counter"),
+    ]
+    .into_iter()
+    .find(|(key, _)| key == name)
+    .map(|(_, what)| what);
+    let how = match what {
+        Some(what) => format!("is {what} of the queue {owner:?}"),
+        None => format!(
+            "would share the keys of the queue {owner:?} ({owner}:{}:…)",
+            parts[at]
+        ),
+    };
+    Err(format!(
+        "queue name {name:?} {how}; no part of a queue name after a colon may be {}: \
+         rename it, for example {:?}",
+        KEY_PARTS.join(", "),
+        name.replace(':', "-"),
+    ))
+}
+
 /// The identity of one worker process: the stable worker id (the pod name in
 /// Kubernetes) plus a nonce drawn at each process start. A restarted
 /// container keeps its pod name but gets a new nonce, which lets the new

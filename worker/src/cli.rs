@@ -105,7 +105,8 @@ pub struct DashboardArgs {
         env = "WORKERPOOL_QUEUE",
         value_name = "NAME",
         value_delimiter = ',',
-        required = true
+        required = true,
+        value_parser = queue_name
     )]
     pub queues: Vec<String>,
     /// Address to serve on. Loopback by default: anything else lets the
@@ -184,8 +185,14 @@ pub struct Target {
     #[command(flatten)]
     pub redis: crate::config::RedisArgs,
     /// The queue.
-    #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME")]
+    #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME", value_parser = queue_name)]
     pub queue: String,
+}
+
+/// A queue name that cannot be another queue's key
+/// ([`workerpool_queue::keys::check_name`]).
+fn queue_name(name: &str) -> Result<String, String> {
+    workerpool_queue::keys::check_name(name).map(|()| name.to_string())
 }
 
 /// Which dead letters.

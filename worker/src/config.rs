@@ -77,14 +77,10 @@ impl Config {
                     .into(),
             );
         }
-        if let Some(q) = self
-            .queues
-            .iter()
-            .find(|q| q.trim().is_empty() || q.contains(char::is_whitespace))
-        {
-            return fail(format!(
-                "--queue {q:?}: a queue name must be non-empty and without spaces"
-            ));
+        for q in &self.queues {
+            if let Err(problem) = workerpool_queue::keys::check_name(q) {
+                return fail(format!("--queue: {problem}"));
+            }
         }
         self.endpoint()?;
         if self.concurrency == 0 {

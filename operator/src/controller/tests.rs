@@ -1010,3 +1010,144 @@ fn a_status_whose_rates_alone_moved_is_written_at_most_every_thirty_seconds() {
     };
     assert!(status_write(Some(&old), &busier, Some(s(99)), s(100)));
 }
+
+#[tokio::test]
+async fn a_pool_whose_redis_cannot_be_read_holds_min_replicas_and_says_so_in_its_status_column() {
+    // A port nothing listens on: refused at once.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "redis://:secret@{}/0",
+        closed.local_addr().expect("address")
+    );
+    drop(closed);
+    let p = pool(json!({
+        "queue": {"redis": {"url": url, "key": "mail"}},
+        "template": template(),
+        "scaling": {"minReplicas": 1, "maxReplicas": 5},
+    }));
+    let (task, mut api, _) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    not_found(send);
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    assert_eq!(
+        applied["spec"]["replicas"],
+        json!(1),
+        "minReplicas holds while the queue cannot be read"
+    );
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("RedisUnreachable"));
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (ready["status"].clone(), ready["reason"].clone()),
+        (json!("False"), json!("RedisUnreachable")),
+        "the Status column shows the outage, not WorkersReady"
+    );
+    let message = ready["message"].as_str().expect("message");
+    assert!(
+        message
+            .starts_with("0 of 1 workers ready; cannot read the queue at redis://:***@127.0.0.1:"),
+        "{message}"
+    );
+    assert!(!status.to_string().contains("secret"), "{status}");
+    assert_eq!(status["status"]["desiredReplicas"], json!(1));
+    assert_eq!(
+        condition(&status, "ScalingLimited")["reason"],
+        json!("MinReplicas")
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_drained_queue_clears_the_oldest_jobs_age_from_the_status() {
+    let redis = TestRedis::start();
+    let mut p = pool(
+        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    p.status = Some(WorkerPoolStatus {
+        backlog: 3,
+        oldest_job_age_seconds: Some(5.912),
+        ..WorkerPoolStatus::default()
+    });
+    let (task, mut api, _) = start(p);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(status["status"]["backlog"], json!(0));
+    assert!(
+        status["status"]
+            .as_object()
+            .is_some_and(|s| s.get("oldestJobAgeSeconds") == Some(&Value::Null)),
+        "sent as null, which a merge patch removes: {status}"
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[test]
+fn every_optional_status_field_left_out_is_removed_by_the_patch() {
+    let time = Time(k8s_openapi::jiff::Timestamp::now());
+    let full = WorkerPoolStatus {
+        reason: Some("BacklogTarget".into()),
+        oldest_job_age_seconds: Some(5.9),
+        arrival_rate: Some(2.0),
+        throughput: Some(1.0),
+        last_scale_time: Some(time),
+        observed_generation: Some(3),
+        schedules: Some(vec![]),
+        ..WorkerPoolStatus::default()
+    };
+    let empty = WorkerPoolStatus::default();
+    let patch = status_patch(Some(&full), &empty);
+    let sent = patch["status"].as_object().expect("object");
+    let before = serde_json::to_value(&full).expect("json");
+    let before = before.as_object().expect("object");
+    let after = serde_json::to_value(&empty).expect("json");
+    let after = after.as_object().expect("object");
+    let left_out: Vec<&String> = before.keys().filter(|k| !after.contains_key(*k)).collect();
+    assert_eq!(left_out.len(), 7, "every optional field: {left_out:?}");
+    for key in left_out {
+        assert_eq!(sent.get(key), Some(&Value::Null), "{key}");
+    }
+    // Fields that are set are sent as they are; a first status has no nulls.
+    assert_eq!(
+        status_patch(Some(&empty), &full)["status"]["reason"],
+        json!("BacklogTarget")
+    );
+    assert!(!status_patch(None, &empty).to_string().contains("null"));
+}
+
+#[test]
+fn a_failed_read_is_logged_once_as_it_starts_and_once_as_it_clears() {
+    // The conditions are what was said: the same problem twice says nothing new.
+    let with = |status: &str, reason: &str| WorkerPoolStatus {
+        conditions: vec![Condition {
+            type_: "QueueReachable".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "m".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+            observed_generation: None,
+        }],
+        ..WorkerPoolStatus::default()
+    };
+    let (up, down) = (with("True", "QueueRead"), with("False", "RedisUnreachable"));
+    assert_eq!(
+        transitions(Some(&up), &down),
+        vec![("QueueReachable".to_string(), true)]
+    );
+    assert_eq!(transitions(Some(&down), &down), vec![]);
+    assert_eq!(
+        transitions(Some(&down), &up),
+        vec![("QueueReachable".to_string(), false)]
+    );
+    assert_eq!(transitions(Some(&up), &up), vec![]);
+    assert_eq!(transitions(None, &up), vec![]);
+}

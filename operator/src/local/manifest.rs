@@ -85,6 +85,16 @@ pub fn parse(text: &str, name: Option<&str>) -> Result<WorkerPool, String> {
     if let Err(errors) = pool.validate_cel() {
         problems.extend(errors.iter().map(ToString::to_string));
     }
+    // The CEL rule refuses the same names; this says whose key each is.
+    problems.extend(
+        pool.spec
+            .queue
+            .redis
+            .queue_keys()
+            .iter()
+            .filter_map(|q| workerpool_queue::keys::check_name(q.name()).err())
+            .map(|p| format!("spec.queue.redis: {p}")),
+    );
     if let Some(scaling) = &pool.spec.scaling {
         problems.extend(
             scaling

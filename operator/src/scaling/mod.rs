@@ -697,30 +697,39 @@ impl Engine {
 
     /// Decides the replica count when the queue could not be read: keep `current_replicas`,
     /// then after `fallback.failureThreshold` consecutive failures use `fallback.replicas`.
+    /// Either way the count stays within `[minReplicas, maxReplicas]`: the bounds are the
+    /// user's hard limits, and an outage is when a pool most needs its floor (a new pool
+    /// with `minReplicas: 1` starts one worker even though the queue cannot be read yet).
     /// As with [`Engine::tick`], call [`Engine::applied`] once a change is applied.
     pub fn tick_failed(&mut self, spec: &ScalingSpec, current_replicas: i32) -> Decision {
         self.consecutive_failures = self.consecutive_failures.saturating_add(1);
         // An outage is not idleness: the countdown to zero starts again afterwards.
         self.idle_since = None;
         let (min, max) = spec.bounds();
-        let (desired, rule) = match &spec.fallback {
+        let (proposed, rule) = match &spec.fallback {
             Some(fallback)
                 if self.consecutive_failures
                     >= fallback.failure_threshold.max(1).unsigned_abs() =>
             {
-                (fallback.replicas.clamp(min, max), Rule::Fallback)
+                (fallback.replicas, Rule::Fallback)
             }
-            _ => (current_replicas, Rule::MetricsUnavailable),
+            _ => (current_replicas.max(0), Rule::MetricsUnavailable),
+        };
+        let desired = proposed.clamp(min, max);
+        let limit = match desired.cmp(&proposed) {
+            std::cmp::Ordering::Greater => Some(Limit::MinReplicas),
+            std::cmp::Ordering::Less => Some(Limit::MaxReplicas),
+            std::cmp::Ordering::Equal => None,
         };
         Decision {
             desired,
             reason: Reason {
                 rule,
-                limit: None,
+                limit,
                 consecutive_failures: self.consecutive_failures,
                 rate_cap: None,
             },
-            recommendation: desired,
+            recommendation: proposed,
             proposals: Proposals::default(),
             arrival_rate: self.rates.arrival_rate(),
             per_replica_throughput: self.rates.per_replica_throughput(),

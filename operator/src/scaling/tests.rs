@@ -417,6 +417,38 @@ fn holds_the_count_while_the_queue_cannot_be_read_then_falls_back() {
 }
 
 #[test]
+fn an_unreadable_queue_still_holds_the_pool_within_its_bounds() {
+    // A new pool with minReplicas 1 starts a worker before its queue is ever read.
+    let floor = ScalingSpec {
+        min_replicas: 1,
+        ..plain()
+    };
+    let decision = Engine::new().tick_failed(&floor, 0);
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (1, Some(Limit::MinReplicas))
+    );
+    assert!(
+        decision.reason.message().contains("raised to minReplicas"),
+        "{}",
+        decision.reason.message()
+    );
+    // maxReplicas lowered together with a bad URL: the pool shrinks to it.
+    let ceiling = ScalingSpec {
+        max_replicas: 1,
+        ..plain()
+    };
+    let decision = Engine::new().tick_failed(&ceiling, 3);
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (1, Some(Limit::MaxReplicas))
+    );
+    // Within the bounds the count is kept, with no limit named.
+    let decision = Engine::new().tick_failed(&plain(), 3);
+    assert_eq!((decision.desired, decision.reason.limit), (3, None));
+}
+
+#[test]
 fn without_fallback_the_count_is_held_indefinitely() {
     let mut engine = Engine::new();
     for _ in 0..10 {
