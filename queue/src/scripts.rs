@@ -6,10 +6,21 @@
 //! therefore never completed, retried or dead-lettered a second time, and
 //! two workers doing the same maintenance at once cannot both move a job.
 //! Due times and heartbeats use the Redis server's clock (`TIME`).
+//!
+//! A script is also all or nothing when a key holds the wrong type: Redis
+//! does not undo a script's writes when a later command fails, so every
+//! script checks the type of each key it may write before its first write
+//! (`guard.lua`), and stops with a `WRONGTYPE` error naming the key, having
+//! changed nothing. Without that, a job removed from the processing list
+//! and refused by a wrong-typed retry set would be in no key at all.
 
 use std::sync::LazyLock;
 
 use redis::Script;
+
+/// `expect(key, type)`, the type check every script makes before its
+/// first write, prepended to every script.
+const GUARD: &str = include_str!("lua/guard.lua");
 
 /// Server time in unix milliseconds as `now`, prepended to every script.
 const NOW_MS: &str = include_str!("lua/now.lua");
@@ -36,15 +47,15 @@ const TAKE: &str = include_str!("lua/take.lua");
 const UNIQUE: &str = include_str!("lua/unique.lua");
 
 pub(crate) fn script(body: &str) -> Script {
-    Script::new(&format!("{NOW_MS}{body}"))
+    Script::new(&format!("{GUARD}{NOW_MS}{body}"))
 }
 
 fn ending_script(body: &str) -> Script {
-    Script::new(&format!("{NOW_MS}{UNIQUE}{body}"))
+    Script::new(&format!("{GUARD}{NOW_MS}{UNIQUE}{body}"))
 }
 
 fn taking_script(body: &str) -> Script {
-    Script::new(&format!("{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
+    Script::new(&format!("{GUARD}{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
 }
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,
@@ -162,7 +173,7 @@ pub static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/p
 /// claimed and refused as a duplicate, `{-1, latest}` claimed before.
 pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{NOW_MS}local function enqueue(KEYS, ARGV)\n{}\nend\n{}",
+        "{GUARD}{NOW_MS}local function enqueue(KEYS, ARGV)\n{}\nend\n{}",
         include_str!("lua/enqueue.lua"),
         include_str!("lua/fire.lua")
     ))

@@ -1037,3 +1037,130 @@ async fn a_pools_claims_of_schedules_it_no_longer_has_are_forgotten_and_no_other
     assert_eq!(forget_fires(&mut c, &q, "ns/a/", &["x", "y"]).await, Ok(0));
     assert_eq!(forget_fires(&mut c, &q, "ns/a/", &[]).await, Ok(2));
 }
+
+/// Every key of the layout the rows' scripts name, with the type the
+/// contract keeps there.
+fn layout(q: &QueueKeys) -> Vec<(String, &'static str)> {
+    let mut keys = vec![
+        (q.waiting().to_string(), "list"),
+        (q.retry(), "zset"),
+        (q.scheduled(), "zset"),
+        (q.dead(), "list"),
+        (q.workers(), "zset"),
+        (q.unique(), "hash"),
+        (q.unique_expiry(), "zset"),
+        (q.rate(), "string"),
+        (q.stats_processed(), "string"),
+        (q.stats_failed(), "string"),
+        (q.stats_dead(), "string"),
+        (q.stats_recovered(), "string"),
+        (q.fires(), "hash"),
+    ];
+    for instance in ["w~1", "w~2"] {
+        keys.push((q.processing(instance), "list"));
+        keys.push((q.worker(instance), "hash"));
+    }
+    keys
+}
+
+/// Two commands that leave `key` holding a type other than `kept`.
+fn wrong_types(key: &str, kept: &str) -> [Vec<String>; 2] {
+    let s = |parts: &[&str]| parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let string = s(&["SET", key, "junk"]);
+    let list = s(&["RPUSH", key, "junk"]);
+    let hash = s(&["HSET", key, "junk", "junk"]);
+    match kept {
+        "string" => [list, hash],
+        "hash" => [string, list],
+        _ => [string, hash],
+    }
+}
+
+/// Sets the scene of `row` on `q`.
+async fn given(c: &mut MultiplexedConnection, q: &QueueKeys, row: &Row) {
+    for command in row.given {
+        let mut cmd = redis::cmd(command[0]);
+        for arg in &command[1..] {
+            let arg = match arg.strip_prefix("<now+").and_then(|a| a.strip_suffix('>')) {
+                Some(ahead) => {
+                    let ahead: i64 = ahead.parse().expect("<now+ms>");
+                    (server_ms(c).await + ahead).to_string()
+                }
+                None => arg.replace("<q>", q.name()),
+            };
+            cmd.arg(arg);
+        }
+        let _: redis::Value = cmd.query_async(c).await.expect("given");
+    }
+}
+
+/// Redis does not undo a script's writes when a later command fails. Every
+/// row's operation is run again with each key of the layout it did not
+/// set up holding the wrong type (another program's key, or a queue named
+/// like this queue's key): either the script did not need that key and
+/// did exactly what the row says, or it refused with an error naming the
+/// key and changed nothing, so no job was moved out of one key and lost on
+/// its way to the next.
+#[tokio::test]
+async fn a_script_that_meets_a_wrong_typed_key_changes_nothing() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let mut failures = Vec::new();
+    let (mut refused, mut untouched) = (0, 0);
+    let mut n = 0;
+    for row in ROWS {
+        for (key, kept) in layout(&QueueKeys::new("x")) {
+            for wrong in wrong_types(&key, kept) {
+                n += 1;
+                let q = QueueKeys::new(format!("w{n}"));
+                let key = key.replacen('x', q.name(), 1);
+                given(&mut c, &q, row).await;
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut c)
+                    .await
+                    .expect("exists");
+                if exists {
+                    continue;
+                }
+                let mut cmd = redis::cmd(&wrong[0]);
+                cmd.arg(&key).arg(&wrong[2..]);
+                let _: redis::Value = cmd.query_async(&mut c).await.expect("wrong type");
+                let before = state(&mut c, &q).await;
+                let reply = run(&mut c, &q, row.op).await;
+                let after = state(&mut c, &q).await;
+                let junk = key.replacen(q.name(), "<q>", 1);
+                if reply.contains("WRONGTYPE") {
+                    refused += 1;
+                    if after != before || !reply.contains(&key) {
+                        failures.push(format!(
+                            "{} with {key} {}: {reply}\n  before {before:?}\n  after  {after:?}",
+                            row.rule, wrong[0]
+                        ));
+                    }
+                } else {
+                    untouched += 1;
+                    let then: Vec<String> = after
+                        .iter()
+                        .filter(|s| !s.starts_with(&format!("{junk}=")))
+                        .map(|s| normalized(&s.replace('"', "")))
+                        .collect();
+                    let kept_junk = after.iter().any(|s| s.starts_with(&format!("{junk}=")))
+                        == before.iter().any(|s| s.starts_with(&format!("{junk}=")));
+                    if reply != row.reply || then != row.then || !kept_junk {
+                        failures.push(format!(
+                            "{} with {key} {}: reply {reply}\n  then {then:?}\n  want {:?}",
+                            row.rule, wrong[0], row.then
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Both ways are taken: the rows name most keys and leave others alone.
+    assert!(
+        refused > 100 && untouched > 100,
+        "{refused} refused, {untouched} untouched"
+    );
+}

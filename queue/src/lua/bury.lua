@@ -4,6 +4,14 @@
 -- release token ('' for none).
 local processing, dead, failed, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local payload, envelope = ARGV[1], ARGV[2]
+expect(processing, 'list')
+expect(dead, 'list')
+expect(failed, 'string')
+expect(dead_total, 'string')
+if ARGV[3] ~= '' then
+  expect(KEYS[5], 'hash')
+  expect(KEYS[6], 'zset')
+end
 if redis.call('LREM', processing, 1, payload) == 1 then
   redis.call('LPUSH', dead, envelope)
   redis.call('INCR', failed)

@@ -9,6 +9,10 @@
 -- milliseconds.
 -- Returns 1 (enqueued) or 0 (refused: a duplicate) per job.
 local queue, scheduled, unique, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+expect(queue, 'list')
+expect(scheduled, 'zset')
+expect(unique, 'hash')
+expect(expiry, 'zset')
 -- Holds whose time ran out go first, a bounded number per call.
 for _, key in ipairs(redis.call('ZRANGEBYSCORE', expiry, '-inf', now, 'LIMIT', 0, 100)) do
   redis.call('HDEL', unique, key)

@@ -15,6 +15,13 @@
 local n = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
+for i = 1, #KEYS, 3 do
+  expect(KEYS[i], 'list')
+  expect(KEYS[i + 1], 'list')
+  if interval > 0 then
+    expect(KEYS[i + 2], 'string')
+  end
+end
 local out = {0, -1}
 local taken = 0
 for i = 1, #KEYS, 3 do

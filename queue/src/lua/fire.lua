@@ -16,6 +16,11 @@
 -- waiting, scheduled, retrying or running); {-1, latest}: not claimed,
 -- this fire or a later one (at `latest`) was claimed before.
 local fires = KEYS[5]
+expect(fires, 'hash')
+expect(KEYS[1], 'list')
+expect(KEYS[2], 'zset')
+expect(KEYS[3], 'hash')
+expect(KEYS[4], 'zset')
 local schedule, at = ARGV[1], tonumber(ARGV[2])
 local latest = tonumber(redis.call('HGET', fires, schedule) or '-1')
 if latest >= at then

@@ -3,6 +3,8 @@
 -- Pairs are pushed in order, so the last pair ends up at the very head.
 -- Returns how many were still ours.
 local processing, queue = KEYS[1], KEYS[2]
+expect(processing, 'list')
+expect(queue, 'list')
 -- ARGV: pairs of payload as held, payload to push.
 local n = 0
 for i = 1, #ARGV, 2 do

@@ -3,6 +3,9 @@
 -- Returns how many moved.
 local retry, scheduled, queue = KEYS[1], KEYS[2], KEYS[3]
 local limit = tonumber(ARGV[1])
+expect(retry, 'zset')
+expect(scheduled, 'zset')
+expect(queue, 'list')
 local n = 0
 for _, set in ipairs({retry, scheduled}) do
   local due = redis.call('ZRANGE', set, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)

@@ -9,6 +9,11 @@
 local workers, processing, queue, details, recovered =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local instance, limit = ARGV[1], tonumber(ARGV[2])
+expect(workers, 'zset')
+expect(processing, 'list')
+expect(queue, 'list')
+expect(details, 'hash')
+expect(recovered, 'string')
 local beat = redis.call('ZSCORE', workers, instance)
 if limit >= 0 and beat and tonumber(beat) > now - limit then
   return -1

@@ -5,6 +5,8 @@
 -- the list's oldest end, so each is looked for from there. Returns how
 -- many moved.
 local dead, queue = KEYS[1], KEYS[2]
+expect(dead, 'list')
+expect(queue, 'list')
 -- ARGV: pairs of the entry as stored, payload to push.
 local n = 0
 for i = 1, #ARGV, 2 do

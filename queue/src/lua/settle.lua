@@ -38,15 +38,48 @@ local function count(key)
   counts[key] = n + 1
 end
 -- A head's kind and its queue's first key, read once per distinct head.
+-- Every key a settlement or the taking may write is checked before the
+-- first write (guard.lua): a batch is settled whole or not at all.
 local kinds, bases = {}, {}
 local i = 6
 while i <= #ARGV do
-  local head, payload = ARGV[i], ARGV[i + 1]
+  local head = ARGV[i]
   local kind, base = kinds[head], bases[head]
   if not kind then
     kind, base = byte(head, 1), (tonumber(sub(head, 2)) - 1) * 10
     kinds[head], bases[head] = kind, base
+    expect(KEYS[base + 2], 'list')
+    if kind == 65 or kind == 85 then -- A, U
+      expect(KEYS[base + 3], 'string')
+    elseif kind == 84 then -- T
+      expect(KEYS[base + 4], 'zset')
+      expect(KEYS[base + 5], 'string')
+    else -- B
+      expect(KEYS[base + 6], 'list')
+      expect(KEYS[base + 5], 'string')
+      expect(KEYS[base + 7], 'string')
+    end
   end
+  local step = kind == 65 and 2 or kind == 85 and 3 or 4
+  if (kind == 85 or kind == 66) and ARGV[i + step - 1] ~= '' then
+    expect(KEYS[base + 8], 'hash')
+    expect(KEYS[base + 9], 'zset')
+  end
+  i = i + step
+end
+if take > 0 then
+  for base = 0, #KEYS - 10, 10 do
+    expect(KEYS[base + 1], 'list')
+    expect(KEYS[base + 2], 'list')
+    if interval > 0 then
+      expect(KEYS[base + 10], 'string')
+    end
+  end
+end
+i = 6
+while i <= #ARGV do
+  local head, payload = ARGV[i], ARGV[i + 1]
+  local kind, base = kinds[head], bases[head]
   local extra = ARGV[i + 2]
   i = i + (kind == 65 and 2 or kind == 85 and 3 or 4)
   -- From the tail: the list is newest first, and the jobs that finish

@@ -9,6 +9,20 @@
 -- release token (unique.lua; '' for none).
 -- Returns 1 or 0 per quadruple: whether the payload was still ours.
 local processing, scheduled, dead, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+expect(processing, 'list')
+for i = 1, #ARGV, 4 do
+  local action = ARGV[i]
+  if action == 'S' then
+    expect(scheduled, 'zset')
+  elseif action == 'D' then
+    expect(dead, 'list')
+    expect(dead_total, 'string')
+    if ARGV[i + 3] ~= '' then
+      expect(KEYS[5], 'hash')
+      expect(KEYS[6], 'zset')
+    end
+  end
+end
 local out = {}
 for i = 1, #ARGV, 4 do
   local action, held, write = ARGV[i], ARGV[i + 1], ARGV[i + 2]
