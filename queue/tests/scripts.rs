@@ -295,6 +295,28 @@ const ROWS: &[Row] = &[
         then: &["<q>:processing:w~2=[held]", "<q>:workers={w~2}"],
     },
     Row {
+        rule: "a reaper judges a worker by the window the worker declared, not by its own: silent 5 s of a declared 60 s is alive",
+        given: &[
+            &["ZADD", "<q>:workers", "<now+-5000>", "w~2"],
+            &["HSET", "<q>:worker:w~2", "dead_after_ms", "60000"],
+            &["LPUSH", "<q>:processing:w~2", "held"],
+        ],
+        op: Op::Reap("w~2", Some(1_000)),
+        reply: "None",
+        then: &["<q>:processing:w~2=[held]", "<q>:workers={w~2}"],
+    },
+    Row {
+        rule: "a worker silent longer than the window it declared is lost, whatever the reaper's own window",
+        given: &[
+            &["ZADD", "<q>:workers", "<now+-5000>", "w~2"],
+            &["HSET", "<q>:worker:w~2", "dead_after_ms", "2000"],
+            &["LPUSH", "<q>:processing:w~2", "held"],
+        ],
+        op: Op::Reap("w~2", Some(60_000)),
+        reply: "Some(1)",
+        then: &["<q>=[held]", "<q>:stats:recovered=1"],
+    },
+    Row {
         rule: "a worker leaves the registry only when it holds nothing",
         given: &[
             &["ZADD", "<q>:workers", "1", "w~1"],

@@ -317,12 +317,12 @@ async fn a_worker_never_takes_more_jobs_than_it_has_free_slots() {
 }
 
 #[tokio::test]
-async fn a_restarted_worker_returns_its_earlier_incarnations_jobs_at_once() {
+async fn a_restarted_worker_returns_the_jobs_of_an_earlier_incarnation_whose_heartbeat_is_stale() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let q = QueueKeys::new("restart");
-    // An earlier process of pod "pod-a" took two jobs and died; its
-    // heartbeat is fresh, so a reaper would wait for --dead-after.
+    // An earlier process of pod "pod-a" took two jobs and died 5 s ago
+    // with a 2 s window: stale, so the new one returns them at start.
     let earlier = "pod-a~0badc0de";
     let held = [
         json!({"id": "x", "attempt": 1}).to_string(),
@@ -332,7 +332,14 @@ async fn a_restarted_worker_returns_its_earlier_incarnations_jobs_at_once() {
         let _: i64 = c.lpush(q.processing(earlier), j).await.expect("lpush");
     }
     let now = server_time_ms(&mut c).await;
-    let _: i64 = c.zadd(q.workers(), earlier, now).await.expect("zadd");
+    let _: i64 = c
+        .zadd(q.workers(), earlier, now - 5_000)
+        .await
+        .expect("zadd");
+    let _: i64 = c
+        .hset(q.worker(earlier), "dead_after_ms", 2_000)
+        .await
+        .expect("hset");
     let handler = Recorder::new(|_| Outcome::Done);
     let mut cfg = config(&redis, &["restart"], "pod-a");
     cfg.dead_after = Duration::from_secs(60);
@@ -356,6 +363,63 @@ async fn a_restarted_worker_returns_its_earlier_incarnations_jobs_at_once() {
     );
     assert_eq!(counter(&mut c, q.stats_recovered()).await, 2);
     assert_eq!(len(&mut c, &q.processing(earlier)).await, 0);
+}
+
+#[tokio::test]
+async fn a_second_live_worker_with_the_same_id_leaves_the_first_ones_jobs_alone() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("twins");
+    // A live process of "pod-a" holds a job: it beat just now and keeps
+    // beating every 500 ms, within the 60 s window it declared, though
+    // longer than the newcomer's own --dead-after.
+    let live = "pod-a~00c0ffee";
+    let _: i64 = c
+        .lpush(
+            q.processing(live),
+            json!({"id": "x", "attempt": 1}).to_string(),
+        )
+        .await
+        .expect("lpush");
+    let _: i64 = c
+        .hset(q.worker(live), "dead_after_ms", 60_000)
+        .await
+        .expect("hset");
+    let beating = {
+        let mut c = c.clone();
+        let key = q.workers();
+        tokio::spawn(async move {
+            loop {
+                let now = server_time_ms(&mut c).await;
+                let _: i64 = c.zadd(&key, live, now).await.expect("zadd");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    push(&mut c, q.name(), &[json!({"id": "new"}).to_string()]).await;
+    let handler = Recorder::new(|_| Outcome::Done);
+    let mut cfg = config(&redis, &["twins"], "pod-a");
+    // Its own window is short, and the reaper runs every beat.
+    cfg.heartbeat_interval = Duration::from_millis(100);
+    cfg.dead_after = Duration::from_millis(300);
+    let worker = start(cfg, handler.clone());
+    eventually(WAIT, "the waiting job done", || {
+        let h = handler.clone();
+        async move { (h.seen().len() == 1).then_some(()) }
+    })
+    .await;
+    // Several heartbeats and reaper rounds later, the twin's job is its own.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    worker.stop().await;
+    beating.abort();
+    assert_eq!(
+        handler.seen()[0].id(),
+        "new",
+        "only the waiting job ran here"
+    );
+    assert_eq!(handler.seen().len(), 1);
+    assert_eq!(len(&mut c, &q.processing(live)).await, 1);
+    assert_eq!(counter(&mut c, q.stats_recovered()).await, 0);
 }
 
 #[tokio::test]

@@ -1,8 +1,8 @@
 -- Returns a lost worker's jobs to the head of the queue, oldest taken at
 -- the very head, and forgets the worker. KEYS: workers, its processing
 -- list, queue, its hash, stats:recovered. ARGV: instance, silence in
--- milliseconds after which it counts as lost (-1: lost regardless, for a
--- worker's own earlier incarnations). The silence is checked again here,
+-- milliseconds after which it counts as lost unless the worker declared
+-- its own (-1: lost regardless). The silence is checked again here,
 -- so a worker that has just beaten is left alone and concurrent reapers
 -- move each job once. Returns the number of jobs moved, or -1 if the
 -- worker was not lost.
@@ -14,6 +14,12 @@ expect(processing, 'list')
 expect(queue, 'list')
 expect(details, 'hash')
 expect(recovered, 'string')
+-- The worker's own declared window decides (its hash's dead_after_ms,
+-- there while the worker is within twice that window of its last beat),
+-- not the reaper's: workers of one queue may be set differently.
+if limit >= 0 then
+  limit = tonumber(redis.call('HGET', details, 'dead_after_ms')) or limit
+end
 local beat = redis.call('ZSCORE', workers, instance)
 if limit >= 0 and beat and tonumber(beat) > now - limit then
   return -1

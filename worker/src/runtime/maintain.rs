@@ -26,7 +26,10 @@ impl Worker {
     }
 
     /// Returns the jobs of this worker id's earlier incarnations (a
-    /// restarted container keeps its pod name) and registers this one.
+    /// restarted container keeps its pod name) once their heartbeats are
+    /// stale, and registers this one. Another live process with the same
+    /// worker id is left alone with a warning: this one runs beside it
+    /// under its own instance (the id and a nonce).
     /// Keeps trying while Redis is unreachable; `false` if shut down first.
     /// Refuses queue names that cannot share a slot when Redis turns out to
     /// be a cluster.
@@ -48,12 +51,29 @@ impl Worker {
             .redis
             .persist("register", &stop, |mut c| async move {
                 for q in &self.queues {
-                    for (name, _) in queue::workers(&mut c, q).await? {
+                    for (name, beat) in queue::workers(&mut c, q).await? {
                         let earlier = name != self.instance
                             && Instance::id_of(&name) == Some(self.config.worker_id.as_str());
-                        if earlier && let Some(n) = queue::reap(&mut c, q, &name, None).await? {
-                            tracing::info!(queue = q.name(), earlier = %name, jobs = n, "returned the jobs of an earlier incarnation");
-                            self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
+                        if !earlier {
+                            continue;
+                        }
+                        // Only once its heartbeat is stale: a live process
+                        // with the same --worker-id (a second local run, a
+                        // copied configuration) keeps its jobs.
+                        match queue::reap(&mut c, q, &name, Some(self.config.dead_after)).await? {
+                            Some(n) => {
+                                tracing::info!(queue = q.name(), earlier = %name, jobs = n, "returned the jobs of an earlier incarnation");
+                                self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
+                            }
+                            None => tracing::warn!(
+                                queue = q.name(),
+                                other = %name,
+                                last_beat_ms_ago = self.now_ms().saturating_sub(beat),
+                                "another live worker uses --worker-id {:?}; its jobs stay with it. If it is this \
+                                 container's previous run, they return to the queue once its heartbeat is older \
+                                 than its dead-after window. Give each worker its own id",
+                                self.config.worker_id
+                            ),
                         }
                     }
                     let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
