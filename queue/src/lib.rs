@@ -9,6 +9,7 @@
 //! - [`snapshot`]: everything a reader needs in one round trip;
 //! - [`rate`]: a queue's rate limit (`20/s`), enforced by the taking scripts;
 //! - [`schedule`]: the fires of recurring schedules, each enqueued once;
+//! - [`memory`]: the server's eviction policy, and what it puts at risk;
 //! - [`admin`]: inspecting and operating a queue from outside a worker;
 //! - [`connection`]: how URLs are shown (and, later, connected to).
 //!
@@ -18,6 +19,7 @@ pub mod admin;
 pub mod connection;
 pub mod job;
 pub mod keys;
+pub mod memory;
 pub mod ops;
 pub mod rate;
 pub mod schedule;

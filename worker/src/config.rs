@@ -44,6 +44,9 @@ pub struct Config {
     /// At most this many job starts per period on each queue, across every
     /// worker of the queue; `None`: no limit.
     pub rate_limit: Option<RateLimit>,
+    /// Refuse to run against a Redis whose `maxmemory-policy` is not
+    /// `noeviction` (by default such a Redis gets a loud warning).
+    pub require_noeviction: bool,
 }
 
 impl Config {
@@ -65,6 +68,7 @@ impl Config {
             listen: None,
             worker_id: default_worker_id(),
             rate_limit: None,
+            require_noeviction: false,
         }
     }
 
@@ -348,6 +352,13 @@ pub struct Args {
     #[arg(long, env = "WORKERPOOL_RATE_LIMIT", value_name = "N/PERIOD", value_parser = parse_rate_limit)]
     pub rate_limit: Option<RateLimit>,
 
+    /// Refuse to start (exit 1) when the Redis that holds a queue may evict
+    /// keys under memory pressure (maxmemory-policy other than
+    /// noeviction), instead of warning. An evicting Redis can delete jobs
+    /// without an error.
+    #[arg(long, env = "WORKERPOOL_REQUIRE_NOEVICTION")]
+    pub require_noeviction: bool,
+
     /// Handler command for exec, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -432,6 +443,7 @@ impl Args {
             listen: Some(self.listen),
             worker_id: self.worker_id.unwrap_or_else(default_worker_id),
             rate_limit: self.rate_limit,
+            require_noeviction: self.require_noeviction,
         };
         config.validate()?;
         Ok((config, handler))

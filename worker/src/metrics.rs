@@ -33,6 +33,11 @@ pub struct Metrics {
     pub rate_limited: IntCounterVec,
     /// Time the fetch loop waited for a queue's rate limit, by queue.
     pub rate_limit_wait: prometheus::CounterVec,
+    /// 1 for the `maxmemory-policy` of the Redis that holds each queue
+    /// (`unknown` when INFO does not say), by queue and policy.
+    pub redis_policy: IntGaugeVec,
+    /// The `evicted_keys` count of the Redis that holds each queue.
+    pub redis_evicted_keys: IntGaugeVec,
 }
 
 impl Metrics {
@@ -115,6 +120,22 @@ impl Metrics {
                 &["queue"],
             )
             .expect("valid metric"),
+            redis_policy: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_redis_maxmemory_policy",
+                    "1 for the maxmemory-policy of the Redis that holds the queue; anything but noeviction can delete jobs",
+                ),
+                &["queue", "policy"],
+            )
+            .expect("valid metric"),
+            redis_evicted_keys: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_redis_evicted_keys",
+                    "Keys the Redis that holds the queue has evicted since it started (INFO evicted_keys)",
+                ),
+                &["queue"],
+            )
+            .expect("valid metric"),
             registry,
         };
         for c in [
@@ -129,6 +150,8 @@ impl Metrics {
             Box::new(m.child_restarts.clone()),
             Box::new(m.rate_limited.clone()),
             Box::new(m.rate_limit_wait.clone()),
+            Box::new(m.redis_policy.clone()),
+            Box::new(m.redis_evicted_keys.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }

@@ -47,6 +47,10 @@ impl Worker {
             tracing::error!(%problem, "queue names cannot work on this Redis Cluster");
             return Err(ConfigError(problem).into());
         }
+        if let Some(refused) = self.check_memory().await {
+            tracing::error!(problem = %refused, "--require-noeviction: not starting");
+            return Err(ConfigError(format!("--require-noeviction: {refused}")).into());
+        }
         let done = self
             .redis
             .persist("register", &stop, |mut c| async move {
@@ -85,14 +89,97 @@ impl Worker {
         Ok(done.is_some())
     }
 
+    /// Reads the eviction policy and evictions of the Redis that holds each
+    /// queue. Warns when the policy can delete keys (at the first look and
+    /// whenever it changes) and when keys were evicted since the last look;
+    /// keeps the gauges. Returns the warning when `--require-noeviction`
+    /// refuses this Redis. A Redis that does not answer `INFO` (an ACL
+    /// without it) counts as a policy that cannot be read.
+    pub(super) async fn check_memory(&self) -> Option<String> {
+        use workerpool_queue::memory::{self, Memory, Risk};
+        let mut c = self.redis.conn().await.ok()?;
+        let mut refused = None;
+        for (i, q) in self.queues.iter().enumerate() {
+            let read = memory::read(&mut c, q).await;
+            let now = match &read {
+                Ok(m) => m.clone(),
+                Err(e) => {
+                    tracing::debug!(queue = q.name(), error = %workerpool_queue::connection::describe(e), "cannot read INFO");
+                    Memory::default()
+                }
+            };
+            let before = self
+                .memory
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(i)
+                .and_then(|slot| slot.replace(now.clone()));
+            let policy = now.policy.as_deref().unwrap_or("unknown");
+            let shown = |m: &Memory| m.policy.clone().unwrap_or_else(|| "unknown".into());
+            if let Some(b) = &before
+                && shown(b) != policy
+            {
+                let _ = self
+                    .metrics
+                    .redis_policy
+                    .remove_label_values(&[q.name(), &shown(b)]);
+            }
+            self.metrics
+                .redis_policy
+                .with_label_values(&[q.name(), policy])
+                .set(1);
+            self.metrics
+                .redis_evicted_keys
+                .with_label_values(&[q.name()])
+                .set(i64::try_from(now.evicted_keys).unwrap_or(i64::MAX));
+            let changed = before.as_ref().is_none_or(|b| b.policy != now.policy);
+            if let Some(warning) = now.warning() {
+                if self.config.require_noeviction && refused.is_none() {
+                    refused = Some(format!("queue {}: {warning}", q.name()));
+                }
+                if changed {
+                    match now.risk() {
+                        Risk::AllKeys => tracing::error!(queue = q.name(), policy, "{warning}"),
+                        _ => tracing::warn!(queue = q.name(), policy, "{warning}"),
+                    }
+                }
+            } else if changed && before.is_some() {
+                tracing::info!(queue = q.name(), policy, "Redis no longer evicts keys");
+            }
+            if let Some(b) = &before
+                && now.evicted_keys > b.evicted_keys
+                && read.is_ok()
+            {
+                let what = match now.risk() {
+                    Risk::Volatile => {
+                        "keys with a TTL (a worker's details, a rate bucket) may be among them"
+                    }
+                    _ => "jobs of any queue on it may be gone",
+                };
+                tracing::warn!(
+                    queue = q.name(),
+                    policy,
+                    evicted = now.evicted_keys - b.evicted_keys,
+                    "Redis evicted keys since the last look (maxmemory-policy {policy}): {what}"
+                );
+            }
+        }
+        refused
+    }
+
     /// Heartbeats, promotes due retries and delayed jobs, returns the jobs
     /// of lost workers; until `stop`.
     pub(super) async fn maintain(self: Arc<Self>, stop: CancellationToken) {
         let ttl = self.config.dead_after * 2;
         let tick = self.config.heartbeat_interval.min(PROMOTE_EVERY);
         let mut last_beat: Option<Instant> = None;
+        let mut memory_read = Instant::now();
         loop {
             self.health.tick();
+            if memory_read.elapsed() >= MEMORY_EVERY.min(self.config.heartbeat_interval * 12) {
+                memory_read = Instant::now();
+                self.check_memory().await;
+            }
             let beat =
                 last_beat.is_none_or(|t| t.elapsed() + tick / 2 >= self.config.heartbeat_interval);
             match self.maintenance_round(ttl, beat).await {

@@ -58,6 +58,9 @@ const GIVE_BACK_WINDOW: Duration = Duration::from_secs(3);
 /// How often due retries and delayed jobs are moved to their queue (at
 /// most; a shorter heartbeat interval makes it more often).
 const PROMOTE_EVERY: Duration = Duration::from_secs(1);
+/// How often the eviction policy and evictions of Redis are looked at
+/// again after the start.
+const MEMORY_EVERY: Duration = Duration::from_secs(60);
 
 struct Worker {
     config: Config,
@@ -84,6 +87,8 @@ struct Worker {
     tracker: TaskTracker,
     /// Finished jobs on their way to the settle loop.
     settler: tokio::sync::mpsc::UnboundedSender<Settling>,
+    /// What the last look found of each queue's Redis memory settings.
+    memory: Mutex<Vec<Option<workerpool_queue::memory::Memory>>>,
 }
 
 /// A queue's series of the metrics every job touches.
@@ -197,6 +202,7 @@ pub async fn run(
         slots: Arc::new(Semaphore::new(config.concurrency)),
         tracker: TaskTracker::new(),
         settler,
+        memory: Mutex::new(vec![None; config.queues.len()]),
         config,
     });
     tracing::info!(
