@@ -19,6 +19,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use workerpool_queue::connection::{Connection, Endpoint, Pem, Tls, describe, redact};
 use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::memory::Memory;
 use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::crd::{WorkerPool, WorkerPoolStatus};
@@ -102,6 +103,11 @@ pub struct Context {
     applied: Mutex<HashMap<String, (u64, Option<i64>)>>,
     /// When each pool's status was last written ([`Context::now`]).
     status_written: Mutex<HashMap<String, Duration>>,
+    /// The memory settings of each Redis, and when they were read
+    /// ([`Context::now`]): read again every [`MEMORY_EVERY`].
+    memory: Mutex<HashMap<Endpoint, (Duration, Memory)>>,
+    /// The evictions each pool's Redis had counted at the pool's last look.
+    evicted_seen: Mutex<HashMap<String, u64>>,
     started: Instant,
 }
 
@@ -124,6 +130,8 @@ impl Context {
             announced: Mutex::new(HashMap::new()),
             applied: Mutex::new(HashMap::new()),
             status_written: Mutex::new(HashMap::new()),
+            memory: Mutex::new(HashMap::new()),
+            evicted_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -139,6 +147,7 @@ impl Context {
         lock(&self.announced).remove(key);
         lock(&self.applied).remove(key);
         lock(&self.status_written).remove(key);
+        lock(&self.evicted_seen).remove(key);
         if let Some((namespace, pool)) = key.split_once('/') {
             self.metrics.forget_pool(namespace, pool);
         }
@@ -188,7 +197,41 @@ impl Context {
             }
         }
     }
+
+    /// The memory settings of the Redis that holds `queue`, read at most
+    /// every [`MEMORY_EVERY`] per endpoint, and the keys it evicted since
+    /// pool `key` last looked. `None` when they cannot be read (a Redis
+    /// that refuses `INFO` then shows as a policy that cannot be read).
+    async fn memory(
+        &self,
+        key: &str,
+        endpoint: &Endpoint,
+        queue: &QueueKeys,
+    ) -> Option<(Memory, u64)> {
+        let now = self.now();
+        let cached = lock(&self.memory)
+            .get(endpoint)
+            .filter(|(at, _)| now.saturating_sub(*at) < MEMORY_EVERY)
+            .map(|(_, m)| m.clone());
+        let memory = match cached {
+            Some(m) => m,
+            None => {
+                let mut c = self.redis_conn(endpoint).await.ok()?;
+                let m = workerpool_queue::memory::read(&mut c, queue)
+                    .await
+                    .unwrap_or_default();
+                lock(&self.memory).insert(endpoint.clone(), (now, m.clone()));
+                m
+            }
+        };
+        let before = lock(&self.evicted_seen).insert(key.to_string(), memory.evicted_keys);
+        let evicted = before.map_or(0, |b| memory.evicted_keys.saturating_sub(b));
+        Some((memory, evicted))
+    }
 }
+
+/// How often the operator reads each Redis's eviction policy again.
+const MEMORY_EVERY: Duration = Duration::from_secs(60);
 
 /// A failed read of the queue, naming where it was read (the password
 /// masked), as the CLI does.
@@ -344,6 +387,9 @@ struct Observed {
     existing: Option<Deployment>,
     pods: Option<Vec<Pod>>,
     reading: Result<Snapshot, QueueProblem>,
+    /// The eviction policy of the queue's Redis and the keys it evicted
+    /// since the pool's last look (`None`: not read).
+    memory: Option<(Memory, u64)>,
     counts: Counts,
     fires: schedules::Fires,
 }
@@ -454,18 +500,24 @@ async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
         None
     };
     let queues = pool.spec.queue.redis.queue_keys();
-    let (reading, fires) = match redis_endpoint(pool, &ctx.client).await {
+    let (reading, memory, fires) = match redis_endpoint(pool, &ctx.client).await {
         Ok(endpoint) => {
             // Fires first, so that a pool at zero wakes for its job now.
             let fires = schedules::fire(pool, ctx, Some(&endpoint)).await;
-            (ctx.read_queue(&endpoint, &queues).await, fires)
+            let reading = ctx.read_queue(&endpoint, &queues).await;
+            let memory = match (&reading, queues.first()) {
+                (Ok(_), Some(q)) => ctx.memory(&pool_key(pool), &endpoint, q).await,
+                _ => None,
+            };
+            (reading, memory, fires)
         }
-        Err(problem) => (Err(problem), schedules::fire(pool, ctx, None).await),
+        Err(problem) => (Err(problem), None, schedules::fire(pool, ctx, None).await),
     };
     Ok(Observed {
         existing,
         pods,
         reading,
+        memory,
         fires,
         counts: Counts {
             desired: 0,
@@ -518,6 +570,24 @@ fn plan(
             problem.message.clone(),
         ));
     }
+    // An evicting Redis: once when it is first seen (or its policy
+    // changes), and whenever it has evicted keys since the last look.
+    if let Some((memory, evicted)) = &observed.memory {
+        let said = condition_of(pool, "QueueSafe")
+            .is_some_and(|c| c.status == "False" && c.reason == memory.reason());
+        if let Some(warning) = memory.warning()
+            && !said
+        {
+            events.push((EventType::Warning, memory.reason().to_string(), warning));
+        }
+        if *evicted > 0 {
+            events.push((
+                EventType::Warning,
+                "KeysEvicted".to_string(),
+                evicted_note(memory, *evicted),
+            ));
+        }
+    }
     // One event when the workers start failing for a reason, not one per
     // poll: the status may lag a reconcile behind, the memory does not.
     if let Some(p) = &problem
@@ -526,7 +596,14 @@ fn plan(
     {
         events.push((EventType::Warning, p.reason.clone(), p.message.clone()));
     }
-    let mut status = status(pool, counts, &observed.reading, verdict, problem.as_ref());
+    let mut status = status(
+        pool,
+        counts,
+        &observed.reading,
+        observed.memory.as_ref().map(|(m, _)| m),
+        verdict,
+        problem.as_ref(),
+    );
     let poll = pool
         .spec
         .scaling
@@ -560,6 +637,9 @@ async fn apply(
 ) -> Result<Action, Error> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
+    if let Some((memory, _)) = &observed.memory {
+        ctx.metrics.observe_memory(&ns, &name, memory);
+    }
     ctx.metrics.observe_pool(
         &ns,
         &name,
@@ -698,7 +778,7 @@ fn log_transitions(pool: &str, old: Option<&WorkerPoolStatus>, new: &WorkerPoolS
 /// between `old` and `new`: the conditions are the memory of what was
 /// said. `Ready` waiting for workers to start is no problem.
 fn transitions(old: Option<&WorkerPoolStatus>, new: &WorkerPoolStatus) -> Vec<(String, bool)> {
-    const WATCHED: [&str; 3] = ["QueueReachable", "Ready", "SchedulesValid"];
+    const WATCHED: [&str; 4] = ["QueueReachable", "QueueSafe", "Ready", "SchedulesValid"];
     let problem = |c: &Condition| c.status == "False" && c.reason != "WorkersStarting";
     let mut changes = Vec::new();
     for c in new
@@ -717,6 +797,28 @@ fn transitions(old: Option<&WorkerPoolStatus>, new: &WorkerPoolStatus) -> Vec<(S
         }
     }
     changes
+}
+
+/// The pool's condition `type_` as last written.
+fn condition_of<'a>(pool: &'a WorkerPool, type_: &str) -> Option<&'a Condition> {
+    pool.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// The note of a `KeysEvicted` event.
+fn evicted_note(memory: &Memory, evicted: u64) -> String {
+    let policy = memory.policy.as_deref().unwrap_or("unknown");
+    let what = match memory.risk() {
+        workerpool_queue::memory::Risk::Volatile => {
+            "only keys with a TTL can go (a worker's details, a rate bucket)"
+        }
+        _ => "jobs of this pool's queues may be among them",
+    };
+    format!(
+        "Redis evicted {evicted} keys since the last look (maxmemory-policy {policy}): {what}; \
+         set maxmemory-policy noeviction, or give Redis more memory"
+    )
 }
 
 /// The reason of the pool's `Ready` condition as last written.
@@ -843,6 +945,7 @@ fn status(
     pool: &WorkerPool,
     counts: Counts,
     reading: &Result<Snapshot, QueueProblem>,
+    memory: Option<&Memory>,
     verdict: &Verdict,
     problem: Option<&workload::Problem>,
 ) -> WorkerPoolStatus {
@@ -895,6 +998,24 @@ fn status(
             (old.backlog, old.in_flight, old.oldest_job_age_seconds)
         }
     };
+    // Whether Redis may delete the queue's keys to make room; kept as last
+    // read while it cannot be read.
+    match memory {
+        Some(m) => conditions.push(condition(
+            "QueueSafe",
+            m.warning().is_none(),
+            m.reason(),
+            m.warning().unwrap_or_else(|| {
+                "Redis does not evict keys (maxmemory-policy noeviction)".into()
+            }),
+        )),
+        None => conditions.extend(
+            old.conditions
+                .iter()
+                .find(|c| c.type_ == "QueueSafe")
+                .cloned(),
+        ),
+    }
     let decision = verdict.decision.as_ref();
     match decision {
         Some(d) => {

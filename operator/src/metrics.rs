@@ -36,6 +36,11 @@ pub struct Metrics {
     pub scale_events: IntCounterVec,
     /// Whether the pool's last queue read succeeded.
     pub queue_up: IntGaugeVec,
+    /// 1 when the pool's Redis does not evict keys (`noeviction`), 0 when
+    /// it may delete them or its policy cannot be read.
+    pub queue_safe: IntGaugeVec,
+    /// Keys the pool's Redis has evicted since it started.
+    pub evicted_keys: IntGaugeVec,
 }
 
 /// A pool's replica counts as one reconcile saw and decided them.
@@ -140,6 +145,22 @@ impl Metrics {
                 pool,
             )
             .expect("valid metric"),
+            queue_safe: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_queue_safe",
+                    "1 when the pool's Redis does not evict keys (maxmemory-policy noeviction), 0 when it may delete jobs or its policy cannot be read",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
+            evicted_keys: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_redis_evicted_keys",
+                    "Keys the pool's Redis has evicted since it started (INFO evicted_keys)",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
         };
         for c in [
             Box::new(m.reconciles.clone()) as Box<dyn prometheus::core::Collector>,
@@ -154,6 +175,8 @@ impl Metrics {
             Box::new(m.dead_letters.clone()),
             Box::new(m.scale_events.clone()),
             Box::new(m.queue_up.clone()),
+            Box::new(m.queue_safe.clone()),
+            Box::new(m.evicted_keys.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }
@@ -221,6 +244,22 @@ impl Metrics {
         }
     }
 
+    /// Records the eviction policy and evictions of a pool's Redis.
+    pub fn observe_memory(
+        &self,
+        namespace: &str,
+        pool: &str,
+        memory: &workerpool_queue::memory::Memory,
+    ) {
+        let labels = [namespace, pool];
+        self.queue_safe
+            .with_label_values(&labels)
+            .set(i64::from(memory.warning().is_none()));
+        self.evicted_keys
+            .with_label_values(&labels)
+            .set(saturating(memory.evicted_keys));
+    }
+
     /// Records an applied change of a pool's replicas from `from` to `to`.
     pub fn observe_scale(&self, namespace: &str, pool: &str, from: i32, to: i32) {
         if from == to {
@@ -243,6 +282,8 @@ impl Metrics {
             &self.max,
             &self.dead_letters,
             &self.queue_up,
+            &self.queue_safe,
+            &self.evicted_keys,
         ] {
             let _ = gauge.remove_label_values(&labels);
         }

@@ -874,6 +874,7 @@ fn values_outside_the_schema_are_refused() {
         "prometheusRule.deadLetters.threshold=-1",
         "prometheusRule.reconcileErrors.window=ten minutes",
         "prometheusRule.queueUnreachable.severity=",
+        "prometheusRule.redisEvictedKeys.window=soon",
         "prometheusRule.workersLost.unknownSetting=1",
         "podMonitor.interval=30",
         "podMonitor.namespaces[0]=Not_A_Namespace",
@@ -1106,10 +1107,12 @@ fn clusters_without_crd_validation_rules_are_refused() {
 }
 
 /// Every alert the chart's PrometheusRule defines.
-const ALERTS: [&str; 6] = [
+const ALERTS: [&str; 8] = [
     "WorkerPoolBacklogTooOld",
     "WorkerPoolAtMaxReplicas",
     "WorkerPoolQueueUnreachable",
+    "WorkerPoolRedisMayEvictJobs",
+    "WorkerPoolRedisEvictedKeys",
     "WorkerPoolDeadLettersGrowing",
     "WorkerPoolWorkersLost",
     "WorkerPoolOperatorReconcileErrors",

@@ -135,7 +135,7 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
     let checked = run(Command::new(&promtool)
         .args(["check", "rules", "rules.yaml"])
         .current_dir(dir.path()));
-    assert!(checked.contains("SUCCESS: 6 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
     let tested = run(Command::new(&promtool)
         .args(["test", "rules", "alerts_test.yaml"])
         .current_dir(dir.path()));
@@ -442,6 +442,11 @@ fn gathered() -> Vec<prometheus::proto::MetricFamily> {
             max: Some(2),
         },
     );
+    operator.observe_memory(
+        "ns",
+        "pool",
+        &workerpool_queue::memory::Memory::parse("maxmemory_policy:noeviction\nevicted_keys:0\n"),
+    );
     operator.observe_scale("ns", "pool", 0, 1);
     operator.observe_reconcile(std::time::Duration::from_millis(1), None);
     operator
@@ -459,6 +464,11 @@ fn gathered() -> Vec<prometheus::proto::MetricFamily> {
     worker.redis_errors.with_label_values(&["fetch"]).inc();
     worker.stale_acks.with_label_values(&["q"]).inc();
     worker.recovered.with_label_values(&["q"]).inc();
+    worker
+        .redis_policy
+        .with_label_values(&["q", "noeviction"])
+        .set(1);
+    worker.redis_evicted_keys.with_label_values(&["q"]).set(0);
 
     let mut all = operator.registry.gather();
     all.extend(worker.registry.gather());

@@ -660,6 +660,7 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
             })
         },
         existing,
+        memory: None,
         fires: Default::default(),
     }
 }
@@ -1150,4 +1151,87 @@ fn a_failed_read_is_logged_once_as_it_starts_and_once_as_it_clears() {
     );
     assert_eq!(transitions(Some(&up), &up), vec![]);
     assert_eq!(transitions(None, &up), vec![]);
+}
+
+#[tokio::test]
+async fn an_evicting_redis_shows_as_queue_safe_false_with_one_warning_and_a_gauge() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut c)
+        .await
+        .expect("config set");
+    let spec = json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1});
+    let (task, mut api, ctx) = start(pool(spec.clone()));
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    let (event, send) = api.expect("POST", EVENTS).await;
+    assert_eq!(event["reason"], json!("EvictionPolicy"));
+    assert_eq!(event["type"], json!("Warning"));
+    let note = event["note"].as_str().expect("note");
+    assert!(
+        note.contains("allkeys-lru") && note.contains("noeviction"),
+        "{note}"
+    );
+    reply(send, StatusCode::CREATED, &event);
+    let (status, send) = api.expect("PATCH", STATUS).await;
+    let safe = condition(&status, "QueueSafe").clone();
+    assert_eq!(
+        (safe["status"].clone(), safe["reason"].clone()),
+        (json!("False"), json!("EvictionPolicy"))
+    );
+    reply(send, StatusCode::OK, &pool_object(&status));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+    assert!(
+        ctx.metrics
+            .render()
+            .contains(r#"workerpool_pool_queue_safe{namespace="jobs",pool="mail"} 0"#)
+    );
+
+    // The next look, with the condition written: no second event.
+    let mut seen = pool(spec);
+    seen.status = Some(serde_json::from_value(status["status"].clone()).expect("status"));
+    let (task, mut api, _) = start(seen);
+    let (_, send) = api.expect("GET", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &existing_deployment(1, 1));
+    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    reply(send, StatusCode::OK, &applied);
+    // No event, and the status already says it all: nothing more is sent.
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[test]
+fn keys_evicted_since_the_last_look_are_a_warning_event_and_noeviction_none() {
+    let p = pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let memory =
+        |policy: &str| Memory::parse(&format!("maxmemory_policy:{policy}\nmaxmemory:100\n"));
+    let verdict = manual(1);
+    let mut seen = observed(Some(existing_deployment(1, 1)), true);
+    seen.memory = Some((memory("volatile-lru"), 12));
+    let events = plan(&p, &seen, &verdict, None).expect("plan").events;
+    let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
+    assert_eq!(reasons, ["VolatileEviction", "KeysEvicted"]);
+    assert!(events[1].2.contains("evicted 12 keys"), "{}", events[1].2);
+    seen.memory = Some((memory("noeviction"), 0));
+    let planned = plan(&p, &seen, &verdict, None).expect("plan");
+    assert!(planned.events.is_empty(), "{:?}", planned.events);
+    let safe = planned
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "QueueSafe")
+        .expect("QueueSafe");
+    assert_eq!(
+        (safe.status.as_str(), safe.reason.as_str()),
+        ("True", "NoEviction")
+    );
 }
