@@ -11,7 +11,7 @@ use workerpool_queue::admin::WorkerInfo;
 use crate::model::{DeadRow, JobRow, ListKind, ListPage, Overview, PoolRow, QueueDetail, Rows};
 
 /// What every page needs besides its data.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Ctx<'a> {
     /// The Redis URL, password hidden.
     pub redis: &'a str,
@@ -19,6 +19,8 @@ pub struct Ctx<'a> {
     pub read_only: bool,
     /// The value the action forms must send back (see `server`).
     pub csrf: &'a str,
+    /// Why Redis may delete jobs, shown on top of every page.
+    pub warning: Option<String>,
 }
 
 /// `s` safe to place in HTML text and in quoted attribute values.
@@ -94,13 +96,17 @@ pub fn layout(ctx: &Ctx<'_>, title: &str, crumbs: &[(String, String)], body: &st
 <body>
 <header><nav>{nav}</nav><span class="redis" title="Redis">{redis}</span>{mode}<span id="live" class="live">not live</span></header>
 <main>
-{body}
+{warning}{body}
 </main>
 </body>
 </html>
 "#,
         title = escape(title),
         redis = escape(ctx.redis),
+        warning = ctx.warning.as_deref().map_or(String::new(), |w| format!(
+            r#"<p class="notice warning" id="redis-warning" role="alert">{}</p>"#,
+            escape(w)
+        )),
     )
 }
 
@@ -622,6 +628,7 @@ mod tests {
     const CTX: Ctx<'static> = Ctx {
         redis: "redis://:***@host:6379/0",
         read_only: false,
+        warning: None,
         csrf: "c5",
     };
 

@@ -94,6 +94,9 @@ struct State {
     /// The cookie value a `?token=` login sets, instead of the token itself.
     session: String,
     history: Arc<Mutex<history::History>>,
+    /// What the last look found wrong with Redis's eviction policy (the
+    /// banner on every page), by queue.
+    redis_warning: Arc<Mutex<Option<String>>>,
     pools: Option<Arc<dyn PoolSource>>,
     sample_every: Duration,
     /// Only `localhost`-style Host headers (on a loopback listener, against
@@ -114,6 +117,7 @@ impl Dashboard {
                 history: Arc::new(Mutex::new(history::History::new(
                     DEFAULT_SAMPLE_INTERVAL.as_millis() as u64,
                 ))),
+                redis_warning: Arc::new(Mutex::new(None)),
                 pools: None,
                 sample_every: DEFAULT_SAMPLE_INTERVAL,
                 loopback_hosts_only: false,
@@ -213,7 +217,34 @@ impl State {
             let (s, now) = self.summary(q).await?;
             self.history().record(&s, now);
         }
+        self.check_memory().await;
         Ok(())
+    }
+
+    /// Reads the eviction policy of the Redis of each queue and keeps the
+    /// first warning for the banner (none when every one is `noeviction`).
+    async fn check_memory(&self) -> Option<String> {
+        let mut warning = None;
+        for q in &self.queues {
+            let mut conn = self.conn.clone();
+            let memory = workerpool_queue::memory::read(&mut conn, q)
+                .await
+                .unwrap_or_default();
+            if let Some(w) = memory.warning() {
+                warning = Some(w);
+                break;
+            }
+        }
+        *self.redis_warning.lock().unwrap_or_else(|e| e.into_inner()) = warning.clone();
+        warning
+    }
+
+    /// The banner's text as last read.
+    fn redis_warning(&self) -> Option<String> {
+        self.redis_warning
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// One queue's counts (one round trip), with the rates of the history.
@@ -242,8 +273,10 @@ impl State {
             let h = self.history();
             self.queues.iter().map(|q| h.series(q.name())).collect()
         };
+        let redis_warning = self.check_memory().await;
         Ok(Overview {
             redis: self.options.redis_label.clone(),
+            redis_warning,
             read_only: self.options.read_only,
             server_time_ms,
             pools: self.pools.as_ref().map(|p| p.pools()).unwrap_or_default(),

@@ -126,6 +126,8 @@ pub struct Series {
 pub struct Overview {
     /// The Redis URL, password hidden.
     pub redis: String,
+    /// Why Redis may delete jobs (its `maxmemory-policy`), when it may.
+    pub redis_warning: Option<String>,
     /// Whether actions are off.
     pub read_only: bool,
     /// The Redis server's clock, unix ms.

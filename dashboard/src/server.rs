@@ -47,6 +47,7 @@ fn ctx(s: &State) -> Ctx<'_> {
         redis: &s.options.redis_label,
         read_only: s.options.read_only,
         csrf: &s.csrf,
+        warning: s.redis_warning(),
     }
 }
 
@@ -419,6 +420,7 @@ fn unauthorized(s: &State, why: &str) -> Response {
                 redis: "",
                 read_only: s.options.read_only,
                 csrf: "",
+                warning: None,
             },
             "Token required",
             &[],

@@ -451,6 +451,47 @@ async fn with_a_token_every_request_needs_it() {
 }
 
 #[tokio::test]
+async fn a_redis_that_may_evict_jobs_is_a_banner_on_every_page_and_in_the_json() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("mail");
+    populate(&redis, &q).await;
+    let app = dashboard(&redis, &["mail"], writable()).await;
+    let calm = get(&app, "/").await;
+    assert!(!calm.body.contains("redis-warning"), "{}", calm.body);
+    assert_eq!(
+        json(&get(&app, "/api/overview").await)["redis_warning"],
+        serde_json::Value::Null
+    );
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut c)
+        .await
+        .expect("config set");
+    let overview = json(&get(&app, "/api/overview").await);
+    let warning = overview["redis_warning"].as_str().expect("a warning");
+    assert!(
+        warning.contains("allkeys-lru") && warning.contains("noeviction"),
+        "{warning}"
+    );
+    // The overview read the policy: every page shows it from then on.
+    for page in ["/", "/queues/mail", "/queues/mail/dead"] {
+        let reply = get(&app, page).await;
+        assert_eq!(reply.status, StatusCode::OK, "{page}");
+        assert!(
+            reply
+                .body
+                .contains(r#"<p class="notice warning" id="redis-warning" role="alert">"#)
+                && reply.body.contains("allkeys-lru"),
+            "{page}: {}",
+            reply.body
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_redis_password_appears_on_no_page() {
     let redis = TestRedis::start();
     let q = QueueKeys::new("emails");

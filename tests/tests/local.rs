@@ -384,6 +384,34 @@ async fn the_pool_holds_while_redis_is_down_and_resumes_when_it_returns() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_that_may_evict_jobs_is_named_in_a_warning_at_start() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut conn)
+        .await
+        .expect("config set");
+    let local = Local::start(
+        &redis,
+        &manifest("evicting", "replicas: 0", &handler("0"), 1, 5),
+    );
+    let line = eventually(Duration::from_secs(20), "the warning", || async {
+        local
+            .lines()
+            .into_iter()
+            .find(|l| l.contains("warning: Redis deletes keys when memory is full"))
+    })
+    .await;
+    assert!(
+        line.contains("allkeys-lru") && line.contains("noeviction"),
+        "{line}"
+    );
+}
+
 #[test]
 fn an_invalid_manifest_fails_with_a_line_naming_the_field() {
     let dir = tempfile::tempdir().expect("temp dir");

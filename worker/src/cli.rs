@@ -397,6 +397,14 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
             url,
         });
     }
+    // A Redis that may delete jobs is worth a line on every use; stdout
+    // (tables, JSON) stays as it is.
+    let memory = workerpool_queue::memory::read(&mut c, &q)
+        .await
+        .unwrap_or_default();
+    if let Some(warning) = memory.warning() {
+        eprintln!("warning: {url}: {warning}");
+    }
     Ok((c, q))
 }
 

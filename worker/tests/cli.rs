@@ -555,3 +555,56 @@ async fn dead_letters_of_any_bytes_are_listed_skipped_by_retry_and_purged() {
 async fn dead_len(c: &mut MultiplexedConnection, key: &str) -> usize {
     c.llen(key).await.expect("llen")
 }
+
+#[tokio::test]
+async fn every_command_warns_on_stderr_when_redis_may_evict_jobs_and_stdout_stays_clean() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut c = redis.conn().await;
+    let enqueue = |url: &str| {
+        workerpool(
+            url,
+            &["enqueue", "--queue", "mail", r#"{"task":"t"}"#],
+            None,
+        )
+    };
+    let quiet = enqueue(&url);
+    assert!(quiet.status.success());
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut c)
+        .await
+        .expect("config set");
+    for args in [
+        vec!["enqueue", "--queue", "mail", r#"{"task":"t"}"#],
+        vec!["stats", "--queue", "mail", "--no-rate", "--json"],
+        vec!["dead", "list", "--queue", "mail"],
+    ] {
+        let out = workerpool(&url, &args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("warning: ")
+                && stderr.contains("allkeys-lru")
+                && stderr.contains("noeviction"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("allkeys"),
+            "{args:?}"
+        );
+    }
+    let stats = workerpool(
+        &url,
+        &["stats", "--queue", "mail", "--no-rate", "--json"],
+        None,
+    );
+    let _: Value = serde_json::from_slice(&stats.stdout).expect("stdout is still JSON");
+}

@@ -184,13 +184,18 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             source,
         })?;
     let baseline = Totals::of(&first);
+    let evicting = match queues.first() {
+        Some(q) => redis.eviction_warning(q).await,
+        None => None,
+    };
     let mut schedules = schedules::Schedules::start(&pool, schedules, endpoint.clone()).await;
 
     let mut sigint = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(Error::Signals)?;
 
     let name = pool.metadata.name.clone().unwrap_or_default();
-    let (command, notes) = WorkerCommand::for_pool(&pool, container, program, &url, &tls);
+    let (command, mut notes) = WorkerCommand::for_pool(&pool, container, program, &url, &tls);
+    notes.extend(evicting.map(|w| format!("warning: {w}")));
     let grace = Duration::from_secs(pool.spec.shutdown.grace_period_seconds.max(1) as u64);
     let (log_tx, mut log_rx) = mpsc::unbounded_channel();
     let mut actuator = Actuator::new(command, grace, log_tx);
@@ -488,6 +493,15 @@ impl Redis {
         let snap = snapshot::read(&mut conn, queues).await?;
         self.conn = Some(conn);
         Ok(snap)
+    }
+
+    /// Why the Redis that holds `queue` may delete jobs, if it may.
+    async fn eviction_warning(&mut self, queue: &QueueKeys) -> Option<String> {
+        let conn = self.conn.as_mut()?;
+        workerpool_queue::memory::read(conn, queue)
+            .await
+            .unwrap_or_default()
+            .warning()
     }
 }
 
