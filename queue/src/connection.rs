@@ -468,8 +468,33 @@ pub fn describe(error: &RedisError) -> String {
     .into_iter()
     .find(|(needle, _)| text.contains(needle))
     .map(|(_, hint)| hint);
-    match hint {
-        Some(hint) => format!("TLS: {hint}: {text}"),
+    if let Some(hint) = hint {
+        return format!("TLS: {hint}: {text}");
+    }
+    // Answers of the server that are not about the job: what they mean
+    // and what to do.
+    let code = match error.kind() {
+        redis::ErrorKind::AuthenticationFailed => "WRONGPASS",
+        _ => error.code().unwrap_or_default(),
+    };
+    let meaning = match code {
+        "OOM" => Some(
+            "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction): jobs cannot \
+             be taken, settled or enqueued until memory is freed or maxmemory is raised",
+        ),
+        "NOPERM" => Some(
+            "the Redis user is not allowed this command or key (ACL): grant what \
+             docs/queue-contract.md lists for this component",
+        ),
+        "WRONGPASS" | "NOAUTH" => {
+            Some("Redis refused the credentials: check the user and password in the Redis URL")
+        }
+        "READONLY" => Some("this Redis is a read-only replica: point the URL at the primary"),
+        "LOADING" => Some("Redis is loading its data set after a restart; it answers once loaded"),
+        _ => None,
+    };
+    match meaning {
+        Some(meaning) => format!("{meaning} ({text})"),
         None => text,
     }
 }

@@ -21,6 +21,11 @@ pub struct Health {
     fetching: AtomicBool,
     registered: AtomicBool,
     redis_ok: AtomicBool,
+    /// Why the last Redis operation failed, for `/readyz`.
+    redis_problem: std::sync::Mutex<Option<String>>,
+    /// Why the handler cannot run jobs (a command that cannot start, or
+    /// dies before answering, again and again), for `/readyz`.
+    handler_problem: std::sync::Mutex<Option<String>>,
     draining: AtomicBool,
 }
 
@@ -35,6 +40,8 @@ impl Health {
             fetching: AtomicBool::new(true),
             registered: AtomicBool::new(false),
             redis_ok: AtomicBool::new(false),
+            redis_problem: std::sync::Mutex::new(None),
+            handler_problem: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
     }
@@ -61,6 +68,21 @@ impl Health {
         self.redis_ok.swap(ok, Ordering::Relaxed)
     }
 
+    /// The last Redis operation failed, for the reason given (what `/readyz`
+    /// says).
+    pub fn set_redis_failed(&self, why: String) {
+        *self.redis_problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        self.set_redis_ok(false);
+    }
+
+    /// The handler cannot run jobs (`Some(why)`), or can again (`None`).
+    pub fn set_handler_problem(&self, why: Option<String>) {
+        *self
+            .handler_problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
     /// Shutdown has begun.
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
@@ -81,16 +103,30 @@ impl Health {
     }
 
     /// Whether the worker should get traffic; `Err` says why not.
-    pub fn ready(&self) -> Result<(), &'static str> {
+    pub fn ready(&self) -> Result<(), String> {
         if self.draining.load(Ordering::Relaxed) {
-            Err("draining")
-        } else if !self.redis_ok.load(Ordering::Relaxed) {
-            Err("redis unreachable")
-        } else if !self.registered.load(Ordering::Relaxed) {
-            Err("starting")
-        } else {
-            Ok(())
+            return Err("draining".into());
         }
+        if !self.redis_ok.load(Ordering::Relaxed) {
+            let problem = self
+                .redis_problem
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            return Err(problem.unwrap_or_else(|| "redis unreachable".into()));
+        }
+        if let Some(problem) = self
+            .handler_problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(format!("handler: {problem}"));
+        }
+        if !self.registered.load(Ordering::Relaxed) {
+            return Err("starting".into());
+        }
+        Ok(())
     }
 }
 
@@ -109,7 +145,7 @@ pub fn app(health: Arc<Health>, metrics: Metrics) -> Router {
         .with_state(AppState { health, metrics })
 }
 
-fn probe(result: Result<(), &'static str>) -> (StatusCode, String) {
+fn probe<E: std::fmt::Display>(result: Result<(), E>) -> (StatusCode, String) {
     match result {
         Ok(()) => (StatusCode::OK, "ok\n".into()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),

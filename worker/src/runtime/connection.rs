@@ -65,7 +65,6 @@ impl Redis {
             .redis_errors
             .with_label_values(&[operation])
             .inc();
-        self.health.set_redis_ok(false);
         let lost = unreachable(error);
         let error = workerpool_queue::connection::describe(error);
         let what = if lost {
@@ -78,8 +77,9 @@ impl Redis {
             tracing::error!(operation, %error, "redis command failed");
             "redis command failed"
         };
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(format!("{what} ({operation}): {error}"));
+        let problem = format!("{what} ({operation}): {error}");
+        self.health.set_redis_failed(problem.clone());
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(problem);
     }
 
     pub(super) fn last_error(&self) -> String {

@@ -100,9 +100,14 @@ impl Worker {
             return Ok(Some(pause.unwrap_or(RATE_POLL)));
         }
         permits.truncate(1);
-        let arrived = self.wait_for_jobs(blockers).await?;
+        let (arrived, refused) = self.wait_for_jobs(blockers).await?;
         self.dispatch(arrived, permits).await;
-        Ok(None)
+        // A wait Redis refused (out of memory, an ACL without BLMOVE) is a
+        // failed round like any other: the loop backs off before the next.
+        match refused {
+            Some(e) => Err(RedisFailure::new("wait", e)),
+            None => Ok(None),
+        }
     }
 
     /// Counts a taking the rate limit stopped, and says how long the fetch
@@ -125,11 +130,12 @@ impl Worker {
 
     /// Blocks on every queue at once (one connection each) until a job
     /// arrives or the wait times out; when one queue delivers, the others
-    /// are unblocked, and everything they delivered meanwhile is returned.
+    /// are unblocked, and everything they delivered meanwhile is returned,
+    /// with the first error of a wait that failed.
     pub(super) async fn wait_for_jobs(
         &self,
         blockers: &mut [Option<Blocker>],
-    ) -> Result<Vec<Fetched>, RedisFailure> {
+    ) -> Result<(Vec<Fetched>, Option<RedisError>), RedisFailure> {
         for (b, q) in blockers.iter_mut().zip(&self.queues) {
             if b.is_none() {
                 *b = Some(
@@ -154,6 +160,7 @@ impl Worker {
             .collect();
         let mut arrived = Vec::new();
         let mut broken = Vec::new();
+        let mut refused = None;
         let mut unblocked = false;
         loop {
             tokio::select! {
@@ -168,9 +175,9 @@ impl Worker {
                     }
                     Some((_, Ok(None))) => {}
                     Some((i, Err(e))) => {
-                        self.redis.failed("wait", &e);
                         self.suspect_lost_reply();
                         broken.push(i);
+                        refused.get_or_insert(e);
                     }
                 },
                 _ = drain.cancelled(), if !unblocked => {
@@ -183,7 +190,7 @@ impl Worker {
         for i in broken {
             blockers[i] = None;
         }
-        Ok(arrived)
+        Ok((arrived, refused))
     }
 
     pub(super) async fn unblock(&self, ids: &[i64]) {
