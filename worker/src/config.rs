@@ -49,6 +49,10 @@ pub struct Config {
     pub require_noeviction: bool,
 }
 
+/// The prefix of the environment variables the worker reads its settings
+/// from (`WORKERPOOL_REDIS_URL`, ...). Handler processes do not get them.
+pub const ENV_PREFIX: &str = "WORKERPOOL_";
+
 impl Config {
     /// Defaults for everything but the URL and the queues.
     pub fn new(redis_url: impl Into<String>, queues: Vec<String>) -> Self {

@@ -384,7 +384,11 @@ async fn a_redis_restart_mid_run_is_survived_and_every_job_is_accounted_for() {
         async move { r.filter(|(status, _)| *status == 503) }
     })
     .await;
-    assert_eq!(unready.1, "redis unreachable\n");
+    assert!(
+        unready.1.starts_with("redis unreachable ("),
+        "readyz says what failed and how: {}",
+        unready.1
+    );
     assert_eq!(
         worker.get("/healthz").map(|r| r.0),
         Some(200),
@@ -457,5 +461,107 @@ async fn bad_settings_stop_the_worker_at_start_with_one_line_naming_the_flag() {
             last.starts_with("error: ") && last.contains(needle),
             "{args:?}: {stderr}"
         );
+    }
+}
+
+/// Whether process `pid` exists (and is not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_children_die_with_a_sigkilled_worker_and_never_see_its_settings() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pids = dir.path().join("pids");
+    let env_dump = dir.path().join("env");
+    // Each child records its pid and environment, then takes a job and
+    // hangs on it; it also starts a grandchild in its process group.
+    let script = format!(
+        "echo $$ >> {pids}; env > {env}; sleep 300 & echo $! >> {pids}; while IFS= read -r job; do sleep 300; done",
+        pids = pids.display(),
+        env = env_dump.display()
+    );
+    let url = format!("redis://:s3cret-word@127.0.0.1:{}/0", redis.port());
+    let port = free_port();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+        .env("WORKERPOOL_REDIS_URL", &url)
+        .env("WORKERPOOL_QUEUE", "orphans")
+        .env("HANDLER_SETTING", "kept")
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn workerpool-worker");
+    // Whatever happens below, nothing this test started outlives it.
+    let _cleanup = KillOnDrop(worker.id(), pids.clone());
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret-word")
+        .query_async(&mut c)
+        .await
+        .expect("requirepass");
+    let mut c = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect with the password");
+    push(&mut c, "orphans", &[json!({"task": "t"}).to_string()]).await;
+    let q = QueueKeys::new("orphans");
+    eventually(WAIT, "the job running", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (processing_total(&mut c, &q).await == 1).then_some(()) }
+    })
+    .await;
+    let started: Vec<u32> =
+        eventually(WAIT, "child and grandchild pids", || {
+            let pids = lines(&pids);
+            async move {
+                (pids.len() >= 2).then(|| pids.iter().filter_map(|p| p.parse().ok()).collect())
+            }
+        })
+        .await;
+    let env = std::fs::read_to_string(&env_dump).expect("env dump");
+    assert!(env.contains("HANDLER_SETTING=kept"), "{env}");
+    assert!(!env.contains("WORKERPOOL_"), "{env}");
+    assert!(!env.contains("s3cret"), "{env}");
+
+    worker.kill().expect("kill -9 the worker");
+    let _ = worker.wait();
+    let child = started[0];
+    eventually(
+        Duration::from_secs(5),
+        "the child gone with its worker",
+        || async move { (!alive(child)).then_some(()) },
+    )
+    .await;
+}
+
+/// Kills a process and those listed in a file of pids when dropped. What a
+/// handler child started itself is the child's to stop: the parent-death
+/// signal reaches only the worker's direct children.
+struct KillOnDrop(u32, std::path::PathBuf);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let mut pids = lines(&self.1);
+        pids.push(self.0.to_string());
+        for pid in pids {
+            let _ = Command::new("kill").arg("-9").arg(pid).status();
+        }
     }
 }

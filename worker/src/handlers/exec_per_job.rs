@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
 
 use super::exec_pool::{ExecCommand, SpawnError};
 use crate::handler::{Handler, Outcome};
@@ -52,8 +51,7 @@ impl ExecPerJob {
     }
 
     async fn run(&self, job: &Job) -> Outcome {
-        let mut child = match Command::new(&self.command.program)
-            .args(&self.command.args)
+        let mut child = match super::command(&self.command)
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped())
@@ -65,6 +63,7 @@ impl ExecPerJob {
                 return Outcome::retry(format!("cannot start `{}`: {e}", self.command.program));
             }
         };
+        let mut group = super::GroupGuard::new(&child);
         let (Some(mut stdin), Some(stderr)) = (child.stdin.take(), child.stderr.take()) else {
             return Outcome::retry("the handler process has no stdin/stderr pipe");
         };
@@ -87,6 +86,7 @@ impl ExecPerJob {
                 more = tail.read_line(&mut stderr), if open => open = more,
             }
         };
+        group.disarm();
         if open {
             let _ = tokio::time::timeout(STDERR_GRACE, async {
                 while tail.read_line(&mut stderr).await {}

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use prometheus::IntCounter;
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::handler::{Handler, Outcome};
 use crate::job::Job;
@@ -138,6 +138,7 @@ impl ExecPool {
 
     /// Kills a child that can no longer be trusted and starts another.
     fn replace(&self, mut proc: Proc) {
+        super::kill_group(&proc.child);
         let _ = proc.child.start_kill();
         self.restarts.inc();
         match spawn(&self.command) {
@@ -284,8 +285,7 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
         program: command.program.clone(),
         source,
     };
-    let mut child = Command::new(&command.program)
-        .args(&command.args)
+    let mut child = super::command(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
