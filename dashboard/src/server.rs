@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use subtle::ConstantTimeEq;
-use workerpool_queue::admin;
+use workerpool_queue::{admin, text};
 
 use crate::State;
 use crate::html::{self, Ctx};
@@ -287,7 +287,8 @@ async fn dead_action(
             );
         }
     };
-    tracing::info!(queue = %name, action = done, jobs = n, id, "dashboard: dead letters");
+    let id = id.map(|id| text::safe_line(id, text::LINE_CHARS));
+    tracing::info!(queue = %name, action = done, jobs = n, id = id.as_deref(), "dashboard: dead letters");
     let location = format!(
         "{}?done={done}&n={n}&skipped={skipped}",
         html::list_href(&name, ListKind::Dead, 1)
