@@ -451,6 +451,58 @@ async fn with_a_token_every_request_needs_it() {
 }
 
 #[tokio::test]
+async fn the_token_login_redirects_only_to_a_path_of_this_dashboard() {
+    let redis = TestRedis::start();
+    populate(&redis, &QueueKeys::new("emails")).await;
+    let app = dashboard(
+        &redis,
+        &["emails"],
+        Options {
+            token: Some("s3cret-token".into()),
+            ..writable()
+        },
+    )
+    .await;
+    let login = |target: &'static str| {
+        let app = app.clone();
+        async move {
+            let uri = format!("{target}?token=s3cret-token");
+            let reply = get(&app, &uri).await;
+            assert_eq!(reply.status, StatusCode::SEE_OTHER, "{uri}");
+            reply.headers[header::LOCATION]
+                .to_str()
+                .expect("ascii")
+                .to_string()
+        }
+    };
+    // What a browser would take for another site goes to the overview.
+    for hostile in [
+        "//evil.example/x",
+        "//evil.example",
+        "///evil.example",
+        "/\\evil.example",
+        "/\\/evil.example",
+        "/x\\..\\..\\/evil.example",
+        "/%2F%2Fevil.example",
+        "/%2fevil.example",
+        "/%5Cevil.example",
+        "/%5C%5Cevil.example/x",
+        "https://evil.example",
+        "https://evil.example/x",
+        "http://localhost//evil.example",
+    ] {
+        assert_eq!(login(hostile).await, "/", "{hostile}");
+    }
+    // A path of the dashboard keeps its place and the other parameters.
+    assert_eq!(login("/queues/emails").await, "/queues/emails");
+    assert_eq!(login("/").await, "/");
+    assert_eq!(
+        login("/queues/%7Bmail%7D%3Ahigh/dead").await,
+        "/queues/%7Bmail%7D%3Ahigh/dead"
+    );
+}
+
+#[tokio::test]
 async fn a_redis_that_may_evict_jobs_is_a_banner_on_every_page_and_in_the_json() {
     let redis = TestRedis::start();
     let q = QueueKeys::new("mail");
