@@ -7,8 +7,12 @@
 use std::fmt::Write;
 
 use workerpool_queue::admin::WorkerInfo;
+use workerpool_queue::text::{self, CELL_CHARS};
 
-use crate::model::{DeadRow, JobRow, ListKind, ListPage, Overview, PoolRow, QueueDetail, Rows};
+use crate::model::{
+    DeadRow, JobRow, ListKind, ListPage, Overview, PAYLOAD_PREVIEW_CHARS, PoolRow, QueueDetail,
+    Rows,
+};
 
 /// What every page needs besides its data.
 #[derive(Debug, Clone)]
@@ -37,6 +41,14 @@ pub fn escape(s: &str) -> String {
         }
     }
     out
+}
+
+/// Text from a job or a worker for a table cell, escaped for HTML: control
+/// and bidi characters shown escaped, cut at `max` characters with a note
+/// of how many were left out, so that one long value cannot push the
+/// columns and buttons off the page. The JSON API has the whole value.
+pub fn cell(s: &str, max: usize) -> String {
+    escape(&text::safe_line(s, max))
 }
 
 /// `s` as one path segment of a URL: queue names hold `{`, `}` and `:`.
@@ -289,13 +301,13 @@ fn workers(workers: &[WorkerInfo]) -> String {
         let _ = write!(
             b,
             r#"<tr class="worker {status}" data-instance="{instance}"><td class="instance">{instance}</td><td><span class="status {status}">{status}</span></td><td class="num">{beat} ago</td><td class="num">{held}</td><td class="num">{concurrency}</td><td class="num">{pid}</td><td>{version}</td><td class="ids">{jobs}</td></tr>"#,
-            instance = escape(&w.instance),
+            instance = cell(&w.instance, CELL_CHARS),
             beat = escape(&age(w.last_beat_age_ms)),
             held = w.jobs.len(),
             concurrency = escape(&opt(w.concurrency)),
             pid = escape(&opt(w.pid)),
-            version = escape(w.version.as_deref().unwrap_or("?")),
-            jobs = escape(&jobs),
+            version = cell(w.version.as_deref().unwrap_or("?"), CELL_CHARS),
+            jobs = cell(&jobs, CELL_CHARS),
         );
     }
     if workers.is_empty() {
@@ -396,8 +408,8 @@ fn job_rows(kind: ListKind, jobs: &[JobRow], now_ms: u64) -> String {
         let _ = write!(
             b,
             r#"<tr><td class="id">{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td>"#,
-            escape(j.id.as_deref().unwrap_or("–")),
-            escape(j.task.as_deref().unwrap_or("–")),
+            cell(j.id.as_deref().unwrap_or("–"), CELL_CHARS),
+            cell(j.task.as_deref().unwrap_or("–"), CELL_CHARS),
             j.attempt.map_or("–".into(), |a| a.to_string()),
             escape(&j.enqueued_at_ms.map_or("–".into(), |t| when(now_ms, t))),
         );
@@ -413,7 +425,7 @@ fn job_rows(kind: ListKind, jobs: &[JobRow], now_ms: u64) -> String {
             let _ = write!(
                 b,
                 r#"<td class="error">{}</td>"#,
-                escape(j.error.as_deref().unwrap_or("–"))
+                cell(j.error.as_deref().unwrap_or("–"), PAYLOAD_PREVIEW_CHARS)
             );
         }
         let _ = write!(
@@ -442,12 +454,12 @@ fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> Strin
         let _ = write!(
             b,
             r#"<tr class="dead-letter"><td class="id">{}</td><td>{}</td><td><span class="reason {reason}">{reason}</span></td><td class="num">{}</td><td class="num" title="{}">{}</td><td class="error">{}</td><td><code class="payload">{}</code></td>"#,
-            escape(d.id.as_deref().unwrap_or("–")),
-            escape(d.task.as_deref().unwrap_or("–")),
+            cell(d.id.as_deref().unwrap_or("–"), CELL_CHARS),
+            cell(d.task.as_deref().unwrap_or("–"), CELL_CHARS),
             d.attempts.map_or("–".into(), |a| a.to_string()),
             escape(&d.died_at_ms.map(utc).unwrap_or_default()),
             escape(&d.died_at_ms.map_or("–".into(), |t| when(now_ms, t))),
-            escape(&d.error),
+            cell(&d.error, PAYLOAD_PREVIEW_CHARS),
             escape(&d.payload),
             reason = escape(&d.reason),
         );
@@ -455,13 +467,15 @@ fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> Strin
             b.push_str(r#"<td class="actions">"#);
             match &d.id {
                 Some(id) => {
+                    // The form sends the whole id; the question shows it cut.
+                    let shown = text::safe_line(id, CELL_CHARS);
                     b.push_str(&action_form(
                         ctx,
                         queue,
                         "retry",
                         Some(id),
                         "retry",
-                        &format!("Put job {id} back on {queue}?"),
+                        &format!("Put job {shown} back on {queue}?"),
                     ));
                     b.push_str(&action_form(
                         ctx,
@@ -469,7 +483,7 @@ fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> Strin
                         "delete",
                         Some(id),
                         "delete",
-                        &format!("Delete the dead letter of job {id}?"),
+                        &format!("Delete the dead letter of job {shown}?"),
                     ));
                 }
                 None => b.push_str(

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, Request, State as Extract};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use subtle::ConstantTimeEq;
-use workerpool_queue::admin;
+use workerpool_queue::{admin, text};
 
 use crate::State;
 use crate::html::{self, Ctx};
@@ -287,7 +287,8 @@ async fn dead_action(
             );
         }
     };
-    tracing::info!(queue = %name, action = done, jobs = n, id, "dashboard: dead letters");
+    let id = id.map(|id| text::safe_line(id, text::LINE_CHARS));
+    tracing::info!(queue = %name, action = done, jobs = n, id = id.as_deref(), "dashboard: dead letters");
     let location = format!(
         "{}?done={done}&n={n}&skipped={skipped}",
         html::list_href(&name, ListKind::Dead, 1)
@@ -388,14 +389,16 @@ async fn admit(s: &State, req: Request, next: Next) -> Response {
         if !same(given, token) {
             return unauthorized(s, "wrong token");
         }
-        // Logged in: a cookie from now on, and the URL without the token.
+        // Logged in: a cookie from now on, and the URL without the token,
+        // if it is a page of this dashboard.
         let rest: String = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(params.iter().filter(|(k, _)| k.as_str() != "token"))
             .finish();
-        let mut location = req.uri().path().to_string();
-        if !rest.is_empty() {
-            location = format!("{location}?{rest}");
-        }
+        let location = match local_path(req.uri()) {
+            Some(path) if !rest.is_empty() => format!("{path}?{rest}"),
+            Some(path) => path.to_string(),
+            None => "/".to_string(),
+        };
         let cookie = format!(
             "{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
             s.session
@@ -410,6 +413,26 @@ async fn admit(s: &State, req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     unauthorized(s, "this dashboard needs its token")
+}
+
+/// The path of `uri` when a browser can only read it as a page of this
+/// dashboard. Browsers take `//host/…` for another site, and `/\host` too
+/// (a backslash counts as a slash); a request target with a scheme or a
+/// host names one. The path must start with one `/`, not `//` or `/\`,
+/// and hold no backslash and no control character; so must its
+/// percent-decoded form (`/%2F%2Fhost`), in case something on the way
+/// decodes it.
+fn local_path(uri: &Uri) -> Option<&str> {
+    let plain = |p: &str| {
+        p.starts_with('/')
+            && !p.starts_with("//")
+            && !p.contains('\\')
+            && !p.chars().any(char::is_control)
+    };
+    let path = uri.path();
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    (uri.scheme().is_none() && uri.authority().is_none() && plain(path) && plain(&decoded))
+        .then_some(path)
 }
 
 fn unauthorized(s: &State, why: &str) -> Response {
@@ -457,6 +480,29 @@ mod tests {
             "localhost.evil.example",
         ] {
             assert!(!loopback_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_a_plain_local_path_is_a_place_to_return_to() {
+        let local = |target: &str| {
+            let uri: Uri = target.parse().expect("a request target");
+            local_path(&uri).map(str::to_string)
+        };
+        for ok in ["/", "/queues/q", "/queues/%7Bq%7D/dead", "/a/b//c"] {
+            assert_eq!(local(ok).as_deref(), Some(ok), "{ok}");
+        }
+        for bad in [
+            "//evil.example/x",
+            "/\\evil.example",
+            "/a\\b",
+            "/%2F%2Fevil.example",
+            "/%5Cevil.example",
+            "/%09/evil.example",
+            "https://evil.example",
+            "https://evil.example/x",
+        ] {
+            assert_eq!(local(bad), None, "{bad}");
         }
     }
 

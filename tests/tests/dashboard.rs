@@ -258,6 +258,88 @@ async fn pages_escape_payloads_and_forbid_inline_scripts() {
     );
 }
 
+/// The text of each `<td class="{class}">` cell of `page`.
+fn cells<'a>(page: &'a str, class: &str) -> Vec<&'a str> {
+    let open = format!(r#"<td class="{class}">"#);
+    page.split(open.as_str())
+        .skip(1)
+        .map(|rest| rest.split("</td>").next().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn fields_of_5000_characters_are_cut_in_the_cells_and_whole_in_the_json() {
+    // Ids, tasks and worker names are cut at 200 characters, errors at 300
+    // (as payloads).
+    const CELL: usize = 200;
+    const ERROR: usize = 300;
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    let mut c = redis.conn().await;
+    let (id, task, error) = ("i".repeat(5_000), "k".repeat(5_000), "e".repeat(5_000));
+    let letter = serde_json::json!({
+        "reason": "exhausted", "error": error, "attempts": 5,
+        "died_at": 1_700_000_000_000u64, "worker": "w~1",
+        "job": {"id": id, "task": task},
+    });
+    let _: () = c.lpush(q.dead(), letter.to_string()).await.expect("dead");
+    let job = serde_json::json!({"id": id, "task": task, "attempt": 1, "error": error});
+    let _: () = c.zadd(q.retry(), job.to_string(), 1).await.expect("retry");
+    let instance = format!("{}~1", "n".repeat(5_000));
+    register_worker(&redis, &q, &instance).await;
+    let _: () = c
+        .lpush(
+            q.processing(&instance),
+            serde_json::json!({"id": id}).to_string(),
+        )
+        .await
+        .expect("held");
+    let app = dashboard(&redis, &["emails"], writable()).await;
+
+    for uri in [
+        "/queues/emails",
+        "/queues/emails/dead",
+        "/queues/emails/retries",
+    ] {
+        let page = get(&app, uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}");
+        let shown: Vec<&str> = ["id", "error", "instance", "ids"]
+            .into_iter()
+            .flat_map(|class| cells(&page.body, class))
+            .collect();
+        assert!(!shown.is_empty(), "{uri}");
+        for cell in shown {
+            assert!(cell.chars().count() <= ERROR, "{uri}: {} chars", cell.len());
+        }
+        // The task and the error are nowhere whole; the id only in the
+        // forms that act on it.
+        let long = |c: char, max: usize| c.to_string().repeat(max + 1);
+        assert!(!page.body.contains(&long('k', CELL)), "{uri}: the task");
+        assert!(!page.body.contains(&long('n', CELL)), "{uri}: the worker");
+        assert!(!page.body.contains(&long('e', ERROR)), "{uri}: the error");
+        for piece in page.body.split(&id).skip(1) {
+            assert!(piece.starts_with('"'), "{uri}: the id outside a form");
+        }
+    }
+    let dead = get(&app, "/queues/emails/dead").await.body;
+    assert!(
+        dead.contains(r#"<input type="hidden" name="id" value=""#),
+        "{dead}"
+    );
+    assert!(
+        dead.contains(&format!(r#"name="id" value="{id}""#)),
+        "retry needs the whole id"
+    );
+    let css = get(&app, "/assets/dashboard.css").await.body;
+    assert!(css.contains("overflow-wrap: anywhere"), "{css}");
+
+    // The JSON API has every value whole.
+    let listed = json(&get(&app, "/api/queues/emails/dead").await);
+    assert_eq!(listed["items"][0]["id"], serde_json::json!(id));
+    assert_eq!(listed["items"][0]["task"], serde_json::json!(task));
+    assert_eq!(listed["items"][0]["error"], serde_json::json!(error));
+}
+
 #[tokio::test]
 async fn retrying_one_dead_letter_puts_that_job_back_on_the_queue() {
     let redis = TestRedis::start();
@@ -448,6 +530,58 @@ async fn with_a_token_every_request_needs_it() {
     assert_eq!(reply.status, StatusCode::SEE_OTHER);
     let mut c = redis.conn().await;
     assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
+}
+
+#[tokio::test]
+async fn the_token_login_redirects_only_to_a_path_of_this_dashboard() {
+    let redis = TestRedis::start();
+    populate(&redis, &QueueKeys::new("emails")).await;
+    let app = dashboard(
+        &redis,
+        &["emails"],
+        Options {
+            token: Some("s3cret-token".into()),
+            ..writable()
+        },
+    )
+    .await;
+    let login = |target: &'static str| {
+        let app = app.clone();
+        async move {
+            let uri = format!("{target}?token=s3cret-token");
+            let reply = get(&app, &uri).await;
+            assert_eq!(reply.status, StatusCode::SEE_OTHER, "{uri}");
+            reply.headers[header::LOCATION]
+                .to_str()
+                .expect("ascii")
+                .to_string()
+        }
+    };
+    // What a browser would take for another site goes to the overview.
+    for hostile in [
+        "//evil.example/x",
+        "//evil.example",
+        "///evil.example",
+        "/\\evil.example",
+        "/\\/evil.example",
+        "/x\\..\\..\\/evil.example",
+        "/%2F%2Fevil.example",
+        "/%2fevil.example",
+        "/%5Cevil.example",
+        "/%5C%5Cevil.example/x",
+        "https://evil.example",
+        "https://evil.example/x",
+        "http://localhost//evil.example",
+    ] {
+        assert_eq!(login(hostile).await, "/", "{hostile}");
+    }
+    // A path of the dashboard keeps its place and the other parameters.
+    assert_eq!(login("/queues/emails").await, "/queues/emails");
+    assert_eq!(login("/").await, "/");
+    assert_eq!(
+        login("/queues/%7Bmail%7D%3Ahigh/dead").await,
+        "/queues/%7Bmail%7D%3Ahigh/dead"
+    );
 }
 
 #[tokio::test]

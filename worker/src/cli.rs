@@ -9,7 +9,11 @@ use serde_json::{Map, Value, json};
 
 use crate::admin::{self, Snapshot, WorkerInfo};
 use crate::keys::QueueKeys;
+use crate::text::{self, CELL_CHARS, LINE_CHARS};
 use workerpool_queue::connection::{Connection, describe};
+
+/// Characters of a dead letter's error in the `dead list` table.
+const ERROR_CHARS: usize = 80;
 
 /// Enqueue jobs and inspect workerpool queues.
 ///
@@ -279,7 +283,13 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
             // A job refused for its unique key prints `duplicate` in its place.
             Ok(lines(
                 done.into_iter()
-                    .map(|e| if e.accepted { e.id } else { "duplicate".into() })
+                    .map(|e| {
+                        if e.accepted {
+                            text::safe_line(&e.id, LINE_CHARS)
+                        } else {
+                            "duplicate".into()
+                        }
+                    })
                     .collect(),
             ))
         }
@@ -631,9 +641,9 @@ fn render_stats(q: &QueueKeys, s: &Snapshot, rates: Option<Rates>, json: bool) -
     ];
     let mut rows = rows;
     if let Some(limit) = &s.rate_limit {
-        rows.push(vec!["rate limit".into(), limit.clone()]);
+        rows.push(vec!["rate limit".into(), cell(limit)]);
     }
-    format!("queue {}\n{}", q.name(), table(&[], rows))
+    format!("queue {}\n{}", cell(q.name()), table(&[], rows))
 }
 
 fn render_workers(workers: &[WorkerInfo], json: bool) -> String {
@@ -646,12 +656,12 @@ fn render_workers(workers: &[WorkerInfo], json: bool) -> String {
     let rows = workers
         .iter()
         .map(|w| {
-            let mut jobs = w.jobs.iter().take(3).cloned().collect::<Vec<_>>().join(",");
+            let mut jobs = cell(&w.jobs.iter().take(3).cloned().collect::<Vec<_>>().join(","));
             if w.jobs.len() > 3 {
                 jobs.push_str(",…");
             }
             vec![
-                w.instance.clone(),
+                cell(&w.instance),
                 if w.alive { "alive" } else { "lost" }.into(),
                 format!("{} ago", age(w.last_beat_age_ms)),
                 w.jobs.len().to_string(),
@@ -681,7 +691,7 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
             .iter()
             .map(|e| {
                 serde_json::from_slice(&e.raw)
-                    .unwrap_or_else(|_| Value::from(crate::text::escaped(&e.raw, usize::MAX)))
+                    .unwrap_or_else(|_| Value::from(text::escaped(&e.raw, usize::MAX)))
             })
             .collect();
         return Value::Array(values).to_string() + "\n";
@@ -693,16 +703,12 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
         .iter()
         .map(|e| match &e.letter {
             Some(l) => vec![
-                e.job_id().unwrap_or("-").to_string(),
-                l.job
-                    .get("task")
-                    .and_then(Value::as_str)
-                    .unwrap_or("-")
-                    .to_string(),
+                cell(e.job_id().unwrap_or("-")),
+                cell(l.job.get("task").and_then(Value::as_str).unwrap_or("-")),
                 l.reason.as_str().to_string(),
                 l.attempts.to_string(),
                 format!("{} ago", age(now_ms.saturating_sub(l.died_at))),
-                one_line(&l.error, 60),
+                text::safe_line(&l.error, ERROR_CHARS),
             ],
             None => vec![
                 "-".into(),
@@ -710,14 +716,22 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
                 "unreadable".into(),
                 "-".into(),
                 "-".into(),
-                one_line(&crate::text::escaped(&e.raw, 60), 60),
+                text::safe_bytes(&e.raw, ERROR_CHARS),
             ],
         })
         .collect();
     table(&["ID", "TASK", "REASON", "ATTEMPTS", "DIED", "ERROR"], rows)
 }
 
-/// Columns padded to their widest cell; no header row when `headers` is empty.
+/// Text from outside as a table cell: control and bidi characters escaped,
+/// at most [`CELL_CHARS`] characters (`--json` has the whole value).
+fn cell(s: &str) -> String {
+    text::safe_line(s, CELL_CHARS)
+}
+
+/// Columns padded to their widest cell; no header row when `headers` is
+/// empty. Cells are padded by hand: a width given to `format!` must fit in
+/// 16 bits.
 fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut all: Vec<Vec<String>> = Vec::new();
     if !headers.is_empty() {
@@ -739,7 +753,10 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
         let cells: Vec<String> = row
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("{c:<width$}", width = widths[i]))
+            .map(|(i, c)| {
+                let pad = widths[i].saturating_sub(c.chars().count());
+                format!("{c}{}", " ".repeat(pad))
+            })
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
@@ -757,17 +774,6 @@ fn age(ms: u64) -> String {
         return "0s".into();
     }
     humantime::format_duration(d).to_string().replace(' ', "")
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    match flat.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…", &flat[..i]),
-        None => flat,
-    }
 }
 
 fn lines(items: Vec<String>) -> String {

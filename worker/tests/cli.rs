@@ -608,3 +608,169 @@ async fn every_command_warns_on_stderr_when_redis_may_evict_jobs_and_stdout_stay
     );
     let _: Value = serde_json::from_slice(&stats.stdout).expect("stdout is still JSON");
 }
+
+/// What a producer can put in a job: an OSC 52 clipboard write, a window
+/// title, a clear screen, CR/LF, a C1 CSI, and bidi controls.
+const HOSTILE: &str = "\u{1b}]52;c;ZXZpbA==\u{7}\u{1b}]0;pwned\u{7}\u{1b}[2J\r\nFAKE level=INFO all good\u{9b}31m\u{202e}gnp.exe\u{2066}\u{200f}\u{61c}";
+
+/// A character a terminal acts on instead of showing: control characters
+/// (C0, DEL, C1) and bidi controls.
+fn acts_on_a_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{61c}')
+}
+
+/// `text` holds no character a terminal acts on but the line ends.
+fn assert_terminal_safe(text: &str) {
+    for line in text.lines() {
+        assert!(
+            !line.chars().any(acts_on_a_terminal),
+            "raw control or bidi character in {line:?}"
+        );
+    }
+    assert!(!text.contains('\r'), "{text:?}");
+}
+
+#[tokio::test]
+async fn dead_list_and_workers_show_control_and_bidi_characters_escaped() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("hostile");
+    let mut c = redis.conn().await;
+    let now = now_ms(&mut c).await;
+    let id = format!("id-{HOSTILE}");
+    let envelope = DeadLetter {
+        reason: DeadReason::Permanent,
+        error: format!("error-{HOSTILE}"),
+        attempts: 1,
+        died_at: now,
+        worker: format!("w-{HOSTILE}"),
+        job: json!({"id": id, "task": format!("task-{HOSTILE}")}),
+        encoding: None,
+    }
+    .to_json();
+    let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");
+    let instance = format!("worker-{HOSTILE}~1");
+    queue::heartbeat(&mut c, &q, &instance, Duration::from_secs(60), &[])
+        .await
+        .expect("beat");
+    let _: () = c
+        .lpush(q.processing(&instance), json!({"id": id}).to_string())
+        .await
+        .expect("lpush");
+
+    let dead = ok(workerpool(
+        &url,
+        &["dead", "list", "--queue", "hostile"],
+        None,
+    ));
+    assert_terminal_safe(&dead);
+    assert_eq!(dead.lines().count(), 2, "a header and one row: {dead}");
+    let row = dead.lines().nth(1).unwrap_or_default();
+    for shown in [
+        "id-",
+        "task-",
+        "error-",
+        r"\u{1b}]52;c;",
+        r"\r\nFAKE",
+        r"\u{202e}",
+    ] {
+        assert!(row.contains(shown), "{shown} in {row}");
+    }
+
+    let workers = ok(workerpool(&url, &["workers", "--queue", "hostile"], None));
+    assert_terminal_safe(&workers);
+    assert_eq!(
+        workers.lines().count(),
+        2,
+        "a header and one row: {workers}"
+    );
+    let row = workers.lines().nth(1).unwrap_or_default();
+    assert!(row.starts_with(r"worker-\u{1b}]52;c;"), "{row}");
+    assert!(row.contains(r"id-\u{1b}]52;c;"), "{row}");
+
+    // JSON escapes control characters itself and keeps every value whole.
+    let listed = workerpool(
+        &url,
+        &["dead", "list", "--queue", "hostile", "--json"],
+        None,
+    );
+    let text = ok(listed);
+    assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text:?}");
+    let listed: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(listed[0]["job"]["id"], json!(id));
+    let w = json_of(workerpool(
+        &url,
+        &["workers", "--queue", "hostile", "--json"],
+        None,
+    ));
+    assert_eq!(w[0]["instance"], json!(instance));
+}
+
+#[tokio::test]
+async fn ids_and_tasks_of_70000_characters_are_shortened_in_tables_and_kept_in_json() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("long");
+    let mut c = redis.conn().await;
+    let now = now_ms(&mut c).await;
+    let id = "i".repeat(70_000);
+    let task = "t".repeat(70_000);
+    let envelope = DeadLetter {
+        reason: DeadReason::Exhausted,
+        error: "e".repeat(70_000),
+        attempts: 3,
+        died_at: now,
+        worker: "w~1".into(),
+        job: json!({"id": id, "task": task}),
+        encoding: None,
+    }
+    .to_json();
+    let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");
+    let _: () = c
+        .lpush(
+            q.dead(),
+            letter("short", DeadReason::Exhausted, "boom", now),
+        )
+        .await
+        .expect("lpush");
+    let instance = format!("{}~1", "n".repeat(70_000));
+    queue::heartbeat(&mut c, &q, &instance, Duration::from_secs(60), &[])
+        .await
+        .expect("beat");
+    let _: () = c
+        .lpush(q.processing(&instance), json!({"id": id}).to_string())
+        .await
+        .expect("lpush");
+
+    let dead = ok(workerpool(&url, &["dead", "list", "--queue", "long"], None));
+    let lines: Vec<&str> = dead.lines().collect();
+    assert_eq!(lines.len(), 3, "{dead}");
+    assert!(lines[1].starts_with("short "), "{dead}");
+    assert!(lines[2].starts_with("iiii"), "{dead}");
+    assert!(lines[2].contains("more chars]"), "the cut is said: {dead}");
+    for line in &lines {
+        assert!(line.chars().count() < 1_000, "{line}");
+    }
+
+    let workers = ok(workerpool(&url, &["workers", "--queue", "long"], None));
+    let lines: Vec<&str> = workers.lines().collect();
+    assert_eq!(lines.len(), 2, "{workers}");
+    assert!(lines[1].starts_with("nnnn"), "{workers}");
+    assert!(lines.iter().all(|l| l.chars().count() < 1_000), "{workers}");
+
+    // The whole values stay in --json.
+    let listed = json_of(workerpool(
+        &url,
+        &["dead", "list", "--queue", "long", "--json"],
+        None,
+    ));
+    assert_eq!(listed[1]["job"]["id"], json!(id));
+    assert_eq!(listed[1]["job"]["task"], json!(task));
+    let w = json_of(workerpool(
+        &url,
+        &["workers", "--queue", "long", "--json"],
+        None,
+    ));
+    assert_eq!(w[0]["instance"], json!(instance));
+}

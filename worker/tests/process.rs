@@ -25,6 +25,22 @@ struct Worker {
 
 impl Worker {
     fn start(redis: &TestRedis, args: &[&str], env: &[(&str, &Path)]) -> Self {
+        Self::spawn(redis, args, env, "warn", Stdio::inherit())
+    }
+
+    /// A worker logging at `info` to `log`.
+    fn start_logging(redis: &TestRedis, args: &[&str], log: &Path) -> Self {
+        let file = std::fs::File::create(log).expect("log file");
+        Self::spawn(redis, args, &[], "info", Stdio::from(file))
+    }
+
+    fn spawn(
+        redis: &TestRedis,
+        args: &[&str],
+        env: &[(&str, &Path)],
+        level: &str,
+        stderr: Stdio,
+    ) -> Self {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
             .arg("--redis-url")
@@ -33,8 +49,9 @@ impl Worker {
             .arg(format!("127.0.0.1:{port}"))
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v.as_os_str())))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .stdout(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn workerpool-worker");
         Self { child, port }
@@ -563,5 +580,64 @@ impl Drop for KillOnDrop {
         for pid in pids {
             let _ = Command::new("kill").arg("-9").arg(pid).status();
         }
+    }
+}
+
+#[tokio::test]
+async fn a_handler_error_with_line_breaks_and_escapes_stays_on_its_own_log_line() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("forged");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("worker.log");
+    // Every attempt fails with an error that tries to start a log line of
+    // its own, set the window title and reorder text.
+    let handler = r#"while read -r line; do
+  printf '%s\n' '{"ok":false,"error":"boom\r\nFAKE level=INFO all good \u001b]0;pwned\u0007 \u202etxt.exe"}'
+done"#;
+    push(&mut c, q.name(), [json!({"id": "j1", "task": "t"})]).await;
+    let mut args = vec!["--queue", "forged", "--max-attempts", "2"];
+    args.extend(["--backoff-base", "50ms", "--backoff-max", "100ms"]);
+    args.extend(FAST);
+    args.extend(["--", "sh", "-c", handler]);
+    let mut worker = Worker::start_logging(&redis, &args, &log);
+
+    let dead: Vec<String> = eventually(WAIT, "the job dead", || {
+        let mut c = c.clone();
+        let key = q.dead();
+        async move {
+            let v: Vec<String> = c.lrange(key, 0, -1).await.expect("lrange");
+            (!v.is_empty()).then_some(v)
+        }
+    })
+    .await;
+    worker.signal("TERM");
+    assert!(worker.wait_exit(WAIT).await.success());
+
+    // The dead letter keeps the real text.
+    let letter: Value = serde_json::from_str(&dead[0]).expect("json");
+    assert_eq!(
+        letter["error"],
+        json!("boom\r\nFAKE level=INFO all good \u{1b}]0;pwned\u{7} \u{202e}txt.exe")
+    );
+    // The log shows it escaped, on the line of the event it belongs to.
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(!text.contains('\r'), "{text:?}");
+    for line in text.lines() {
+        assert!(!line.starts_with("FAKE"), "a forged line: {text}");
+        assert!(
+            !line
+                .chars()
+                .any(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}')),
+            "a raw control or bidi character: {line:?}"
+        );
+    }
+    let escaped = r"boom\r\nFAKE level=INFO all good \u{1b}]0;pwned\u{7} \u{202e}txt.exe";
+    for event in ["attempt failed", "job dead-lettered"] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(event) && l.contains(escaped)),
+            "{event} with the error escaped: {text}"
+        );
     }
 }

@@ -130,8 +130,12 @@ impl View {
         }
     }
 
-    /// A line of a worker's output.
+    /// A line of a worker's output. A worker's own log is escaped already,
+    /// but its handlers' stderr passes through it as written: escape
+    /// sequences, carriage returns and bidi controls are shown escaped, so
+    /// that they cannot move the cursor over the table or forge a line.
     pub fn worker_output(&mut self, id: &str, line: &str) {
+        let line = workerpool_queue::text::safe_line(line, workerpool_queue::text::LINE_CHARS);
         if self.terminal {
             self.push_recent(format!("{id} | {line}"));
         } else {
@@ -293,6 +297,22 @@ mod tests {
             plain_line(&down),
             "t=12.3s queue=unreachable running=4 draining=1 desired=4 reason=MaxReplicas"
         );
+    }
+
+    #[test]
+    fn worker_output_shows_escape_sequences_and_carriage_returns_escaped() {
+        let mut view = View::new(true, "pool demo".into());
+        view.worker_output(
+            "demo-1",
+            "job failed\r\u{1b}[2J\u{1b}]52;c;ZXZpbA==\u{7}\u{202e}txt.exe",
+        );
+        assert_eq!(
+            view.recent.back().map(String::as_str),
+            Some(r"demo-1 | job failed\r\u{1b}[2J\u{1b}]52;c;ZXZpbA==\u{7}\u{202e}txt.exe")
+        );
+        view.worker_output("demo-1", &"x".repeat(5_000));
+        let long = view.recent.back().map_or(0, |l| l.chars().count());
+        assert!(long <= "demo-1 | ".len() + 1_000, "{long}");
     }
 
     #[test]

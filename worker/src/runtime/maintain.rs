@@ -66,12 +66,12 @@ impl Worker {
                         // copied configuration) keeps its jobs.
                         match queue::reap(&mut c, q, &name, Some(self.config.dead_after)).await? {
                             Some(n) => {
-                                tracing::info!(queue = q.name(), earlier = %name, jobs = n, "returned the jobs of an earlier incarnation");
+                                tracing::info!(queue = q.name(), earlier = %settle::shown(&name), jobs = n, "returned the jobs of an earlier incarnation");
                                 self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
                             }
                             None => tracing::warn!(
                                 queue = q.name(),
-                                other = %name,
+                                other = %settle::shown(&name),
                                 last_beat_ms_ago = self.now_ms().saturating_sub(beat),
                                 "another live worker uses --worker-id {:?}; its jobs stay with it. If it is this \
                                  container's previous run, they return to the queue once its heartbeat is older \
@@ -229,7 +229,7 @@ impl Worker {
                 }
                 if let Some(n) = queue::reap(&mut c, q, &lost, Some(self.config.dead_after)).await?
                 {
-                    tracing::warn!(queue = q.name(), lost = %lost, jobs = n, "worker lost; its jobs are back at the head of the queue");
+                    tracing::warn!(queue = q.name(), lost = %settle::shown(&lost), jobs = n, "worker lost; its jobs are back at the head of the queue");
                     self.metrics
                         .recovered
                         .with_label_values(&[q.name()])

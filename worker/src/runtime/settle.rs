@@ -4,6 +4,7 @@
 //! takes the next jobs into the freed slots.
 
 use super::*;
+use crate::text::LINE_CHARS;
 
 impl Worker {
     /// One attempt at one job, then its settlement, which the settle loop
@@ -66,7 +67,14 @@ impl Worker {
                     self.config.backoff_max,
                     &mut rand::rng(),
                 );
-                tracing::info!(queue, id = job.id(), attempt = job.attempt(), %error, retry_in = ?delay, "attempt failed");
+                tracing::info!(
+                    queue,
+                    id = ?shown(job.id()),
+                    attempt = job.attempt(),
+                    error = %shown(&error),
+                    retry_in = ?delay,
+                    "attempt failed"
+                );
                 let next = job.failed(&error);
                 Settlement::Retry { next, delay }
             }
@@ -234,7 +242,7 @@ impl Worker {
                 self.metrics.stale_acks.with_label_values(&[queue]).inc();
                 tracing::warn!(
                     queue,
-                    id = job.id(),
+                    id = ?shown(job.id()),
                     "job was already returned to the queue by a reaper; not settled twice"
                 );
             }
@@ -250,8 +258,15 @@ impl Worker {
             .dead_letters
             .with_label_values(&[queue, letter.reason.as_str()])
             .inc();
-        tracing::warn!(queue, reason = letter.reason.as_str(), error = %letter.error, attempts = letter.attempts, "job dead-lettered");
+        tracing::warn!(queue, reason = letter.reason.as_str(), error = %shown(&letter.error), attempts = letter.attempts, "job dead-lettered");
     }
+}
+
+/// Text from a job or a handler as a log shows it: on one line, control
+/// and bidi characters escaped, at most [`LINE_CHARS`] characters. What is
+/// stored (a dead letter's error) keeps the real text.
+pub(super) fn shown(s: &str) -> String {
+    crate::text::safe_line(s, LINE_CHARS)
 }
 
 /// How many settle round trips may be under way at once, and the most jobs
