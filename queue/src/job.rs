@@ -247,12 +247,25 @@ impl Job {
     /// without having failed (shutdown): the attempt is not counted, the id
     /// and enqueue time are kept so a rerun is recognisable.
     pub fn unstarted(&self) -> String {
+        Value::Object(self.uncounted()).to_string()
+    }
+
+    /// The payload of a job the handler could not run at all (its process
+    /// cannot start): as [`Job::unstarted`], with the reason as its `error`.
+    pub fn not_run(&self, error: &str) -> String {
+        let mut fields = self.uncounted();
+        fields.insert(field::ERROR.into(), Value::from(error));
+        Value::Object(fields).to_string()
+    }
+
+    /// The fields with this attempt taken back.
+    fn uncounted(&self) -> Map<String, Value> {
         let mut fields = self.fields().clone();
         match self.attempt() {
             0 | 1 => fields.shift_remove(field::ATTEMPT),
             n => fields.insert(field::ATTEMPT.into(), Value::from(n - 1)),
         };
-        Value::Object(fields).to_string()
+        fields
     }
 
     /// A job built from fields (for handlers' tests and the library API).

@@ -15,6 +15,14 @@ pub enum Outcome {
     /// The attempt failed. With `retry`, the job runs again after a backoff
     /// until its attempts run out; without, it goes straight to the dead list.
     Failed { error: String, retry: bool },
+    /// The handler could not run the job at all, through no fault of the
+    /// job (its process cannot start, or dies before answering anything):
+    /// the job goes back to the queue after `delay` without counting the
+    /// attempt, as at a shutdown.
+    NotRun {
+        error: String,
+        delay: std::time::Duration,
+    },
 }
 
 impl Outcome {
@@ -53,6 +61,12 @@ impl<E: std::fmt::Display> From<Result<(), E>> for Outcome {
 pub trait Handler: Send + Sync + 'static {
     /// Runs one attempt at `job`.
     fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome>;
+
+    /// Why the handler cannot run jobs now, if it cannot (the worker then
+    /// reports not ready with this reason). `None` by default.
+    fn problem(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A [`Handler`] made from an async function of the job; see [`handler_fn`].

@@ -641,3 +641,70 @@ done"#;
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_cannot_start_spends_no_attempts_reports_unready_and_recovers() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("broken");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixed = dir.path().join("fixed");
+    // Until the file exists the handler dies at start, saying why, as a
+    // script that is missing or fails to import does.
+    let handler = r#"if [ ! -f "$FIXED" ]; then echo "python3: can't open file '/app/handler.py'" >&2; exit 2; fi
+while read -r line; do echo '{"ok":true}'; done"#;
+    const N: u64 = 20;
+    push(
+        &mut c,
+        q.name(),
+        (0..N).map(|n| json!({"id": format!("j{n}")})),
+    )
+    .await;
+    let mut args = vec!["--queue", "broken", "--max-attempts", "3"];
+    args.extend(["--backoff-base", "20ms", "--backoff-max", "50ms"]);
+    args.extend(FAST);
+    args.extend(["--", "sh", "-c", handler]);
+    let worker = Worker::start(&redis, &args, &[("FIXED", &fixed)]);
+    let body = eventually(WAIT, "readyz names the handler's problem", || {
+        let r = worker.get("/readyz");
+        async move {
+            r.and_then(|(status, body)| {
+                (status == 503 && body.starts_with("handler:")).then_some(body)
+            })
+        }
+    })
+    .await;
+    assert!(body.contains("can't open file '/app/handler.py'"), "{body}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing died for it: every job waits, in the queue or parked with
+    // the reason, none past its first attempt.
+    assert_eq!(counter(&mut c, q.stats_dead()).await, 0);
+    let parked: Vec<String> = c.zrange(q.retry(), 0, -1).await.expect("zrange");
+    for p in &parked {
+        let job: Value = serde_json::from_str(p).expect("json");
+        assert!(
+            job["attempt"].as_u64().unwrap_or(0) <= 1,
+            "at most the attempts spent before the pool counted as broken: {p}"
+        );
+    }
+    assert!(
+        parked.iter().any(|p| p.contains("can't open file")),
+        "the parked jobs carry the handler's words: {parked:?}"
+    );
+
+    std::fs::write(&fixed, "").expect("fix the handler");
+    // The next child starts after the restart backoff, and the parked jobs
+    // come back after theirs.
+    eventually(Duration::from_secs(60), "every job done", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == N).then_some(()) }
+    })
+    .await;
+    eventually(WAIT, "ready again", || {
+        let r = worker.get("/readyz");
+        async move { r.and_then(|(status, _)| (status == 200).then_some(())) }
+    })
+    .await;
+    assert_eq!(counter(&mut c, q.stats_dead()).await, 0);
+}

@@ -116,7 +116,7 @@ impl Handler for ExecPerJob {
 
 /// The last lines of a stream.
 #[derive(Default)]
-struct Tail {
+pub(crate) struct Tail {
     lines: VecDeque<String>,
     buf: Vec<u8>,
 }
@@ -124,7 +124,10 @@ struct Tail {
 impl Tail {
     /// Reads one line, keeps it and copies it to the worker's stderr.
     /// `false` at the end of the stream.
-    async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(&mut self, r: &mut R) -> bool {
+    pub(crate) async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+        &mut self,
+        r: &mut R,
+    ) -> bool {
         self.buf.clear();
         match r.read_until(b'\n', &mut self.buf).await {
             Ok(0) | Err(_) => false,
@@ -145,7 +148,7 @@ impl Tail {
     }
 
     /// The kept lines, newline-separated, at most [`TAIL_CHARS`] (the end).
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let all = Vec::from(self.lines.clone()).join("\n");
         let skip = all.chars().count().saturating_sub(TAIL_CHARS);
         all.chars().skip(skip).collect()

@@ -4,9 +4,19 @@
 //! Each job is one line of JSON on a child's stdin; the child answers one
 //! line on stdout, `{"ok":true}` or `{"ok":false,"error":"…","retry":false}`
 //! (`retry` defaults to true). The child's stderr is its log and goes to the
-//! worker's stderr. A child that exits or breaks the protocol mid-job fails
-//! that attempt and is replaced at once; a child whose attempt is abandoned
+//! worker's stderr; its last lines are kept for the error of an attempt it
+//! dies in. A child that exits or breaks the protocol mid-job fails that
+//! attempt and is replaced at once; a child whose attempt is abandoned
 //! (timeout, shutdown) is killed and replaced, so the pool keeps its size.
+//!
+//! A handler that cannot start is not the jobs' fault. When children die
+//! before answering anything [`BROKEN_AFTER`] times in a row (a script that
+//! does not exist, an import that fails), the pool counts as broken: the
+//! job in hand goes back to the queue without spending an attempt
+//! ([`Outcome::NotRun`]), new children start only after a backoff that
+//! doubles up to [`RESTART_MAX`], and the worker reports not ready with
+//! the children's last words ([`Handler::problem`]). One child that
+//! answers ends it.
 
 use std::process::Stdio;
 use std::sync::Mutex;
@@ -29,6 +39,15 @@ pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// How much of a broken answer an error message quotes.
 const QUOTE_CHARS: usize = 200;
+/// Children dying before their first answer, in a row, that make the pool
+/// count as broken.
+pub const BROKEN_AFTER: u32 = 3;
+/// The first wait before starting a child once the pool is broken.
+const RESTART_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the last lines of a child that died mid-job get to arrive.
+const LAST_WORDS_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+/// The longest wait before starting a child of a broken pool.
+pub const RESTART_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The command the pool runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +81,33 @@ struct Proc {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The last lines of its stderr, kept by a task that copies them to
+    /// the worker's stderr.
+    last_words: std::sync::Arc<Mutex<String>>,
+    /// The task copying its stderr: it ends at the end of the stream.
+    log: Option<tokio::task::JoinHandle<()>>,
+    /// Whether it has answered a job.
+    answered: bool,
+}
+
+impl Proc {
+    fn last_words(&self) -> String {
+        self.last_words
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Children that died before answering anything, in a row.
+#[derive(Debug, Default)]
+struct Startups {
+    /// How many in a row.
+    failed: u32,
+    /// No child starts before this, once the pool is broken.
+    next_start: Option<tokio::time::Instant>,
+    /// What the last one said (its exit and its stderr's last lines).
+    last: String,
 }
 
 /// A pool of `size` children; a job checks one out for its attempt.
@@ -69,6 +115,7 @@ pub struct ExecPool {
     command: ExecCommand,
     idle: Mutex<Vec<Proc>>,
     restarts: IntCounter,
+    startups: Mutex<Startups>,
 }
 
 impl std::fmt::Debug for ExecPool {
@@ -109,7 +156,51 @@ impl ExecPool {
             command,
             idle: Mutex::new(idle),
             restarts,
+            startups: Mutex::new(Startups::default()),
         })
+    }
+
+    fn startups(&self) -> std::sync::MutexGuard<'_, Startups> {
+        self.startups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a child that died before answering anything; returns whether
+    /// the pool now counts as broken.
+    fn died_unanswered(&self, why: &str) -> bool {
+        let mut s = self.startups();
+        s.failed = s.failed.saturating_add(1);
+        s.last = why.to_string();
+        if s.failed < BROKEN_AFTER {
+            return false;
+        }
+        let doublings = (s.failed - BROKEN_AFTER).min(10);
+        let wait = RESTART_FIRST
+            .saturating_mul(1 << doublings)
+            .min(RESTART_MAX);
+        s.next_start = Some(tokio::time::Instant::now() + wait);
+        if s.failed == BROKEN_AFTER {
+            tracing::error!(
+                program = %self.command.program,
+                "the handler keeps exiting before it answers a job ({BROKEN_AFTER} in a row): jobs go back to the queue uncounted and children restart with a backoff until one answers; last: {why}"
+            );
+        }
+        true
+    }
+
+    /// A child answered: the handler works.
+    fn answered(&self) {
+        let mut s = self.startups();
+        if s.failed >= BROKEN_AFTER {
+            tracing::info!(program = %self.command.program, "the handler answers again");
+        }
+        *s = Startups::default();
+    }
+
+    /// How long to wait before starting a child, while the pool is broken.
+    fn start_wait(&self) -> Option<std::time::Duration> {
+        let next = self.startups().next_start?;
+        let now = tokio::time::Instant::now();
+        (next > now).then(|| next - now)
     }
 
     /// Process ids of the children waiting for a job.
@@ -131,6 +222,14 @@ impl ExecPool {
             match proc.child.try_wait() {
                 Ok(None) => return Ok(proc),
                 // It died while idle: replace it and look again.
+                Ok(Some(status)) if !proc.answered => {
+                    let words = proc.last_words();
+                    self.died_unanswered(&said(
+                        &format!("exited before its first job ({status})"),
+                        &words,
+                    ));
+                    self.replace(proc);
+                }
                 _ => self.replace(proc),
             }
         }
@@ -150,26 +249,88 @@ impl ExecPool {
     }
 
     async fn attempt(&self, job: &Job) -> Outcome {
+        // A broken handler's children start no faster than its backoff.
+        if let Some(wait) = self.start_wait() {
+            tokio::time::sleep(wait).await;
+        }
         let proc = match self.checkout() {
             Ok(proc) => proc,
-            Err(e) => return Outcome::retry(e.to_string()),
+            Err(e) => {
+                let error = e.to_string();
+                if self.died_unanswered(&error) {
+                    return self.not_run(error);
+                }
+                return Outcome::retry(error);
+            }
         };
+        let fresh = !proc.answered;
         let mut lease = Lease {
             pool: self,
             proc: Some(proc),
         };
         let outcome = lease.exchange(job).await;
-        match &outcome {
-            Ok(_) => lease.release(),
-            Err(_) => lease.discard(),
+        match outcome {
+            Ok(outcome) => {
+                self.answered();
+                if let Some(proc) = lease.proc.as_mut() {
+                    proc.answered = true;
+                }
+                lease.release();
+                outcome
+            }
+            Err(error) => {
+                // Its last lines may still be on their way.
+                if let Some(log) = lease.proc.as_mut().and_then(|p| p.log.take()) {
+                    let _ = tokio::time::timeout(LAST_WORDS_WAIT, log).await;
+                }
+                let words = lease
+                    .proc
+                    .as_ref()
+                    .map(Proc::last_words)
+                    .unwrap_or_default();
+                lease.discard();
+                let error = said(&error, &words);
+                if fresh && self.died_unanswered(&error) {
+                    return self.not_run(error);
+                }
+                Outcome::retry(error)
+            }
         }
-        outcome.unwrap_or_else(Outcome::retry)
+    }
+
+    /// The outcome of a job the broken pool could not run: back to the
+    /// queue after the restart backoff (at least a second), uncounted.
+    fn not_run(&self, error: String) -> Outcome {
+        Outcome::NotRun {
+            error,
+            delay: self.start_wait().unwrap_or_default().max(RESTART_FIRST),
+        }
+    }
+}
+
+/// An error with what the child last wrote on stderr, when it wrote
+/// anything.
+fn said(error: &str, last_words: &str) -> String {
+    if last_words.is_empty() {
+        error.to_string()
+    } else {
+        format!("{error}; its stderr ended with: {last_words}")
     }
 }
 
 impl Handler for ExecPool {
     fn handle<'a>(&'a self, job: &'a Job) -> BoxFuture<'a, Outcome> {
         Box::pin(self.attempt(job))
+    }
+
+    fn problem(&self) -> Option<String> {
+        let s = self.startups();
+        (s.failed >= BROKEN_AFTER).then(|| {
+            format!(
+                "`{}` exited before answering a job {} times in a row; last: {}",
+                self.command.program, s.failed, s.last
+            )
+        })
     }
 }
 
@@ -288,17 +449,34 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
     let mut child = super::command(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(err)?;
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        return Err(err(std::io::Error::other("child has no stdin/stdout pipe")));
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(err(std::io::Error::other(
+            "child has no stdin/stdout/stderr pipe",
+        )));
     };
+    let last_words = std::sync::Arc::new(Mutex::new(String::new()));
+    let kept = last_words.clone();
+    // Its log: each line to the worker's stderr, the last ones kept.
+    let log = tokio::spawn(async move {
+        let mut stderr = BufReader::new(stderr);
+        let mut tail = super::exec_per_job::Tail::default();
+        while tail.read_line(&mut stderr).await {
+            *kept.lock().unwrap_or_else(|e| e.into_inner()) = tail.text();
+        }
+    });
     Ok(Proc {
         child,
         stdin,
         stdout: BufReader::new(stdout),
+        last_words,
+        log: Some(log),
+        answered: false,
     })
 }
 

@@ -192,6 +192,7 @@ mod tests {
             let got = match &outcome {
                 Outcome::Done => Some(None),
                 Outcome::Failed { retry, .. } => Some(Some(*retry)),
+                Outcome::NotRun { .. } => None,
             };
             assert_eq!(got, expected, "{code}: {outcome:?}");
         }

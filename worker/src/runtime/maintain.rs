@@ -22,6 +22,11 @@ impl Worker {
         if let Some(rate) = &self.config.rate_limit {
             details.push(("rate_limit", rate.to_string()));
         }
+        // Readers (the CLI, the operator) can say why a worker runs nothing.
+        details.push((
+            "handler_problem",
+            self.handler.problem().unwrap_or_default(),
+        ));
         details
     }
 
@@ -174,8 +179,20 @@ impl Worker {
         let tick = self.config.heartbeat_interval.min(PROMOTE_EVERY);
         let mut last_beat: Option<Instant> = None;
         let mut memory_read = Instant::now();
+        let mut handler_problem: Option<String> = None;
         loop {
             self.health.tick();
+            let problem = self.handler.problem();
+            if problem.is_some() != handler_problem.is_some() {
+                match &problem {
+                    Some(p) => {
+                        tracing::error!(problem = %p, "not ready: the handler cannot run jobs")
+                    }
+                    None => tracing::info!("ready again: the handler runs jobs"),
+                }
+            }
+            self.health.set_handler_problem(problem.clone());
+            handler_problem = problem;
             if memory_read.elapsed() >= MEMORY_EVERY.min(self.config.heartbeat_interval * 12) {
                 memory_read = Instant::now();
                 self.check_memory().await;

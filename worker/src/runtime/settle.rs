@@ -58,6 +58,19 @@ impl Worker {
         let queue = self.queues[qi].name();
         match outcome {
             Outcome::Done => Settlement::Done,
+            Outcome::NotRun { error, delay } => {
+                tracing::warn!(
+                    queue,
+                    id = ?shown(job.id()),
+                    error = %shown(&error),
+                    retry_in = ?delay,
+                    "the handler could not run the job; it goes back to the queue, its attempt not counted"
+                );
+                Settlement::Retry {
+                    next: job.not_run(&error),
+                    delay,
+                }
+            }
             Outcome::Failed { error, retry }
                 if retry && job.attempt() < self.config.max_attempts =>
             {
