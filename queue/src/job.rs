@@ -190,8 +190,9 @@ impl Job {
     /// The number of this attempt, starting at 1.
     pub fn attempt(&self) -> u32 {
         match &self.repr {
-            Repr::Fields(fields) => read_u64(fields, field::ATTEMPT).map_or(0, |a| a as u32),
-            Repr::Held(held) => held.attempt as u32,
+            Repr::Fields(fields) => read_u64(fields, field::ATTEMPT)
+                .map_or(0, |a| u32::try_from(a).unwrap_or(u32::MAX)),
+            Repr::Held(held) => u32::try_from(held.attempt).unwrap_or(u32::MAX),
         }
     }
 
@@ -425,7 +426,10 @@ pub fn intake(raw: impl AsRef<[u8]>, now_ms: u64, max_attempts: u32, worker: &st
     {
         return Intake::Schedule { run_at };
     }
-    let previous = read_u64(&fields, field::ATTEMPT).unwrap_or(0) as u32;
+    // In range: check_types refused an attempt above u32::MAX.
+    let previous = read_u64(&fields, field::ATTEMPT)
+        .and_then(|a| u32::try_from(a).ok())
+        .unwrap_or(0);
     if previous >= max_attempts {
         let error = fields
             .get(field::ERROR)
@@ -624,7 +628,11 @@ fn check_types(fields: &Map<String, Value>) -> Result<(), String> {
     };
     expect(field::TASK, Value::is_string, "a string")?;
     expect(field::ID, Value::is_string, "a string")?;
-    expect(field::ATTEMPT, Value::is_u64, "a non-negative integer")?;
+    expect(
+        field::ATTEMPT,
+        |v| v.as_u64().is_some_and(|a| u32::try_from(a).is_ok()),
+        "a non-negative integer up to 4294967295",
+    )?;
     expect(field::ENQUEUED_AT, Value::is_u64, "unix milliseconds")?;
     expect(field::RUN_AT, Value::is_u64, "unix milliseconds")?;
     Ok(())
@@ -689,6 +697,21 @@ mod tests {
             Intake::Dead(d) => d,
             other => panic!("expected Dead, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_attempt_out_of_range_is_malformed_with_its_reason_not_wrapped_or_lost() {
+        let letter = dead(r#"{"task":"t","attempt":99999999999}"#, 5);
+        assert_eq!(letter.reason, DeadReason::Malformed);
+        assert!(
+            letter.error.contains("`attempt`") && letter.error.contains("4294967295"),
+            "{}",
+            letter.error
+        );
+        assert_eq!(letter.job["attempt"], json!(99999999999_u64));
+        // The largest that fits is read as it is: out of attempts, lost.
+        let letter = dead(r#"{"task":"t","attempt":4294967295}"#, 5);
+        assert_eq!((letter.reason, letter.attempts), (DeadReason::Lost, u32::MAX));
     }
 
     #[test]
