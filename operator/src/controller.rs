@@ -17,7 +17,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use workerpool_queue::connection::{Connection, Endpoint, Pem, Tls, describe, redact};
+use workerpool_queue::connection::{Connection, Endpoint, Pem, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::memory::Memory;
 use workerpool_queue::snapshot::{self, Snapshot};
@@ -241,7 +241,7 @@ fn unreachable_problem(endpoint: &Endpoint, e: &redis::RedisError) -> QueueProbl
         message: format!(
             "cannot read the queue at {}: {}",
             endpoint.redacted(),
-            describe(e)
+            endpoint.describe(e)
         ),
     }
 }

@@ -299,6 +299,21 @@ impl Endpoint {
         self
     }
 
+    /// What a failure to reach this endpoint means for a person
+    /// ([`describe`]), and, for a TLS URL that timed out, that the server
+    /// may not speak TLS: a `rediss://` URL pointed at a plain port waits
+    /// for a handshake that never comes.
+    pub fn describe(&self, error: &RedisError) -> String {
+        let text = describe(error);
+        if self.is_tls() && error.is_timeout() {
+            format!(
+                "{text} (a rediss:// URL: is this port TLS? A plain Redis never answers the TLS handshake)"
+            )
+        } else {
+            text
+        }
+    }
+
     /// The URL with its password hidden, for messages.
     pub fn redacted(&self) -> String {
         redact(&self.url)

@@ -190,8 +190,9 @@ impl Job {
     /// The number of this attempt, starting at 1.
     pub fn attempt(&self) -> u32 {
         match &self.repr {
-            Repr::Fields(fields) => read_u64(fields, field::ATTEMPT)
-                .map_or(0, |a| u32::try_from(a).unwrap_or(u32::MAX)),
+            Repr::Fields(fields) => {
+                read_u64(fields, field::ATTEMPT).map_or(0, |a| u32::try_from(a).unwrap_or(u32::MAX))
+            }
             Repr::Held(held) => u32::try_from(held.attempt).unwrap_or(u32::MAX),
         }
     }
@@ -711,7 +712,10 @@ mod tests {
         assert_eq!(letter.job["attempt"], json!(99999999999_u64));
         // The largest that fits is read as it is: out of attempts, lost.
         let letter = dead(r#"{"task":"t","attempt":4294967295}"#, 5);
-        assert_eq!((letter.reason, letter.attempts), (DeadReason::Lost, u32::MAX));
+        assert_eq!(
+            (letter.reason, letter.attempts),
+            (DeadReason::Lost, u32::MAX)
+        );
     }
 
     #[test]

@@ -393,7 +393,7 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
         .await
         .map_err(|e| CliError::Connect {
             url: url.clone(),
-            reason: describe(&e),
+            reason: endpoint.describe(&e),
         })?;
     let q = QueueKeys::new(target.queue.clone());
     if c.is_cluster()

@@ -484,6 +484,11 @@ async fn an_unreachable_redis_and_an_unknown_queue_are_clear_errors() {
         assert!(err.contains("queue \"nope\" not found"), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+
+    // A TLS URL pointed at a plain server: not just "timed out".
+    let plain_as_tls = format!("rediss://127.0.0.1:{}/0", redis.port());
+    let err = failed(workerpool(&plain_as_tls, &["stats", "--queue", "q"], None));
+    assert!(err.contains("is this port TLS?"), "{err}");
 }
 
 #[tokio::test]

@@ -66,7 +66,7 @@ impl Redis {
             .with_label_values(&[operation])
             .inc();
         let lost = unreachable(error);
-        let error = workerpool_queue::connection::describe(error);
+        let error = self.endpoint.describe(error);
         let what = if lost {
             *self.slot() = None;
             tracing::warn!(operation, %error, "redis unreachable");
