@@ -108,6 +108,8 @@ pub struct Context {
     memory: Mutex<HashMap<Endpoint, (Duration, Memory)>>,
     /// The evictions each pool's Redis had counted at the pool's last look.
     evicted_seen: Mutex<HashMap<String, u64>>,
+    /// Each pool's dead letters as last seen: the total, and the last rise.
+    dead_seen: Mutex<HashMap<String, DeadSeen>>,
     started: Instant,
 }
 
@@ -132,6 +134,7 @@ impl Context {
             status_written: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
             evicted_seen: Mutex::new(HashMap::new()),
+            dead_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -148,6 +151,7 @@ impl Context {
         lock(&self.applied).remove(key);
         lock(&self.status_written).remove(key);
         lock(&self.evicted_seen).remove(key);
+        lock(&self.dead_seen).remove(key);
         if let Some((namespace, pool)) = key.split_once('/') {
             self.metrics.forget_pool(namespace, pool);
         }
@@ -232,6 +236,82 @@ impl Context {
 
 /// How often the operator reads each Redis's eviction policy again.
 const MEMORY_EVERY: Duration = Duration::from_secs(60);
+
+/// How long after its last dead letter a pool counts as failing jobs.
+const FAILING_FOR: Duration = Duration::from_secs(300);
+
+/// A pool's dead letters as the operator last saw them.
+#[derive(Debug, Clone, Default)]
+struct DeadSeen {
+    /// The dead-lettered total over the pool's queues.
+    total: u64,
+    /// When it last rose ([`Context::now`]), by how much over the window,
+    /// and the newest dead letter's reason and error.
+    rise: Option<(Duration, u64, String)>,
+}
+
+/// Jobs of a pool dead-lettered lately, for the `JobsFailing` condition.
+#[derive(Debug, Clone, PartialEq)]
+struct Failing {
+    /// Dead-lettered within the window.
+    count: u64,
+    /// The newest dead letter: its reason and error, escaped and bounded.
+    latest: String,
+}
+
+impl Context {
+    /// Compares the pool's dead-lettered total with the last look. On a
+    /// rise, reads the newest dead letter of a queue that rose. Returns
+    /// the jobs dead-lettered within [`FAILING_FOR`] of the last rise.
+    async fn failing(&self, key: &str, endpoint: &Endpoint, snap: &Snapshot) -> Option<Failing> {
+        let total: u64 = snap.queues.iter().map(|q| q.dead_total).sum();
+        let now = self.now();
+        let before = lock(&self.dead_seen).get(key).cloned();
+        let mut seen = before.clone().unwrap_or_default();
+        seen.total = total;
+        if let Some(before) = &before
+            && total > before.total
+        {
+            let latest = self.latest_dead(endpoint, snap).await;
+            let within = seen
+                .rise
+                .as_ref()
+                .filter(|(at, _, _)| now.saturating_sub(*at) < FAILING_FOR)
+                .map_or(0, |(_, n, _)| *n);
+            seen.rise = Some((now, within + (total - before.total), latest));
+        }
+        let failing = seen
+            .rise
+            .as_ref()
+            .filter(|(at, _, _)| now.saturating_sub(*at) < FAILING_FOR)
+            .map(|(_, count, latest)| Failing {
+                count: *count,
+                latest: latest.clone(),
+            });
+        lock(&self.dead_seen).insert(key.to_string(), seen);
+        failing
+    }
+
+    /// The newest dead letter of the pool's queues: its reason and error.
+    async fn latest_dead(&self, endpoint: &Endpoint, snap: &Snapshot) -> String {
+        let Ok(mut c) = self.redis_conn(endpoint).await else {
+            return String::new();
+        };
+        for q in snap.queues.iter().filter(|q| q.dead > 0) {
+            let keys = QueueKeys::new(q.name.clone());
+            if let Ok(entries) =
+                workerpool_queue::admin::dead_letters(&mut c, &keys, None, Some(1)).await
+                && let Some(letter) = entries.into_iter().next().and_then(|e| e.letter)
+            {
+                return workerpool_queue::text::safe_line(
+                    &format!("{}: {}", letter.reason.as_str(), letter.error),
+                    300,
+                );
+            }
+        }
+        String::new()
+    }
+}
 
 /// A failed read of the queue, naming where it was read (the password
 /// masked), as the CLI does.
@@ -390,6 +470,8 @@ struct Observed {
     /// The eviction policy of the queue's Redis and the keys it evicted
     /// since the pool's last look (`None`: not read).
     memory: Option<(Memory, u64)>,
+    /// Jobs dead-lettered lately (`None`: none, or the queue not read).
+    failing: Option<Failing>,
     counts: Counts,
     fires: schedules::Fires,
 }
@@ -509,15 +591,25 @@ async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
                 (Ok(_), Some(q)) => ctx.memory(&pool_key(pool), &endpoint, q).await,
                 _ => None,
             };
-            (reading, memory, fires)
+            let failing = match &reading {
+                Ok(snap) => ctx.failing(&pool_key(pool), &endpoint, snap).await,
+                Err(_) => None,
+            };
+            (reading, (memory, failing), fires)
         }
-        Err(problem) => (Err(problem), None, schedules::fire(pool, ctx, None).await),
+        Err(problem) => (
+            Err(problem),
+            (None, None),
+            schedules::fire(pool, ctx, None).await,
+        ),
     };
+    let (memory, failing) = memory;
     Ok(Observed {
         existing,
         pods,
         reading,
         memory,
+        failing,
         fires,
         counts: Counts {
             desired: 0,
@@ -596,11 +688,21 @@ fn plan(
     {
         events.push((EventType::Warning, p.reason.clone(), p.message.clone()));
     }
+    if let Some(f) = &observed.failing
+        && !condition_of(pool, "JobsFailing").is_some_and(|c| c.status == "True")
+    {
+        events.push((
+            EventType::Warning,
+            "JobsFailing".to_string(),
+            failing_note(f),
+        ));
+    }
     let mut status = status(
         pool,
         counts,
         &observed.reading,
         observed.memory.as_ref().map(|(m, _)| m),
+        observed.failing.as_ref(),
         verdict,
         problem.as_ref(),
     );
@@ -778,8 +880,21 @@ fn log_transitions(pool: &str, old: Option<&WorkerPoolStatus>, new: &WorkerPoolS
 /// between `old` and `new`: the conditions are the memory of what was
 /// said. `Ready` waiting for workers to start is no problem.
 fn transitions(old: Option<&WorkerPoolStatus>, new: &WorkerPoolStatus) -> Vec<(String, bool)> {
-    const WATCHED: [&str; 4] = ["QueueReachable", "QueueSafe", "Ready", "SchedulesValid"];
-    let problem = |c: &Condition| c.status == "False" && c.reason != "WorkersStarting";
+    const WATCHED: [&str; 5] = [
+        "QueueReachable",
+        "QueueSafe",
+        "JobsFailing",
+        "Ready",
+        "SchedulesValid",
+    ];
+    // JobsFailing says its problem with True; the others with False.
+    let problem = |c: &Condition| {
+        if c.type_ == "JobsFailing" {
+            c.status == "True"
+        } else {
+            c.status == "False" && c.reason != "WorkersStarting"
+        }
+    };
     let mut changes = Vec::new();
     for c in new
         .conditions
@@ -804,6 +919,21 @@ fn condition_of<'a>(pool: &'a WorkerPool, type_: &str) -> Option<&'a Condition> 
     pool.status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// What the `JobsFailing` condition and event say.
+fn failing_note(f: &Failing) -> String {
+    let latest = if f.latest.is_empty() {
+        String::new()
+    } else {
+        format!("; the newest: {}", f.latest)
+    };
+    format!(
+        "{} job{} dead-lettered in the last {} minutes{latest}; see them with `workerpool dead list`",
+        f.count,
+        if f.count == 1 { "" } else { "s" },
+        FAILING_FOR.as_secs() / 60
+    )
 }
 
 /// The note of a `KeysEvicted` event.
@@ -946,6 +1076,7 @@ fn status(
     counts: Counts,
     reading: &Result<Snapshot, QueueProblem>,
     memory: Option<&Memory>,
+    failing: Option<&Failing>,
     verdict: &Verdict,
     problem: Option<&workload::Problem>,
 ) -> WorkerPoolStatus {
@@ -1016,6 +1147,30 @@ fn status(
                 .cloned(),
         ),
     }
+    // Dead letters lately: kept as last read while the queue cannot be read.
+    match (reading, failing) {
+        (Ok(_), Some(f)) => conditions.push(condition(
+            "JobsFailing",
+            true,
+            "DeadLettered",
+            failing_note(f),
+        )),
+        (Ok(_), None) => conditions.push(condition(
+            "JobsFailing",
+            false,
+            "NoDeadLetters",
+            format!(
+                "no job dead-lettered in the last {} minutes",
+                FAILING_FOR.as_secs() / 60
+            ),
+        )),
+        (Err(_), _) => conditions.extend(
+            old.conditions
+                .iter()
+                .find(|c| c.type_ == "JobsFailing")
+                .cloned(),
+        ),
+    }
     let decision = verdict.decision.as_ref();
     match decision {
         Some(d) => {
@@ -1057,6 +1212,15 @@ fn status(
             false,
             &p.reason,
             format!("{counted}: {}", p.message),
+        ),
+        (Ok(_), _) if failing.is_some() => condition(
+            "Ready",
+            false,
+            "JobsFailing",
+            format!(
+                "{counted}; {}",
+                failing.map(failing_note).unwrap_or_default()
+            ),
         ),
         _ if ready_ok => condition("Ready", true, "WorkersReady", counted),
         _ => condition("Ready", false, "WorkersStarting", counted),

@@ -661,6 +661,7 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
         },
         existing,
         memory: None,
+        failing: None,
         fires: Default::default(),
     }
 }
@@ -1234,4 +1235,113 @@ fn keys_evicted_since_the_last_look_are_a_warning_event_and_noeviction_none() {
         (safe.status.as_str(), safe.reason.as_str()),
         ("True", "NoEviction")
     );
+}
+
+#[test]
+fn jobs_dead_lettered_lately_show_in_ready_and_jobs_failing_with_one_event() {
+    let mut p = pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let mut seen = observed(Some(existing_deployment(1, 1)), true);
+    seen.failing = Some(Failing {
+        count: 3,
+        latest: "exhausted: handler process exited during the job (exit status: 2)".into(),
+    });
+    let planned = plan(&p, &seen, &manual(1), None).expect("plan");
+    let failing: Vec<_> = planned
+        .events
+        .iter()
+        .filter(|(_, reason, _)| reason == "JobsFailing")
+        .collect();
+    assert_eq!(failing.len(), 1, "{:?}", planned.events);
+    assert!(
+        failing[0].2.contains("3 jobs dead-lettered") && failing[0].2.contains("exit status: 2")
+    );
+    let find = |status: &WorkerPoolStatus, type_: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    assert_eq!(
+        find(&planned.status, "JobsFailing"),
+        Some(("True".into(), "DeadLettered".into()))
+    );
+    assert_eq!(
+        find(&planned.status, "Ready"),
+        Some(("False".into(), "JobsFailing".into())),
+        "the Status column shows it"
+    );
+    // Already said: no second event while it lasts.
+    p.status = Some(planned.status.clone());
+    let again = plan(&p, &seen, &manual(1), None).expect("plan");
+    assert!(again.events.iter().all(|(_, r, _)| r != "JobsFailing"));
+    // Over: the condition clears and Ready is the workers' again.
+    seen.failing = None;
+    let over = plan(&p, &seen, &manual(1), None).expect("plan");
+    assert_eq!(
+        find(&over.status, "JobsFailing"),
+        Some(("False".into(), "NoDeadLetters".into()))
+    );
+    assert_eq!(
+        find(&over.status, "Ready"),
+        Some(("True".into(), "WorkersReady".into()))
+    );
+    assert_eq!(
+        transitions(Some(&planned.status), &over.status),
+        vec![
+            ("JobsFailing".to_string(), false),
+            ("Ready".to_string(), false)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_rise_of_dead_letters_since_the_last_look_is_failing_with_the_newest_error() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(Client::new(service, "default"), Metrics::new(), None);
+    let endpoint = Endpoint::new(redis.url(), Tls::default()).expect("url");
+    let q = QueueKeys::new("mail");
+    let letter = |error: &str| {
+        json!({"reason": "exhausted", "error": error, "attempts": 5, "died_at": 1, "worker": "w", "job": {"id": "j"}}).to_string()
+    };
+    // Dead letters from before the operator looked are not news.
+    let _: () = c.lpush(q.dead(), letter("old")).await.expect("lpush");
+    let _: () = c.incr(q.stats_dead(), 1).await.expect("incr");
+    assert_eq!(failing_now(&ctx, &endpoint, &q).await, None);
+    assert_eq!(failing_now(&ctx, &endpoint, &q).await, None);
+    let _: () = c
+        .lpush(q.dead(), letter("boom\r\nFAKE"))
+        .await
+        .expect("lpush");
+    let _: () = c.incr(q.stats_dead(), 2).await.expect("incr");
+    let failing = failing_now(&ctx, &endpoint, &q).await.expect("failing");
+    assert_eq!(failing.count, 2);
+    assert!(
+        failing.latest.starts_with("exhausted: boom"),
+        "{}",
+        failing.latest
+    );
+    assert!(
+        !failing.latest.contains('\n'),
+        "escaped: {}",
+        failing.latest
+    );
+    // It lasts while no more die, within the window.
+    assert_eq!(
+        failing_now(&ctx, &endpoint, &q).await.map(|f| f.count),
+        Some(2)
+    );
+}
+
+/// The pool's failing jobs as the next look sees them.
+async fn failing_now(ctx: &Context, endpoint: &Endpoint, q: &QueueKeys) -> Option<Failing> {
+    let mut conn = ctx.redis_conn(endpoint).await.expect("conn");
+    let snap = snapshot::read(&mut conn, std::slice::from_ref(q))
+        .await
+        .expect("snapshot");
+    ctx.failing("jobs/mail", endpoint, &snap).await
 }
