@@ -689,7 +689,7 @@ fn plan(
         events.push((EventType::Warning, p.reason.clone(), p.message.clone()));
     }
     if let Some(f) = &observed.failing
-        && !condition_of(pool, "JobsFailing").is_some_and(|c| c.status == "True")
+        && condition_of(pool, "JobsFailing").is_none_or(|c| c.status != "True")
     {
         events.push((
             EventType::Warning,
