@@ -764,16 +764,20 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
+/// An age as people read it: tenths of a second below 10 s (`1.9s`),
+/// then whole units (`1m23s`, `2h5m`, `3d4h`).
 fn age(ms: u64) -> String {
-    let d = if ms < 10_000 {
-        Duration::from_millis(ms / 100 * 100)
-    } else {
-        Duration::from_secs(ms / 1000)
-    };
-    if d.is_zero() {
-        return "0s".into();
+    if ms < 10_000 {
+        return format!("{}.{}s", ms / 1000, ms % 1000 / 100).replace(".0s", "s");
     }
-    humantime::format_duration(d).to_string().replace(' ', "")
+    let secs = ms / 1000;
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ => format!("{d}d{h}h"),
+    }
 }
 
 fn lines(items: Vec<String>) -> String {
@@ -812,8 +816,12 @@ mod tests {
             ],
         );
         assert_eq!(t, "A    LONGER\nxyz  1\nq    22\n");
-        assert_eq!(age(1234), "1s200ms");
+        assert_eq!(age(1234), "1.2s");
+        assert_eq!(age(1900), "1.9s");
+        assert_eq!(age(2000), "2s");
         assert_eq!(age(83_400), "1m23s");
+        assert_eq!(age(7_500_000), "2h5m");
+        assert_eq!(age(273_600_000), "3d4h");
         assert_eq!(age(0), "0s");
     }
 
