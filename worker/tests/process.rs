@@ -34,6 +34,14 @@ impl Worker {
         Self::spawn(redis, args, &[], "info", Stdio::from(file))
     }
 
+    /// A worker logging at `info` to a pipe nobody reads: its read end is
+    /// closed before the worker writes its first line.
+    fn start_with_stderr_closed(redis: &TestRedis, args: &[&str]) -> Self {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        Self::spawn(redis, args, &[], "info", Stdio::from(writer))
+    }
+
     fn spawn(
         redis: &TestRedis,
         args: &[&str],
@@ -640,4 +648,42 @@ done"#;
             "{event} with the error escaped: {text}"
         );
     }
+}
+
+#[tokio::test]
+async fn with_its_stderr_a_closed_pipe_the_worker_still_settles_every_job_and_drains_on_sigterm() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("unread");
+    const N: usize = 5;
+    push(
+        &mut c,
+        q.name(),
+        (0..N).map(|n| json!({"id": format!("j{n}"), "task": "t"})),
+    )
+    .await;
+    // Every attempt fails: each is logged ("attempt failed", "job
+    // dead-lettered"), and each log line meets a broken pipe.
+    let handler = r#"while read -r line; do echo '{"ok":false,"error":"x"}'; done"#;
+    let mut args = vec!["--queue", "unread", "--concurrency", "2"];
+    args.extend(["--max-attempts", "2", "--backoff-base", "50ms"]);
+    args.extend(["--backoff-max", "100ms"]);
+    args.extend(FAST);
+    args.extend(["--handler", "exec", "--", "sh", "-c", handler]);
+    let mut worker = Worker::start_with_stderr_closed(&redis, &args);
+
+    eventually(WAIT, "every job dead-lettered", || {
+        let mut c = c.clone();
+        let key = q.dead();
+        async move { (common::len(&mut c, &key).await == N).then_some(()) }
+    })
+    .await;
+    assert_eq!(processing_total(&mut c, &q).await, 0, "no job stranded");
+    assert_eq!(common::len(&mut c, q.name()).await, 0);
+
+    let signalled = Instant::now();
+    worker.signal("TERM");
+    let status = worker.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.success(), "{status:?}");
+    assert!(signalled.elapsed() < Duration::from_secs(5));
 }
