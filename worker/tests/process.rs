@@ -1,5 +1,7 @@
 //! The `workerpool-worker` binary as a process: supervision of exec
-//! children, kill -9, SIGTERM drain, Redis restarts, the HTTP endpoints.
+//! children, kill -9, the drain on SIGTERM, SIGINT, SIGHUP and SIGQUIT,
+//! the state line on SIGUSR1, Redis restarts, the HTTP endpoints, a stderr
+//! nobody reads.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -686,4 +688,110 @@ async fn with_its_stderr_a_closed_pipe_the_worker_still_settles_every_job_and_dr
     let status = worker.wait_exit(Duration::from_secs(5)).await;
     assert!(status.success(), "{status:?}");
     assert!(signalled.elapsed() < Duration::from_secs(5));
+}
+
+/// A worker running one 2 s job under the sleep handler, and the queue.
+async fn one_sleeping_job(
+    redis: &TestRedis,
+    queue: &str,
+    ms: u64,
+    extra: &[&str],
+    log: Option<&Path>,
+) -> (Worker, MultiplexedConnection, QueueKeys) {
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new(queue);
+    push(
+        &mut c,
+        q.name(),
+        [json!({"id": "slow", "data": {"ms": ms}})],
+    )
+    .await;
+    let mut args = vec!["--queue", queue, "--handler", "sleep"];
+    args.extend(extra);
+    args.extend(FAST);
+    let worker = match log {
+        Some(log) => Worker::start_logging(redis, &args, log),
+        None => Worker::start(redis, &args, &[]),
+    };
+    eventually(WAIT, "the job running", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (processing_total(&mut c, &q).await == 1).then_some(()) }
+    })
+    .await;
+    (worker, c, q)
+}
+
+/// `signal` drains like SIGTERM: the running job finishes, then exit 0.
+async fn drains_on(signal: &str) {
+    let redis = TestRedis::start();
+    let (mut worker, mut c, q) = one_sleeping_job(&redis, "hup", 2_000, &[], None).await;
+    worker.signal(signal);
+    let unready = eventually(WAIT, "readyz to report draining", || {
+        let r = worker.get("/readyz");
+        async move { r.filter(|(status, _)| *status == 503) }
+    })
+    .await;
+    assert_eq!(unready.1, "draining\n");
+    let status = worker.wait_exit(WAIT).await;
+    assert!(status.success(), "SIG{signal}: {status:?}");
+    assert_eq!(
+        counter(&mut c, q.stats_processed()).await,
+        1,
+        "SIG{signal}: the running job finished"
+    );
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+    assert_eq!(common::len(&mut c, q.name()).await, 0);
+}
+
+#[tokio::test]
+async fn sighup_drains_like_sigterm() {
+    drains_on("HUP").await;
+}
+
+#[tokio::test]
+async fn sigquit_drains_like_sigterm() {
+    drains_on("QUIT").await;
+}
+
+#[tokio::test]
+async fn a_second_signal_of_any_draining_kind_skips_the_wait() {
+    let redis = TestRedis::start();
+    let extra = ["--shutdown-timeout", "60s"];
+    let (mut worker, mut c, q) = one_sleeping_job(&redis, "twice", 60_000, &extra, None).await;
+    worker.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker.signal("QUIT");
+    let status = worker.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(common::len(&mut c, q.name()).await, 1, "the job is back");
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+}
+
+#[tokio::test]
+async fn sigusr1_logs_the_jobs_in_flight_and_the_worker_keeps_running() {
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("worker.log");
+    let (mut worker, mut c, q) = one_sleeping_job(&redis, "usr1", 3_000, &[], Some(&log)).await;
+    worker.signal("USR1");
+    let line = eventually(WAIT, "the state line", || {
+        let found = lines(&log).into_iter().find(|l| l.contains("worker state"));
+        async move { found }
+    })
+    .await;
+    for part in ["draining=false", "in_flight=1", "jobs=usr1: 1 (slow "] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+    assert!(
+        worker.child.try_wait().expect("try_wait").is_none(),
+        "still running"
+    );
+    assert_eq!(worker.get("/readyz"), Some((200, "ok\n".into())));
+
+    worker.signal("TERM");
+    let status = worker.wait_exit(WAIT).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 1);
+    assert_eq!(processing_total(&mut c, &q).await, 0);
 }
