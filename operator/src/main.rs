@@ -1,5 +1,7 @@
 //! `workerpool-operator`: command-line wiring only; the work is in the library.
 
+use std::io::Write;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use workerpool_operator::simulate::cli::SimulateArgs;
@@ -34,27 +36,32 @@ fn main() -> Result<()> {
             tokio::runtime::Runtime::new()?.block_on(workerpool_operator::run::run(args))
         }
         Command::Crd => {
-            print!("{}", workerpool_operator::crd::crd_yaml());
+            out(&workerpool_operator::crd::crd_yaml());
             Ok(())
         }
         Command::Rbac => {
-            print!("{}", workerpool_operator::rbac::rbac_yaml());
+            out(&workerpool_operator::rbac::rbac_yaml());
             Ok(())
         }
         Command::Simulate(args) => {
-            print!("{}", workerpool_operator::simulate::cli::run(&args)?);
+            out(&workerpool_operator::simulate::cli::run(&args)?);
             Ok(())
         }
         Command::Local(args) => {
             let outcome =
                 tokio::runtime::Runtime::new()?.block_on(workerpool_operator::local::run(args));
             if let Err(e) = outcome {
-                eprintln!("error: {e}");
+                let _ = writeln!(Stderr, "error: {e}");
                 std::process::exit(1);
             }
             Ok(())
         }
     }
+}
+
+/// Writes `text` to stdout; a closed pipe (`| head`) is not worth a panic.
+fn out(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 fn init_tracing() {
@@ -65,6 +72,34 @@ fn init_tracing() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(|| Stderr)
+        .log_internal_errors(false)
         .init();
+}
+
+/// Standard error that never fails: a log line that cannot be written (a
+/// pipe with no reader left) is dropped. `eprintln!` and the fmt
+/// subscriber's own fallback would panic instead, in whatever task logged.
+#[derive(Debug, Clone, Copy)]
+struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(std::io::stderr().write(buf).unwrap_or(buf.len()))
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(())
+    }
+
+    fn write_fmt(&mut self, args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+        let _ = std::io::stderr().write_fmt(args);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
 }

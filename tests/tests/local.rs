@@ -300,6 +300,122 @@ async fn sigterm_to_the_pool_mid_run_leaves_every_job_done_or_back_in_the_queue(
     );
 }
 
+/// The `workerpool-worker` processes whose parent is `pid`.
+fn workers_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm is cut at 15 bytes.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (state, ppid) = (fields.next(), fields.next());
+        if head.ends_with("(workerpool-work")
+            && state != Some("Z")
+            && ppid == Some(pid.to_string().as_str())
+        {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// Whether `pid` is a live `workerpool-worker` (not gone, not a zombie).
+fn worker_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')').is_some_and(|(head, rest)| {
+            head.ends_with("(workerpool-work") && !rest.trim_start().starts_with('Z')
+        })
+    })
+}
+
+/// SIGKILLs, when dropped, the workers it lists that are still alive: a
+/// test that fails must not leave local mode's workers behind.
+struct KillWorkers(Vec<u32>);
+
+impl Drop for KillWorkers {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            if worker_alive(*pid)
+                && let Some(pid) = Pid::from_raw(*pid as i32)
+            {
+                let _ = kill_process(pid, Signal::KILL);
+            }
+        }
+    }
+}
+
+/// `signal` to local mode stops the pool as SIGTERM does: the running jobs
+/// finish, every worker it started exits, and so does local mode, with 0.
+async fn stops_the_pool_on(signal: Signal, key: &str) {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let q = QueueKeys::new(key);
+    let grace = 10;
+    let mut local = Local::start(
+        &redis,
+        &manifest(key, "replicas: 2", &handler("1"), 1, grace),
+    );
+    push(&mut conn, q.name(), 1, 6).await;
+    eventually(Duration::from_secs(30), "both workers busy", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (held(&mut conn, &q).await == 2).then_some(()) }
+    })
+    .await;
+    let workers = KillWorkers(workers_of(local.child.id()));
+    assert_eq!(workers.0.len(), 2, "{:?}: {}", workers.0, local.report());
+
+    local.signal(signal);
+    assert!(
+        local.wait(Duration::from_secs(grace as u64 + 5)),
+        "{signal:?}: exit 0 within the grace period: {}",
+        local.report()
+    );
+    let left: Vec<u32> = workers
+        .0
+        .iter()
+        .copied()
+        .filter(|pid| worker_alive(*pid))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{signal:?}: workers left running: {left:?}"
+    );
+    assert_eq!(held(&mut conn, &q).await, 0, "no job in a processing list");
+    let (done, waiting, dead) = count(&mut conn, &q).await;
+    assert_eq!(
+        (done + waiting, dead),
+        (6, 0),
+        "done {done} + waiting {waiting}"
+    );
+    assert!(done >= 2, "the running jobs finished: {done}");
+    assert!(
+        local.lines().iter().any(|l| l.starts_with("summary:")),
+        "{}",
+        local.report()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_to_the_pool_drains_its_workers_and_leaves_none_behind() {
+    stops_the_pool_on(Signal::HUP, "hup").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigquit_to_the_pool_drains_its_workers_and_leaves_none_behind() {
+    stops_the_pool_on(Signal::QUIT, "quit").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_killed_with_sigkill_under_load_has_its_jobs_recovered() {
     let redis = TestRedis::start();

@@ -1,7 +1,7 @@
 //! The `workerpool` command line: enqueue jobs and inspect or operate a
 //! queue. Human tables by default, `--json` for scripts.
 
-use std::io::BufRead;
+use std::io::{BufRead, Write as _};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -384,7 +384,8 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
     let endpoint = target.redis.endpoint(target.redis_url.clone())?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
-        eprintln!(
+        let _ = writeln!(
+            crate::log::Stderr,
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
@@ -413,20 +414,14 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
         .await
         .unwrap_or_default();
     if let Some(warning) = memory.warning() {
-        eprintln!("warning: {url}: {warning}");
+        let _ = writeln!(crate::log::Stderr, "warning: {url}: {warning}");
     }
     Ok((c, q))
 }
 
 /// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
 async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::log::init();
     let token = match &args.token_file {
         Some(path) => Some(read_token(path)?),
         None => None,
@@ -434,7 +429,8 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
     let endpoint = args.redis.endpoint(args.redis_url.clone())?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
-        eprintln!(
+        let _ = writeln!(
+            crate::log::Stderr,
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
@@ -457,14 +453,16 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
     }
     for q in &queues {
         if !admin::exists(&mut conn, q).await? {
-            eprintln!(
+            let _ = writeln!(
+                crate::log::Stderr,
                 "note: queue {:?} has no keys at {url} yet (nothing pushed, served or counted)",
                 q.name()
             );
         }
     }
     if !args.listen.ip().is_loopback() && token.is_none() {
-        eprintln!(
+        let _ = writeln!(
+            crate::log::Stderr,
             "warning: --listen {} is not a loopback address and there is no --token-file: anyone who can reach it can read the jobs{}",
             args.listen,
             if args.read_only {
@@ -481,7 +479,8 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
             source,
         })?;
     let addr = listener.local_addr().unwrap_or(args.listen);
-    eprintln!(
+    let _ = writeln!(
+        crate::log::Stderr,
         "dashboard of {} on http://{addr}/ (Redis {url}{}{}); Ctrl-C stops it",
         args.queues.join(", "),
         if args.read_only { ", read-only" } else { "" },

@@ -31,7 +31,7 @@ pub struct Config {
     pub backoff_max: Duration,
     /// Time one attempt may take.
     pub job_timeout: Duration,
-    /// Time in-flight jobs get to finish after SIGTERM.
+    /// Time in-flight jobs get to finish once the drain starts.
     pub shutdown_timeout: Duration,
     /// Time between heartbeats (and maintenance rounds).
     pub heartbeat_interval: Duration,
@@ -251,6 +251,12 @@ pub enum HandlerChoice {
 /// backoff, dead-lettering, heartbeats and recovery of lost workers'
 /// jobs, graceful drain on SIGTERM.
 ///
+/// Signals: SIGTERM, SIGINT, SIGHUP and SIGQUIT drain (fetching stops,
+/// in-flight jobs get --shutdown-timeout, the rest go back to the head of
+/// their queue, exit 0); a second one of them skips the wait. SIGUSR1 logs
+/// one line of state (draining or not, the jobs in flight per queue with
+/// their ids and how long they have run) and changes nothing.
+///
 /// Every flag can also be set in the environment as WORKERPOOL_<FLAG>,
 /// for example WORKERPOOL_REDIS_URL. Durations take units: 500ms, 30s, 5m.
 #[derive(Debug, Parser)]
@@ -321,7 +327,8 @@ pub struct Args {
     #[arg(long, env = "WORKERPOOL_JOB_TIMEOUT", value_name = "DUR", default_value = "10m", value_parser = humantime::parse_duration)]
     pub job_timeout: Duration,
 
-    /// Time in-flight jobs get to finish after SIGTERM or SIGINT; the rest
+    /// Time in-flight jobs get to finish after SIGTERM (or SIGINT, SIGHUP,
+    /// SIGQUIT); the rest
     /// then go back to the head of their queue. Keep it below the pod's
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "WORKERPOOL_SHUTDOWN_TIMEOUT", value_name = "DUR", default_value = "25s", value_parser = humantime::parse_duration)]

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod handler;
 pub mod handlers;
+pub mod log;
 pub mod metrics;
 pub mod probes;
 mod runtime;

@@ -1,9 +1,9 @@
-use std::io::IsTerminal;
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 use workerpool_worker::config::Args;
+use workerpool_worker::log::Stderr;
 use workerpool_worker::{Metrics, Shutdown, build_handler, run};
 
 #[global_allocator]
@@ -15,17 +15,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 // throughput at every concurrency, half the CPU).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    // Logging never panics: a stderr nobody reads must not stop a job
+    // from settling or the drain from running.
+    workerpool_worker::log::init();
     let (config, choice) = match Args::parse().into_config() {
         Ok(parsed) => parsed,
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(Stderr, "error: {e}");
             return ExitCode::from(2);
         }
     };
@@ -33,21 +29,21 @@ async fn main() -> ExitCode {
     let shutdown = match Shutdown::on_signals() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: cannot install signal handlers: {e}");
+            let _ = writeln!(Stderr, "error: cannot install signal handlers: {e}");
             return ExitCode::FAILURE;
         }
     };
     let handler = match build_handler(choice, &config, &metrics) {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(Stderr, "error: {e}");
             return ExitCode::FAILURE;
         }
     };
     match run(config, handler, metrics, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(Stderr, "error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -1,5 +1,7 @@
 //! The `workerpool-worker` binary as a process: supervision of exec
-//! children, kill -9, SIGTERM drain, Redis restarts, the HTTP endpoints.
+//! children, kill -9, the drain on SIGTERM, SIGINT, SIGHUP and SIGQUIT,
+//! the state line on SIGUSR1, Redis restarts, the HTTP endpoints, a stderr
+//! nobody reads.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -32,6 +34,14 @@ impl Worker {
     fn start_logging(redis: &TestRedis, args: &[&str], log: &Path) -> Self {
         let file = std::fs::File::create(log).expect("log file");
         Self::spawn(redis, args, &[], "info", Stdio::from(file))
+    }
+
+    /// A worker logging at `info` to a pipe nobody reads: its read end is
+    /// closed before the worker writes its first line.
+    fn start_with_stderr_closed(redis: &TestRedis, args: &[&str]) -> Self {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        Self::spawn(redis, args, &[], "info", Stdio::from(writer))
     }
 
     fn spawn(
@@ -707,4 +717,152 @@ while read -r line; do echo '{"ok":true}'; done"#;
     })
     .await;
     assert_eq!(counter(&mut c, q.stats_dead()).await, 0);
+}
+
+#[tokio::test]
+async fn with_its_stderr_a_closed_pipe_the_worker_still_settles_every_job_and_drains_on_sigterm() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("unread");
+    const N: usize = 5;
+    push(
+        &mut c,
+        q.name(),
+        (0..N).map(|n| json!({"id": format!("j{n}"), "task": "t"})),
+    )
+    .await;
+    // Every attempt fails: each is logged ("attempt failed", "job
+    // dead-lettered"), and each log line meets a broken pipe.
+    let handler = r#"while read -r line; do echo '{"ok":false,"error":"x"}'; done"#;
+    let mut args = vec!["--queue", "unread", "--concurrency", "2"];
+    args.extend(["--max-attempts", "2", "--backoff-base", "50ms"]);
+    args.extend(["--backoff-max", "100ms"]);
+    args.extend(FAST);
+    args.extend(["--handler", "exec", "--", "sh", "-c", handler]);
+    let mut worker = Worker::start_with_stderr_closed(&redis, &args);
+
+    eventually(WAIT, "every job dead-lettered", || {
+        let mut c = c.clone();
+        let key = q.dead();
+        async move { (common::len(&mut c, &key).await == N).then_some(()) }
+    })
+    .await;
+    assert_eq!(processing_total(&mut c, &q).await, 0, "no job stranded");
+    assert_eq!(common::len(&mut c, q.name()).await, 0);
+
+    let signalled = Instant::now();
+    worker.signal("TERM");
+    let status = worker.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.success(), "{status:?}");
+    assert!(signalled.elapsed() < Duration::from_secs(5));
+}
+
+/// A worker running one job of `ms` milliseconds under the sleep handler,
+/// and the queue.
+async fn one_sleeping_job(
+    redis: &TestRedis,
+    queue: &str,
+    ms: u64,
+    extra: &[&str],
+    log: Option<&Path>,
+) -> (Worker, MultiplexedConnection, QueueKeys) {
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new(queue);
+    push(
+        &mut c,
+        q.name(),
+        [json!({"id": "slow", "data": {"ms": ms}})],
+    )
+    .await;
+    let mut args = vec!["--queue", queue, "--handler", "sleep"];
+    args.extend(extra);
+    args.extend(FAST);
+    let worker = match log {
+        Some(log) => Worker::start_logging(redis, &args, log),
+        None => Worker::start(redis, &args, &[]),
+    };
+    // Running, not only taken: the signal must not come between the two.
+    let gauge = format!("workerpool_jobs_in_flight{{queue=\"{queue}\"}} 1");
+    eventually(WAIT, "the job running", || {
+        let running = worker
+            .get("/metrics")
+            .is_some_and(|(_, body)| body.lines().any(|l| l == gauge));
+        async move { running.then_some(()) }
+    })
+    .await;
+    (worker, c, q)
+}
+
+/// `signal` drains like SIGTERM: the running job finishes, then exit 0.
+async fn drains_on(signal: &str) {
+    let redis = TestRedis::start();
+    let (mut worker, mut c, q) = one_sleeping_job(&redis, "hup", 2_000, &[], None).await;
+    worker.signal(signal);
+    let unready = eventually(WAIT, "readyz to report draining", || {
+        let r = worker.get("/readyz");
+        async move { r.filter(|(status, _)| *status == 503) }
+    })
+    .await;
+    assert_eq!(unready.1, "draining\n");
+    let status = worker.wait_exit(WAIT).await;
+    assert!(status.success(), "SIG{signal}: {status:?}");
+    assert_eq!(
+        counter(&mut c, q.stats_processed()).await,
+        1,
+        "SIG{signal}: the running job finished"
+    );
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+    assert_eq!(common::len(&mut c, q.name()).await, 0);
+}
+
+#[tokio::test]
+async fn sighup_drains_like_sigterm() {
+    drains_on("HUP").await;
+}
+
+#[tokio::test]
+async fn sigquit_drains_like_sigterm() {
+    drains_on("QUIT").await;
+}
+
+#[tokio::test]
+async fn a_second_signal_of_any_draining_kind_skips_the_wait() {
+    let redis = TestRedis::start();
+    let extra = ["--shutdown-timeout", "60s"];
+    let (mut worker, mut c, q) = one_sleeping_job(&redis, "twice", 60_000, &extra, None).await;
+    worker.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    worker.signal("QUIT");
+    let status = worker.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(common::len(&mut c, q.name()).await, 1, "the job is back");
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+}
+
+#[tokio::test]
+async fn sigusr1_logs_the_jobs_in_flight_and_the_worker_keeps_running() {
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("worker.log");
+    let (mut worker, mut c, q) = one_sleeping_job(&redis, "usr1", 3_000, &[], Some(&log)).await;
+    worker.signal("USR1");
+    let line = eventually(WAIT, "the state line", || {
+        let found = lines(&log).into_iter().find(|l| l.contains("worker state"));
+        async move { found }
+    })
+    .await;
+    for part in ["draining=false", "in_flight=1", "jobs=usr1: 1 (slow "] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+    assert!(
+        worker.child.try_wait().expect("try_wait").is_none(),
+        "still running"
+    );
+    assert_eq!(worker.get("/readyz"), Some((200, "ok\n".into())));
+
+    worker.signal("TERM");
+    let status = worker.wait_exit(WAIT).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 1);
+    assert_eq!(processing_total(&mut c, &q).await, 0);
 }

@@ -4,6 +4,7 @@
 //! see (from a watch of its own, so a standby replica serves it too) and
 //! the queues named by `--dashboard-queue` on `--dashboard-redis-url`.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -88,7 +89,8 @@ impl DashboardArgs {
                 %addr,
                 "the dashboard listens beyond loopback without --dashboard-token-file: anyone who can reach it can read the jobs"
             );
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "warning: --dashboard {addr} is not a loopback address and there is no --dashboard-token-file: anyone who can reach it can read the jobs"
             );
         }

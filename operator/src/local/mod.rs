@@ -3,8 +3,9 @@
 //! The same manifest as in a cluster, the same validation, the same scaling
 //! engine; the actuator is worker processes instead of a Deployment. Each
 //! refresh reads the queue in one round trip; every `pollIntervalSeconds`
-//! the engine decides and the actuator starts or stops workers. SIGINT or
-//! SIGTERM stops every worker gracefully and prints a summary.
+//! the engine decides and the actuator starts or stops workers. SIGINT,
+//! SIGTERM, SIGHUP (the terminal closed) or SIGQUIT stops every worker
+//! gracefully and prints a summary.
 
 pub mod actuator;
 pub mod dashboard;
@@ -17,7 +18,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 use workerpool_queue::connection::{Connection, Endpoint, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
@@ -132,8 +133,8 @@ pub enum Error {
     Dashboard(String),
 }
 
-/// Runs the manifest at `args.file` until SIGINT or SIGTERM, then stops the
-/// workers and prints the summary.
+/// Runs the manifest at `args.file` until SIGINT, SIGTERM, SIGHUP or
+/// SIGQUIT, then stops the workers and prints the summary.
 pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let started = Instant::now();
     let path = args.file.display().to_string();
@@ -190,8 +191,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     };
     let mut schedules = schedules::Schedules::start(&pool, schedules, endpoint.clone()).await;
 
-    let mut sigint = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(Error::Signals)?;
+    let mut stop = StopSignals::install().map_err(Error::Signals)?;
 
     let name = pool.metadata.name.clone().unwrap_or_default();
     let (command, mut notes) = WorkerCommand::for_pool(&pool, container, program, &url, &tls);
@@ -248,8 +248,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     loop {
         tokio::select! {
             _ = refresh.tick() => {}
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            _ = stop.recv() => break,
             Some(line) = log_rx.recv() => {
                 view.worker_output(&line.id, &line.line);
                 continue;
@@ -382,8 +381,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     while !actuator.is_empty() {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-            _ = sigint.recv(), if !hurried => { hurried = true; actuator.hurry(); }
-            _ = sigterm.recv(), if !hurried => { hurried = true; actuator.hurry(); }
+            _ = stop.recv(), if !hurried => { hurried = true; actuator.hurry(); }
             Some(line) = log_rx.recv() => view.worker_output(&line.id, &line.line),
         }
         for event in actuator.poll(Instant::now()) {
@@ -407,6 +405,39 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     };
     view.summary(&summary);
     Ok(summary)
+}
+
+/// The signals that stop local mode, each as SIGTERM does: Ctrl-C
+/// (SIGINT), a process manager (SIGTERM), the terminal closing (SIGHUP) and
+/// `kill -QUIT`. Left to their default action, SIGHUP and SIGQUIT would end
+/// local mode at once and leave its workers running, in their own process
+/// groups, with nobody to stop them.
+struct StopSignals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+    quit: Signal,
+}
+
+impl StopSignals {
+    fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+        })
+    }
+
+    /// Waits for the next of them.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
+            _ = self.quit.recv() => {}
+        }
+    }
 }
 
 /// Finds the worker executable: `explicit`, else next to this program, else on PATH.

@@ -113,7 +113,7 @@ impl View {
                 .collect::<Vec<_>>()
                 .join(" ");
             if self.last_plain.as_deref() != Some(&key) {
-                println!("{line}");
+                let _ = writeln!(std::io::stdout(), "{line}");
                 self.last_plain = Some(key);
             }
         }
@@ -126,7 +126,7 @@ impl View {
             self.push_recent(line);
             self.redraw();
         } else {
-            println!("{line}");
+            let _ = writeln!(std::io::stdout(), "{line}");
         }
     }
 
@@ -139,13 +139,13 @@ impl View {
         if self.terminal {
             self.push_recent(format!("{id} | {line}"));
         } else {
-            eprintln!("{id} | {line}");
+            let _ = writeln!(std::io::stderr(), "{id} | {line}");
         }
     }
 
     /// Prints the final report below everything else.
     pub fn summary(&mut self, summary: &Summary) {
-        println!("{summary}");
+        let _ = writeln!(std::io::stdout(), "{summary}");
     }
 
     fn push_recent(&mut self, line: String) {

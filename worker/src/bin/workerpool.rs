@@ -16,7 +16,7 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(workerpool_worker::log::Stderr, "error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -141,6 +141,7 @@ impl Worker {
                 Held {
                     payload: stamped.clone(),
                     job: job.clone(),
+                    started: Instant::now(),
                 },
             );
             seq

@@ -1,5 +1,6 @@
 //! The ledger of held jobs: what this process has taken and not settled,
-//! and the check of the processing lists against it after a lost reply.
+//! the check of the processing lists against it after a lost reply, and
+//! the line of state it makes on request (SIGUSR1).
 
 use super::*;
 
@@ -10,6 +11,8 @@ pub(super) struct Held {
     pub(super) payload: Arc<str>,
     /// The job its handler runs.
     pub(super) job: Arc<Job>,
+    /// When its attempt started.
+    pub(super) started: Instant,
 }
 
 /// Everything this process holds, per queue, keyed by a fetch sequence
@@ -20,9 +23,43 @@ pub(super) struct Ledger {
     pub(super) queues: Vec<BTreeMap<u64, Held>>,
 }
 
+/// Jobs of one queue named in the state line; the rest are counted.
+const STATE_JOBS: usize = 20;
+/// Characters of a job's id in the state line.
+const STATE_ID_CHARS: usize = 100;
+
 impl Worker {
     pub(super) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Logs one line at info: whether the worker drains, and per queue the
+    /// jobs it holds (taken, not yet settled), oldest first, with their
+    /// ids and how long they have run.
+    pub(super) fn log_state(&self) {
+        let now = Instant::now();
+        let (held, jobs) = {
+            let ledger = self.ledger();
+            let held: usize = ledger.queues.iter().map(BTreeMap::len).sum();
+            let jobs: Vec<String> = self
+                .queues
+                .iter()
+                .zip(&ledger.queues)
+                .map(|(q, jobs)| {
+                    let running = jobs
+                        .values()
+                        .map(|h| (h.job.id(), now.saturating_duration_since(h.started)));
+                    queue_state(q.name(), jobs.len(), running)
+                })
+                .collect();
+            (held, jobs.join("; "))
+        };
+        tracing::info!(
+            draining = self.shutdown.is_draining(),
+            in_flight = held,
+            jobs = %jobs,
+            "worker state"
+        );
     }
 
     /// Gives back whatever the processing lists hold beyond the ledger: jobs
@@ -50,6 +87,33 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+/// One queue in the state line: `name: N (id 1.2s, id 0.3s, …)`, the
+/// first [`STATE_JOBS`] of `jobs` named, their ids escaped and cut.
+pub(super) fn queue_state<'a>(
+    name: &str,
+    n: usize,
+    jobs: impl Iterator<Item = (&'a str, Duration)>,
+) -> String {
+    let mut shown: Vec<String> = jobs
+        .take(STATE_JOBS)
+        .map(|(id, ran)| {
+            format!(
+                "{} {:.1}s",
+                crate::text::safe_line(id, STATE_ID_CHARS),
+                ran.as_secs_f64()
+            )
+        })
+        .collect();
+    if n > shown.len() {
+        shown.push(format!("{} more", n - shown.len()));
+    }
+    if shown.is_empty() {
+        format!("{name}: 0")
+    } else {
+        format!("{name}: {n} ({})", shown.join(", "))
     }
 }
 
@@ -97,6 +161,24 @@ mod tests {
 
     fn listed(payloads: &[&[u8]]) -> Vec<Payload> {
         payloads.iter().map(|p| p.to_vec()).collect()
+    }
+
+    #[test]
+    fn the_state_line_names_each_queue_and_its_first_jobs_escaped_with_their_time() {
+        let ms = Duration::from_millis;
+        assert_eq!(queue_state("idle", 0, std::iter::empty()), "idle: 0");
+        assert_eq!(
+            queue_state("q", 2, [("a", ms(2_040)), ("b\n", ms(30))].into_iter()),
+            r"q: 2 (a 2.0s, b\n 0.0s)"
+        );
+        let many: Vec<String> = (0..STATE_JOBS + 3).map(|n| format!("j{n}")).collect();
+        let line = queue_state(
+            "busy",
+            many.len(),
+            many.iter().map(|id| (id.as_str(), ms(1_000))),
+        );
+        assert!(line.starts_with("busy: 23 (j0 1.0s, j1 1.0s,"), "{line}");
+        assert!(line.ends_with("j19 1.0s, 3 more)"), "{line}");
     }
 
     #[test]

@@ -212,6 +212,16 @@ pub async fn run(
         "worker starting"
     );
 
+    // The state line on request (SIGUSR1), until the worker has stopped.
+    let reporting = tokio::spawn({
+        let worker = worker.clone();
+        async move {
+            loop {
+                worker.shutdown.report.notified().await;
+                worker.log_state();
+            }
+        }
+    });
     let stop_maintenance = CancellationToken::new();
     let started = worker.start().await;
     if let Ok(true) = started {
@@ -229,6 +239,7 @@ pub async fn run(
         stop_maintenance.cancel();
         let _ = maintenance.await;
     }
+    reporting.abort();
     health.set_draining();
     stop_http.cancel();
     if let Some(http) = http {

@@ -1,5 +1,6 @@
 //! Shutdown in two stages: drain (stop fetching, let in-flight jobs finish
-//! until the shutdown timeout), then now (stop waiting, give jobs back).
+//! until the shutdown timeout), then now (stop waiting, give jobs back);
+//! and, beside them, a request to log the worker's state.
 
 use super::*;
 
@@ -9,6 +10,8 @@ use super::*;
 pub struct Shutdown {
     pub(super) drain: CancellationToken,
     pub(super) now: CancellationToken,
+    /// Asks the running worker for one line of its state.
+    pub(super) report: Arc<tokio::sync::Notify>,
 }
 
 impl Shutdown {
@@ -26,6 +29,13 @@ impl Shutdown {
     pub fn now(&self) {
         self.drain.cancel();
         self.now.cancel();
+    }
+
+    /// Asks the running worker to log its state once, at info: whether it
+    /// drains, and the jobs it holds per queue with their ids and how long
+    /// they have run. Nothing else changes.
+    pub fn log_state(&self) {
+        self.report.notify_one();
     }
 
     /// Whether a drain has started.
@@ -52,26 +62,55 @@ impl Shutdown {
         shutdown
     }
 
-    /// A shutdown driven by SIGTERM and SIGINT: the first drains, the second
-    /// skips the wait. Must be called inside a Tokio runtime.
+    /// A shutdown driven by signals. SIGTERM, SIGINT, SIGHUP and SIGQUIT
+    /// all drain: a process manager, Ctrl-C, a closed terminal or
+    /// `kill -QUIT` never skips it. A second of any of them skips the wait.
+    /// SIGUSR1 logs the worker's state ([`Shutdown::log_state`]) and
+    /// changes nothing. Must be called inside a Tokio runtime.
     pub fn on_signals() -> std::io::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let mut quit = signal(SignalKind::quit())?;
+        let mut usr1 = signal(SignalKind::user_defined1())?;
         let shutdown = Self::new();
         let s = shutdown.clone();
         tokio::spawn(async move {
-            for stage in 0..2 {
-                tokio::select! {
-                    _ = term.recv() => {},
-                    _ = int.recv() => {},
+            let mut received = 0;
+            loop {
+                let (name, got) = tokio::select! {
+                    got = term.recv() => ("SIGTERM", got),
+                    got = int.recv() => ("SIGINT", got),
+                    got = hup.recv() => ("SIGHUP", got),
+                    got = quit.recv() => ("SIGQUIT", got),
+                    got = usr1.recv() => ("SIGUSR1", got),
+                };
+                if got.is_none() {
+                    // The runtime is shutting down.
+                    return;
                 }
-                if stage == 0 {
-                    tracing::info!("signal received: draining (a second signal stops waiting)");
-                    s.drain();
-                } else {
-                    tracing::warn!("second signal: returning unfinished jobs now");
-                    s.now();
+                if name == "SIGUSR1" {
+                    s.log_state();
+                    continue;
+                }
+                received += 1;
+                match received {
+                    1 => {
+                        tracing::info!(
+                            signal = name,
+                            "signal received: draining (a second signal stops waiting)"
+                        );
+                        s.drain();
+                    }
+                    2 => {
+                        tracing::warn!(
+                            signal = name,
+                            "second signal: returning unfinished jobs now"
+                        );
+                        s.now();
+                    }
+                    _ => {}
                 }
             }
         });
