@@ -354,8 +354,9 @@ impl Drop for KillWorkers {
     }
 }
 
-/// `signal` to local mode stops the pool as SIGTERM does: the running jobs
-/// finish, every worker it started exits, and so does local mode, with 0.
+/// `signal` to local mode stops the pool as SIGTERM does: every worker it
+/// started drains (no job is left in a processing list) and exits, and so
+/// does local mode, with 0.
 async fn stops_the_pool_on(signal: Signal, key: &str) {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
@@ -398,7 +399,6 @@ async fn stops_the_pool_on(signal: Signal, key: &str) {
         (6, 0),
         "done {done} + waiting {waiting}"
     );
-    assert!(done >= 2, "the running jobs finished: {done}");
     assert!(
         local.lines().iter().any(|l| l.starts_with("summary:")),
         "{}",

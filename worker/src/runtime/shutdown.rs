@@ -77,7 +77,7 @@ impl Shutdown {
         let shutdown = Self::new();
         let s = shutdown.clone();
         tokio::spawn(async move {
-            let mut received = 0;
+            let mut received: u32 = 0;
             loop {
                 let (name, got) = tokio::select! {
                     got = term.recv() => ("SIGTERM", got),
@@ -94,7 +94,7 @@ impl Shutdown {
                     s.log_state();
                     continue;
                 }
-                received += 1;
+                received = received.saturating_add(1);
                 match received {
                     1 => {
                         tracing::info!(
