@@ -53,6 +53,9 @@ pub struct Config {
 /// from (`WORKERPOOL_REDIS_URL`, ...). Handler processes do not get them.
 pub const ENV_PREFIX: &str = "WORKERPOOL_";
 
+/// The one setting handler processes keep: the worker's id (the pod name).
+pub const WORKER_ID_ENV: &str = "WORKERPOOL_WORKER_ID";
+
 impl Config {
     /// Defaults for everything but the URL and the queues.
     pub fn new(redis_url: impl Into<String>, queues: Vec<String>) -> Self {

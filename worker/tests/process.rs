@@ -520,6 +520,7 @@ async fn handler_children_die_with_a_sigkilled_worker_and_never_see_its_settings
         .env("WORKERPOOL_REDIS_URL", &url)
         .env("WORKERPOOL_QUEUE", "orphans")
         .env("HANDLER_SETTING", "kept")
+        .env("WORKERPOOL_WORKER_ID", "pod-7")
         .args([
             "--listen",
             &format!("127.0.0.1:{port}"),
@@ -564,7 +565,9 @@ async fn handler_children_die_with_a_sigkilled_worker_and_never_see_its_settings
         .await;
     let env = std::fs::read_to_string(&env_dump).expect("env dump");
     assert!(env.contains("HANDLER_SETTING=kept"), "{env}");
-    assert!(!env.contains("WORKERPOOL_"), "{env}");
+    // The worker's id stays, for the handler's logs; no other setting.
+    assert!(env.contains("WORKERPOOL_WORKER_ID=pod-7"), "{env}");
+    assert_eq!(env.matches("WORKERPOOL_").count(), 1, "{env}");
     assert!(!env.contains("s3cret"), "{env}");
 
     worker.kill().expect("kill -9 the worker");

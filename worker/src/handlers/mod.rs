@@ -19,7 +19,8 @@ use exec_pool::ExecCommand;
 /// - It gets the worker's environment without the worker's own settings
 ///   (`WORKERPOOL_*`: the Redis URL with its password, TLS keys, the
 ///   dashboard token): a handler has no business with the queue's
-///   credentials.
+///   credentials. `WORKERPOOL_WORKER_ID`, which names the worker (the pod),
+///   stays, for the handler's own logs.
 /// - It leads a process group of its own, so that killing it (a timeout,
 ///   a broken child) also kills whatever it started.
 /// - On Linux it is killed when the worker dies, even by SIGKILL or the
@@ -31,10 +32,9 @@ pub(crate) fn command(exec: &ExecCommand) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&exec.program);
     cmd.args(&exec.args);
     for (name, _) in std::env::vars_os() {
-        if name
-            .to_str()
-            .is_some_and(|n| n.starts_with(crate::config::ENV_PREFIX))
-        {
+        if name.to_str().is_some_and(|n| {
+            n.starts_with(crate::config::ENV_PREFIX) && n != crate::config::WORKER_ID_ENV
+        }) {
             cmd.env_remove(name);
         }
     }
