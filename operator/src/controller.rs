@@ -633,6 +633,8 @@ fn plan(
         desired,
         ..observed.counts
     };
+    // Pods the cluster refuses first, then handlers that cannot run (the
+    // workers' heartbeats say so even when the ready count looks fine).
     let problem = if ready < current {
         workload::problem(
             observed.existing.as_ref(),
@@ -640,7 +642,8 @@ fn plan(
         )
     } else {
         None
-    };
+    }
+    .or_else(|| workload::handler_problem(observed.reading.as_ref().ok()?));
     let deployment = deployment::build(pool, desired).map_err(Error::InvalidSpec)?;
     let mut events = Vec::new();
     if desired != current && observed.existing.is_some() {
@@ -1207,7 +1210,7 @@ fn status(
             q.reason,
             format!("{counted}; {}", q.message),
         ),
-        (Ok(_), Some(p)) if !ready_ok => condition(
+        (Ok(_), Some(p)) if !ready_ok || p.reason == workload::HANDLER_FAILING => condition(
             "Ready",
             false,
             &p.reason,

@@ -16,6 +16,7 @@ mod cluster;
 mod scenarios;
 mod security;
 mod tls;
+mod truth;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         .iter()
         .chain(security::ALL)
         .chain(tls::ALL)
+        .chain(truth::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();
