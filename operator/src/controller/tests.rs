@@ -1419,6 +1419,48 @@ async fn a_rise_of_dead_letters_since_the_last_look_is_failing_with_the_newest_e
     );
 }
 
+#[tokio::test]
+async fn jobs_that_died_lately_before_the_first_look_are_failing_on_it() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(Client::new(service, "default"), Metrics::new(), None);
+    let endpoint = Endpoint::new(redis.url(), Tls::default()).expect("url");
+    let q = QueueKeys::new("mail");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
+    let now_ms = secs * 1000 + micros / 1000;
+    let letter = |error: &str, died_at: u64| {
+        json!({"reason": "exhausted", "error": error, "attempts": 1, "died_at": died_at, "worker": "w", "job": {"id": "j"}}).to_string()
+    };
+    // An hour ago, then two in the last minute (a new pool whose handler
+    // crashed before the operator looked, or a restarted operator).
+    for (error, died_at) in [
+        ("ancient", now_ms - 3_600_000),
+        ("first", now_ms - 60_000),
+        ("boom", now_ms - 1_000),
+    ] {
+        let _: () = c
+            .lpush(q.dead(), letter(error, died_at))
+            .await
+            .expect("lpush");
+    }
+    let _: () = c.incr(q.stats_dead(), 3).await.expect("incr");
+    let failing = failing_now(&ctx, &endpoint, &q)
+        .await
+        .expect("failing on the first look");
+    assert_eq!(failing.count, 2);
+    assert!(
+        failing.latest.starts_with("exhausted: boom"),
+        "{}",
+        failing.latest
+    );
+    // Remembered on the next look, without a rise.
+    assert_eq!(
+        failing_now(&ctx, &endpoint, &q).await.map(|f| f.count),
+        Some(2)
+    );
+}
+
 /// The pool's failing jobs as the next look sees them.
 async fn failing_now(ctx: &Context, endpoint: &Endpoint, q: &QueueKeys) -> Option<Failing> {
     let mut conn = ctx.redis_conn(endpoint).await.expect("conn");
