@@ -57,7 +57,7 @@ fn main() -> ExitCode {
     let Some(source) = Source::from_env() else {
         eprintln!(
             "e2e: SKIPPED ({} scenarios): no cluster. Set WORKERPOOL_E2E_K8S to a directory with up.sh and down.sh \
-             (CI uses ../shared/k8s) or WORKERPOOL_E2E_KUBECONFIG to a running cluster; see README.md, \"End-to-end tests on a real cluster\"",
+             (CI uses ../shared/k8s) or WORKERPOOL_E2E_KUBECONFIG to a running cluster; see docs/testing.md, \"End-to-end tests on a real cluster\"",
             selected.len()
         );
         return ExitCode::SUCCESS;
