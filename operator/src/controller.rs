@@ -363,10 +363,15 @@ impl Recent {
 }
 
 /// A failed read of the queue, naming where it was read (the password
-/// masked), as the CLI does.
+/// masked), as the CLI does. A command or key the Redis ACL refuses is
+/// `RedisPermissionDenied`, naming the command.
 fn unreachable_problem(endpoint: &Endpoint, e: &redis::RedisError) -> QueueProblem {
     QueueProblem {
-        reason: "RedisUnreachable",
+        reason: if workerpool_queue::connection::refused(e).is_some() {
+            "RedisPermissionDenied"
+        } else {
+            "RedisUnreachable"
+        },
         message: format!(
             "cannot read the queue at {}: {}",
             endpoint.redacted(),

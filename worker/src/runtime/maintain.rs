@@ -200,8 +200,12 @@ impl Worker {
             let beat =
                 last_beat.is_none_or(|t| t.elapsed() + tick / 2 >= self.config.heartbeat_interval);
             match self.maintenance_round(ttl, beat).await {
-                Ok(()) if beat => last_beat = Some(Instant::now()),
-                Ok(()) => {}
+                Ok(()) => {
+                    self.redis.succeeded("maintenance");
+                    if beat {
+                        last_beat = Some(Instant::now());
+                    }
+                }
                 Err(e) => self.redis.failed("maintenance", &e),
             }
             tokio::select! {
