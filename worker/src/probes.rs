@@ -82,10 +82,7 @@ impl Health {
     /// An operation the Redis ACL refuses (`Some(why)`: the worker is not
     /// ready whatever else succeeds), or none any more (`None`).
     pub fn set_redis_refused(&self, why: Option<String>) {
-        *self
-            .redis_refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = why;
+        *self.redis_refused.lock().unwrap_or_else(|e| e.into_inner()) = why;
     }
 
     /// The handler cannot run jobs (`Some(why)`), or can again (`None`).

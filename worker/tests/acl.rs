@@ -147,7 +147,11 @@ async fn populate(c: &mut MultiplexedConnection, q: &QueueKeys) {
     let _: () = c
         .hset_multiple(
             q.worker("pod-1~00000001"),
-            &[("pid", "1"), ("concurrency", "2"), ("dead_after_ms", "30000")],
+            &[
+                ("pid", "1"),
+                ("concurrency", "2"),
+                ("dead_after_ms", "30000"),
+            ],
         )
         .await
         .expect("hset");
@@ -250,7 +254,10 @@ async fn a_worker_with_exactly_its_acl_takes_runs_retries_dead_letters_beats_and
     let mut c = redis.conn().await;
     let url = user(&redis, "workerpool-worker", "worker", &[], &[]).await;
     // A worker lost long ago, still holding a job: the reaper's work.
-    let _: () = c.zadd(q.workers(), "ghost~00000000", 1).await.expect("zadd");
+    let _: () = c
+        .zadd(q.workers(), "ghost~00000000", 1)
+        .await
+        .expect("zadd");
     let _: () = c
         .lpush(q.processing("ghost~00000000"), job("ok", "from-ghost"))
         .await
@@ -264,7 +271,10 @@ async fn a_worker_with_exactly_its_acl_takes_runs_retries_dead_letters_beats_and
     wait_counter(&c, q.stats_processed(), 3).await;
     wait_counter(&c, q.stats_dead(), 1).await;
     // The queue is empty now: the next job arrives during a blocking wait.
-    let _: () = c.lpush(q.waiting(), job("ok", "late")).await.expect("lpush");
+    let _: () = c
+        .lpush(q.waiting(), job("ok", "late"))
+        .await
+        .expect("lpush");
     wait_counter(&c, q.stats_processed(), 4).await;
     // A delayed job is promoted when due.
     let now = common::server_time_ms(&mut c).await;
@@ -274,7 +284,11 @@ async fn a_worker_with_exactly_its_acl_takes_runs_retries_dead_letters_beats_and
         .expect("zadd");
     wait_counter(&c, q.stats_processed(), 5).await;
 
-    assert_eq!(counter(&mut c, q.stats_failed()).await, 2, "two attempts of f");
+    assert_eq!(
+        counter(&mut c, q.stats_failed()).await,
+        2,
+        "two attempts of f"
+    );
     let dead: Vec<String> = c.lrange(q.dead(), 0, -1).await.expect("dead");
     assert_eq!(dead.len(), 1);
     assert!(dead[0].contains(r#""id":"f""#), "{dead:?}");
@@ -286,7 +300,11 @@ async fn a_worker_with_exactly_its_acl_takes_runs_retries_dead_letters_beats_and
     assert!(workers[0].0.starts_with("acl-worker~"), "{workers:?}");
     let beat = workers[0].1 as u64;
     let now = common::server_time_ms(&mut c).await;
-    assert!(now.saturating_sub(beat) < 1000, "a heartbeat {}ms old", now - beat);
+    assert!(
+        now.saturating_sub(beat) < 1000,
+        "a heartbeat {}ms old",
+        now - beat
+    );
     let (status, body) = worker.readyz().expect("readyz answers");
     assert_eq!((status, body.trim()), (200, "ok"));
 
@@ -335,7 +353,9 @@ async fn without_client_id_and_info_a_worker_runs_with_one_warning_for_each() {
     assert_eq!(status, 200);
     let (clean, log) = worker.stop().await;
     assert!(clean, "the worker exits cleanly:\n{log}");
-    let client = log.matches("may not run CLIENT ID or CLIENT UNBLOCK").count();
+    let client = log
+        .matches("may not run CLIENT ID or CLIENT UNBLOCK")
+        .count();
     assert_eq!(client, 1, "one warning about CLIENT ID:\n{log}");
     let info = log.matches("may not run INFO").count();
     assert_eq!(info, 1, "one warning about INFO:\n{log}");
@@ -457,7 +477,10 @@ async fn each_command_line_user_runs_its_subcommands() {
     let url = user(&redis, "workerpool-cli-dead", "cli-dead", &[], &[]).await;
     dead_commands(&url, &mut c, &q).await;
 
-    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.expect("flush");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut c)
+        .await
+        .expect("flush");
     populate(&mut c, &q).await;
     let url = user(&redis, "workerpool-cli", "cli", &[], &[]).await;
     read_commands(&url).await;
@@ -468,7 +491,10 @@ async fn each_command_line_user_runs_its_subcommands() {
     let url = user(&redis, "workerpool-cli-read", "cli-read", &[], &[]).await;
     let (success, _, err) = cli(&url, &["dead", "purge"]);
     assert!(!success);
-    assert!(err.contains("may not run") && err.contains("docs/redis-acl.md"), "{err}");
+    assert!(
+        err.contains("may not run") && err.contains("docs/redis-acl.md"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -481,7 +507,10 @@ async fn without_info_the_command_line_says_why_it_cannot_check_the_eviction_pol
     let (success, _, err) = cli(&url, &["stats", "--no-rate"]);
     assert!(success, "{err}");
     assert_eq!(err.matches("warning").count(), 1, "{err}");
-    assert!(err.contains("may not run INFO") && err.contains("+info"), "{err}");
+    assert!(
+        err.contains("may not run INFO") && err.contains("+info"),
+        "{err}"
+    );
 }
 
 // ------------------------------------------------------------- operator
@@ -505,7 +534,11 @@ async fn operator_round(url: &str) -> redis::RedisResult<()> {
     let fired = schedule::fire(&mut conn, &q, "ns/pool/daily", now, &fire("s-1")).await?;
     assert_eq!(fired, Fired::Enqueued);
     let again = schedule::fire(&mut conn, &q, "ns/pool/daily", now + 1, &fire("s-2")).await?;
-    assert_eq!(again, Fired::Refused, "the previous fire's job holds the key");
+    assert_eq!(
+        again,
+        Fired::Refused,
+        "the previous fire's job holds the key"
+    );
     let plain = object(json!({"task": "report", "id": "h-1"}));
     schedule::fire(&mut conn, &q, "ns/pool/hourly", now, &plain).await?;
     assert_eq!(
@@ -541,7 +574,10 @@ async fn the_operator_user_reads_queues_and_fires_schedules_and_needs_every_comm
         if command == "+info" {
             continue;
         }
-        let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.expect("flush");
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut c)
+            .await
+            .expect("flush");
         // Scripts loaded by earlier rounds would spare SCRIPT LOAD.
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
@@ -549,7 +585,10 @@ async fn the_operator_user_reads_queues_and_fires_schedules_and_needs_every_comm
             .await
             .expect("script flush");
         populate(&mut c, &q).await;
-        let name = format!("operator-{}", command.trim_start_matches('+').replace('|', "-"));
+        let name = format!(
+            "operator-{}",
+            command.trim_start_matches('+').replace('|', "-")
+        );
         let url = user(&redis, "workerpool-operator", &name, &[&command], &[]).await;
         let error = operator_round(&url)
             .await
@@ -561,7 +600,10 @@ async fn the_operator_user_reads_queues_and_fires_schedules_and_needs_every_comm
             Some(Refused::Command(Some(bare.to_string()))),
             "{shown}"
         );
-        assert!(shown.contains(&format!("grant it with {command}")), "{shown}");
+        assert!(
+            shown.contains(&format!("grant it with {command}")),
+            "{shown}"
+        );
     }
 }
 
@@ -644,9 +686,19 @@ async fn the_dashboard_users_read_everything_and_only_the_writer_acts() {
     let app = dashboard(&url, false).await;
     every_read(&app).await;
     let token = csrf(&get(&app, "/queues/jobs").await.1);
-    let (status, body) = post(&app, "/queues/jobs/dead/retry", &format!("csrf={token}&id=d1")).await;
+    let (status, body) = post(
+        &app,
+        "/queues/jobs/dead/retry",
+        &format!("csrf={token}&id=d1"),
+    )
+    .await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
-    let (status, body) = post(&app, "/queues/jobs/dead/purge", &format!("csrf={token}&id=d2")).await;
+    let (status, body) = post(
+        &app,
+        "/queues/jobs/dead/purge",
+        &format!("csrf={token}&id=d2"),
+    )
+    .await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     let (status, body) = post(&app, "/queues/jobs/dead/purge", &format!("csrf={token}")).await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
@@ -668,7 +720,10 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
             .filter_map(|(at, _)| {
                 let rest = text[at + 5..].trim_start();
                 let rest = rest.strip_prefix('\'')?;
-                Some(format!("+{}", rest.split('\'').next()?.to_ascii_lowercase()))
+                Some(format!(
+                    "+{}",
+                    rest.split('\'').next()?.to_ascii_lowercase()
+                ))
             })
             .collect()
     };
@@ -683,8 +738,21 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         &[
             &prelude[..],
             &[
-                "stamp", "rate", "take", "unique", "fetch", "settle_intake", "ack", "settle",
-                "retry", "bury", "give_back", "promote", "heartbeat", "reap", "deregister",
+                "stamp",
+                "rate",
+                "take",
+                "unique",
+                "fetch",
+                "settle_intake",
+                "ack",
+                "settle",
+                "retry",
+                "bury",
+                "give_back",
+                "promote",
+                "heartbeat",
+                "reap",
+                "deregister",
             ],
         ]
         .concat(),
@@ -698,7 +766,9 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
     };
     let read = union(
         &["now", "snapshot"],
-        &["+exists", "+time", "+zrange", "+hgetall", "+lrange", "+llen"],
+        &[
+            "+exists", "+time", "+zrange", "+hgetall", "+lrange", "+llen",
+        ],
     );
     let enqueue = union(&["guard", "now", "enqueue"], &["+time", "+lpush", "+zadd"]);
     let dead = union(
@@ -735,7 +805,15 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         let granted: BTreeSet<String> = commands(user).into_iter().collect();
         assert_eq!(granted, want, "{user}: the page grants {granted:?}");
         let rules = rules(user);
-        for rule in ["on", ">secret", "resetkeys", "~jobs", "~jobs:*", "resetchannels", "-@all"] {
+        for rule in [
+            "on",
+            ">secret",
+            "resetkeys",
+            "~jobs",
+            "~jobs:*",
+            "resetchannels",
+            "-@all",
+        ] {
             assert!(rules.contains(&rule.to_string()), "{user} lacks {rule}");
         }
     }
