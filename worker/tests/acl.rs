@@ -19,8 +19,9 @@ use tower::ServiceExt;
 use workerpool_queue::admin;
 use workerpool_queue::connection::{Connection, Endpoint, Refused, Tls, refused};
 use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::keys::slot;
 use workerpool_queue::schedule::{self, Fired};
-use workerpool_tests::{TestRedis, eventually, free_port};
+use workerpool_tests::{TestRedis, TestRedisCluster, eventually, free_port};
 
 mod common;
 use common::{counter, http_get};
@@ -704,6 +705,89 @@ async fn the_dashboard_users_read_everything_and_only_the_writer_acts() {
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     let dead: usize = c.llen(q.dead()).await.expect("llen");
     assert_eq!(dead, 0);
+}
+
+// -------------------------------------------------------------- cluster
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_lines_work_for_a_hash_tagged_queue_with_the_cluster_extras() {
+    let cluster = TestRedisCluster::start(3, 0);
+    let q = QueueKeys::new("{jobs}");
+    let node = cluster.primary_not_owning(slot(q.name()));
+    // ACL users are per node: each node gets them, patterns for `{jobs}`.
+    let setuser = |doc_user: &str, name: &str, extras: &[&str]| {
+        for n in 0..cluster.len() {
+            let mut cmd = redis::cmd("ACL");
+            cmd.arg("SETUSER").arg(name);
+            for rule in rules(doc_user) {
+                cmd.arg(rule.replace("jobs", "{jobs}"));
+            }
+            for extra in extras {
+                cmd.arg(*extra);
+            }
+            let () = cluster.on_node(n, &cmd);
+        }
+        cluster
+            .url(node)
+            .replace("redis://", &format!("redis://{name}:secret@"))
+    };
+    let extras = ["+cluster|slots", "+ping"];
+    let cli_url = setuser("workerpool-cli", "cli", &extras);
+    let worker_url = setuser("workerpool-worker", "worker", &extras);
+    let without = setuser("workerpool-cli", "no-slots", &["+ping"]);
+
+    let run = |url: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_workerpool"))
+            .args(args)
+            .args(["--redis-url", url, "--queue", q.name()])
+            .env_remove("WORKERPOOL_REDIS_MODE")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run workerpool")
+    };
+    let out = run(&cli_url, &["enqueue", r#"{"task":"ok","id":"c1"}"#]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let worker = Worker::start(&worker_url, &[q.name()]);
+    worker.wait_ready().await;
+    let mut c = cluster.conn().await;
+    eventually(WAIT, "the job processed", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move {
+            let n: Option<u64> = c.get(key).await.expect("get");
+            (n == Some(1)).then_some(())
+        }
+    })
+    .await;
+    let out = run(&cli_url, &["stats", "--json", "--no-rate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    assert_eq!(stats["processed_total"], 1, "{stats}");
+    let (clean, log) = worker.stop().await;
+    assert!(clean, "{log}");
+    assert!(
+        !log.contains("NOPERM") && !log.contains("may not run"),
+        "{log}"
+    );
+    let dead: usize = c.llen(q.dead()).await.expect("llen");
+    assert_eq!(dead, 0);
+
+    // Without CLUSTER SLOTS the client cannot learn the slots: refused.
+    let out = run(&without, &["stats", "--no-rate"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("may not run CLUSTER SLOTS") && err.contains("+cluster|slots"),
+        "{err}"
+    );
 }
 
 // ------------------------------------------------------------ the page
