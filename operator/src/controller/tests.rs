@@ -849,6 +849,40 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
 }
 
 #[tokio::test]
+async fn a_command_the_acl_refuses_is_permission_denied_naming_it_not_unreachable() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-scripts")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("-@all")
+        .arg("+time")
+        .query_async(&mut c)
+        .await
+        .expect("acl setuser");
+    let url = format!("redis://no-scripts:pw@127.0.0.1:{}", redis.port());
+    let endpoint = Endpoint::new(url, Tls::default()).expect("valid url");
+    let mut conn = endpoint
+        .connect(Duration::from_secs(3), Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let error = snapshot::read(&mut conn, &[QueueKeys::new("mail")])
+        .await
+        .expect_err("EVALSHA is refused");
+    let problem = unreachable_problem(&endpoint, &error);
+    assert_eq!(problem.reason, "RedisPermissionDenied");
+    assert!(
+        problem.message.contains("may not run EVALSHA") && problem.message.contains("+evalsha"),
+        "{}",
+        problem.message
+    );
+    assert!(!problem.message.contains(":pw@"), "{}", problem.message);
+}
+
+#[tokio::test]
 async fn a_password_in_the_url_reaches_no_status_event_or_metric() {
     const PASSWORD: &str = "s3cr3t-Pa55";
     let port = workerpool_tests::free_port();
