@@ -163,7 +163,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let shown_url = redact(&url);
     let tls = local_tls(&pool, &args)?;
     let endpoint = Endpoint::new(url.clone(), tls.clone())?
-        .with_mode(pool.spec.queue.redis.mode.unwrap_or_default().into());
+        .with_mode(pool.spec.queue.redis.mode.unwrap_or_default().into())?;
     let program = worker_binary(args.worker_bin.as_deref())?;
     let queues = pool.spec.queue.redis.queue_keys();
 
