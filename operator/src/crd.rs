@@ -217,7 +217,8 @@ pub struct RedisQueue {
     #[schemars(length(min = 1, max = 16), inner(length(min = 1, max = 256)))]
     pub keys: Option<Vec<String>>,
 
-    /// TLS settings for a `rediss://` URL: a private CA and a client
+    /// TLS settings for a `rediss://` (or `rediss+sentinel://`) URL, for
+    /// the sentinels and the primary alike: a private CA and a client
     /// certificate from Secrets in the pool's namespace. The operator uses
     /// them for its own reads of the queue and mounts them into the worker
     /// pods. Without this block a `rediss://` URL is verified against the
@@ -825,7 +826,9 @@ mod tests {
             ),
             (
                 json!({"url": "redis+sentinel://s1/m", "key": "{q}", "mode": "Cluster"}),
-                Some("spec.queue.redis.mode is Cluster but spec.queue.redis.url is a redis+sentinel:// URL"),
+                Some(
+                    "spec.queue.redis.mode is Cluster but spec.queue.redis.url is a redis+sentinel:// URL",
+                ),
             ),
             (
                 json!({"url": "redis+sentinel://s1/m", "key": "q", "mode": "Standalone"}),

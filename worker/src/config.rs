@@ -150,7 +150,8 @@ pub struct RedisArgs {
     )]
     pub redis_mode: RedisMode,
     /// PEM file of the CA that signed Redis's certificate, instead of the
-    /// system's roots (rediss:// only).
+    /// system's roots (rediss:// and rediss+sentinel:// only; for the
+    /// sentinels and the primary alike).
     #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
     pub redis_ca_file: Option<std::path::PathBuf>,
     /// PEM file of a client certificate for mutual TLS (with
