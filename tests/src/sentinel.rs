@@ -219,6 +219,11 @@ impl TestRedisSentinel {
         )
     }
 
+    /// The data nodes' ports: the first primary, then its replica.
+    pub fn node_ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
     /// The sentinels' ports, in start order.
     pub fn sentinel_ports(&self) -> Vec<u16> {
         self.sentinels.iter().map(|s| s.port).collect()

@@ -311,3 +311,49 @@ async fn a_worker_keeps_running_jobs_across_a_failover_and_none_acknowledged_is_
     let log = stop(child);
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_primary_demoted_under_an_open_connection_answers_readonly_and_the_next_command_finds_the_new_one()
+ {
+    let setup = TestRedisSentinel::start(1);
+    let url = setup.url();
+    let endpoint = Endpoint::new(url.as_str(), Tls::default()).expect("url");
+    let mut c = connect(&url).await.expect("connect");
+    let old = setup.primary_port();
+    let _: i64 = c.lpush("q", "one").await.expect("lpush");
+    let new = setup
+        .node_ports()
+        .into_iter()
+        .find(|p| *p != old)
+        .expect("the replica");
+    // Swapped by hand, without the sentinel, which would close every
+    // client connection: the open socket stays on the old primary.
+    let _: () = setup.on_node(new, redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
+    let _: () = setup.on_node(old, redis::cmd("REPLICAOF").arg("127.0.0.1").arg(new));
+    let sentinel = setup.sentinel_ports()[0];
+    let _: () = setup.on_sentinel(
+        sentinel,
+        redis::cmd("SENTINEL").arg("REMOVE").arg("mymaster"),
+    );
+    let _: () = setup.on_sentinel(
+        sentinel,
+        redis::cmd("SENTINEL")
+            .arg("MONITOR")
+            .arg("mymaster")
+            .arg("127.0.0.1")
+            .arg(new)
+            .arg(1),
+    );
+
+    let refused = c
+        .lpush::<_, _, i64>("q", "two")
+        .await
+        .expect_err("the old primary is a replica now");
+    assert_eq!(refused.code(), Some("READONLY"), "{refused}");
+    let shown = endpoint.describe(&refused);
+    assert!(shown.contains("the sentinels are asked again"), "{shown}");
+    let _: i64 = c.lpush("q", "two").await.expect("lpush on the new primary");
+    assert_eq!(sentinel_of(&c).discoveries(), 2);
+    let on_new: Vec<String> = setup.on_node(new, redis::cmd("LRANGE").arg("q").arg(0).arg(-1));
+    assert_eq!(on_new, ["two", "one"]);
+}

@@ -343,8 +343,6 @@ pub fn primary_lost(error: &RedisError) -> bool {
 #[derive(Clone)]
 pub struct SentinelConnection {
     shared: Arc<Shared>,
-    /// The socket this clone last used, and its generation.
-    current: Option<(u64, MultiplexedConnection)>,
 }
 
 struct Shared {
@@ -375,17 +373,15 @@ impl SentinelConnection {
         config: AsyncConnectionConfig,
     ) -> RedisResult<Self> {
         let first = discover(&endpoint, &sentinels, &config).await?;
-        let socket = (0, first);
         Ok(Self {
             shared: Arc::new(Shared {
                 endpoint,
                 sentinels,
                 config,
-                socket: tokio::sync::Mutex::new(Some(socket.clone())),
+                socket: tokio::sync::Mutex::new(Some((0, first))),
                 generation: AtomicU64::new(1),
                 discoveries: AtomicU64::new(1),
             }),
-            current: Some(socket),
         })
     }
 
@@ -395,10 +391,9 @@ impl SentinelConnection {
     }
 
     /// The socket to use: the shared one, discovered again if it was lost.
-    async fn socket(&mut self) -> RedisResult<(u64, MultiplexedConnection)> {
+    async fn socket(&self) -> RedisResult<(u64, MultiplexedConnection)> {
         let mut shared = self.shared.socket.lock().await;
         if let Some(s) = shared.as_ref() {
-            self.current = Some(s.clone());
             return Ok(s.clone());
         }
         let found = discover(
@@ -411,22 +406,28 @@ impl SentinelConnection {
         let generation = self.shared.generation.fetch_add(1, Ordering::Relaxed);
         let socket = (generation, found);
         *shared = Some(socket.clone());
-        self.current = Some(socket.clone());
         Ok(socket)
     }
 
-    /// Forgets socket `generation` when `error` says it lost the primary
+    /// Forgets socket `generation` when `lost` says it lost the primary
     /// (a newer socket found meanwhile is kept).
-    async fn after<T>(&self, generation: u64, result: RedisResult<T>) -> RedisResult<T> {
-        if let Err(e) = &result
-            && primary_lost(e)
-        {
+    async fn after(&self, generation: u64, lost: bool) {
+        if lost {
             let mut shared = self.shared.socket.lock().await;
             if shared.as_ref().is_some_and(|(g, _)| *g == generation) {
                 *shared = None;
             }
         }
-        result
+    }
+}
+
+/// Whether a reply is an error that says the primary is lost. A server's
+/// error reply comes back as a value (`Value::ServerError`), turned into an
+/// `Err` only when the caller reads it.
+fn lost_in(value: &Value) -> bool {
+    match value {
+        Value::ServerError(e) => primary_lost(&RedisError::from(e.clone())),
+        _ => false,
     }
 }
 
@@ -435,7 +436,12 @@ impl ConnectionLike for SentinelConnection {
         Box::pin(async move {
             let (generation, mut socket) = self.socket().await?;
             let result = socket.req_packed_command(cmd).await;
-            self.after(generation, result).await
+            let lost = match &result {
+                Ok(value) => lost_in(value),
+                Err(e) => primary_lost(e),
+            };
+            self.after(generation, lost).await;
+            result
         })
     }
 
@@ -448,7 +454,12 @@ impl ConnectionLike for SentinelConnection {
         Box::pin(async move {
             let (generation, mut socket) = self.socket().await?;
             let result = socket.req_packed_commands(pipeline, offset, count).await;
-            self.after(generation, result).await
+            let lost = match &result {
+                Ok(values) => values.iter().any(lost_in),
+                Err(e) => primary_lost(e),
+            };
+            self.after(generation, lost).await;
+            result
         })
     }
 
