@@ -4,7 +4,8 @@
 -- ARGV: per queue, the processing-list and worker-hash key prefixes.
 -- Returns {now, per queue: {waiting, due retries, retries, due scheduled,
 -- scheduled, dead, processed, failed, head payload or '', workers as
--- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or ''}...,
+-- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or '',
+-- handler_problem or ''}...,
 -- dead total, recovered total}}.
 local out = {now}
 local per = 9
@@ -23,6 +24,7 @@ for i = 1, #KEYS, per do
     end
     w[#w + 1] = window
     w[#w + 1] = redis.call('HGET', details .. workers[j], 'rate_limit') or ''
+    w[#w + 1] = redis.call('HGET', details .. workers[j], 'handler_problem') or ''
   end
   out[#out + 1] = {
     redis.call('LLEN', KEYS[i]),
