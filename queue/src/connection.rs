@@ -484,7 +484,13 @@ impl Endpoint {
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout));
         if let Some(sentinels) = &self.sentinel {
-            let c = SentinelConnection::connect(self.clone(), sentinels.clone(), config).await?;
+            let c = SentinelConnection::connect(
+                self.clone(),
+                sentinels.clone(),
+                config,
+                connect_timeout,
+            )
+            .await?;
             return Ok(Connection::Sentinel(c));
         }
         if self.mode != Mode::Cluster {

@@ -357,3 +357,45 @@ async fn a_primary_demoted_under_an_open_connection_answers_readonly_and_the_nex
     let on_new: Vec<String> = setup.on_node(new, redis::cmd("LRANGE").arg("q").arg(0).arg(-1));
     assert_eq!(on_new, ["two", "one"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_leaves_the_old_primary_when_a_sentinel_announces_the_switch() {
+    let setup = TestRedisSentinel::start(1);
+    let mut c = connect(&setup.url()).await.expect("connect");
+    let sentinel = setup.sentinel_ports()[0];
+    // The connection's listener is subscribed to +switch-master.
+    eventually(WAIT, "a subscriber on the sentinel", || {
+        let clients: String = setup.on_sentinel(sentinel, redis::cmd("CLIENT").arg("LIST"));
+        async move { clients.contains(" sub=1 ").then_some(()) }
+    })
+    .await;
+    let port = |c: &mut Connection| {
+        let mut c = c.clone();
+        async move {
+            let answer: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("port")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            answer.get(1)?.parse::<u16>().ok()
+        }
+    };
+    let old = setup.primary_port();
+    assert_eq!(port(&mut c).await, Some(old));
+
+    let new = setup.fail_over();
+    // Sentinel reconfigures the old primary (closing its connections) only
+    // after it next looks at it, seconds later; until then it still takes
+    // writes that its demotion throws away. The announcement moves the
+    // connection at once.
+    eventually(
+        Duration::from_secs(3),
+        "commands on the new primary",
+        || {
+            let asked = port(&mut c);
+            async move { (asked.await == Some(new)).then_some(()) }
+        },
+    )
+    .await;
+}

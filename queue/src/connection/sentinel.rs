@@ -14,10 +14,15 @@
 //! primary, which then answers `slave`). A [`SentinelConnection`] forgets its
 //! socket when a command finds it broken or on a node that is no longer the
 //! primary (`READONLY`, `UNBLOCKED`, `MASTERDOWN`); the next command asks the
-//! sentinels again.
+//! sentinels again. It also listens to the sentinels' `+switch-master`
+//! announcements, so that it leaves a demoted primary as soon as a sentinel
+//! promotes another, rather than when the sentinels get round to
+//! reconfiguring the old one (seconds, during which its writes would be
+//! lost).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
@@ -349,11 +354,14 @@ struct Shared {
     endpoint: Endpoint,
     sentinels: Sentinels,
     config: AsyncConnectionConfig,
+    connect_timeout: Duration,
     /// The socket to the primary; `None` after it was lost.
     socket: tokio::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
     generation: AtomicU64,
     /// Discoveries made, for tests and logs.
     discoveries: AtomicU64,
+    /// Dropped with the last clone: stops the `+switch-master` listener.
+    _stop_listening: tokio::sync::oneshot::Sender<()>,
 }
 
 impl std::fmt::Debug for SentinelConnection {
@@ -371,18 +379,22 @@ impl SentinelConnection {
         endpoint: Endpoint,
         sentinels: Sentinels,
         config: AsyncConnectionConfig,
+        connect_timeout: Duration,
     ) -> RedisResult<Self> {
         let first = discover(&endpoint, &sentinels, &config).await?;
-        Ok(Self {
-            shared: Arc::new(Shared {
-                endpoint,
-                sentinels,
-                config,
-                socket: tokio::sync::Mutex::new(Some((0, first))),
-                generation: AtomicU64::new(1),
-                discoveries: AtomicU64::new(1),
-            }),
-        })
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let shared = Arc::new(Shared {
+            endpoint,
+            sentinels,
+            config,
+            connect_timeout,
+            socket: tokio::sync::Mutex::new(Some((0, first))),
+            generation: AtomicU64::new(1),
+            discoveries: AtomicU64::new(1),
+            _stop_listening: stop,
+        });
+        tokio::spawn(listen(Arc::downgrade(&shared), stopped));
+        Ok(Self { shared })
     }
 
     /// How many times the primary was discovered (the first time included).
@@ -417,6 +429,51 @@ impl SentinelConnection {
             if shared.as_ref().is_some_and(|(g, _)| *g == generation) {
                 *shared = None;
             }
+        }
+    }
+}
+
+/// Listens to `+switch-master` on one sentinel after another (a second
+/// apart after a failure) and forgets the socket when the primary of this
+/// connection's name moves; ends when the last clone is dropped.
+async fn listen(shared: Weak<Shared>, mut stopped: tokio::sync::oneshot::Receiver<()>) {
+    let Some((endpoint, sentinels, timeout)) = shared
+        .upgrade()
+        .map(|s| (s.endpoint.clone(), s.sentinels.clone(), s.connect_timeout))
+    else {
+        return;
+    };
+    let insecure = endpoint.tls().insecure_skip_verify;
+    for node in sentinels.nodes.iter().cycle() {
+        let subscribed = async {
+            let client = endpoint.client_for(&sentinels.sentinel_url(node, insecure))?;
+            let mut pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+                .await
+                .map_err(|_| {
+                    RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))
+                })??;
+            pubsub.subscribe("+switch-master").await?;
+            let mut messages = pubsub.on_message();
+            while let Some(message) = futures::StreamExt::next(&mut messages).await {
+                // `<name> <old ip> <old port> <new ip> <new port>`
+                let payload: String = message.get_payload().unwrap_or_default();
+                if payload.split_whitespace().next() != Some(sentinels.master.as_str()) {
+                    continue;
+                }
+                let Some(shared) = shared.upgrade() else {
+                    break;
+                };
+                *shared.socket.lock().await = None;
+            }
+            Ok::<_, RedisError>(())
+        };
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = subscribed => {}
+        }
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
 }
