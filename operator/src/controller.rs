@@ -414,21 +414,24 @@ async fn redis_endpoint(pool: &WorkerPool, client: &Client) -> Result<Endpoint, 
         insecure_skip_verify: tls.insecure_skip_verify,
         ..Tls::default()
     };
-    if redis.tls.is_some() && !url.starts_with("rediss://") {
+    if redis.tls.is_some()
+        && !url.starts_with("rediss://")
+        && !url.starts_with("rediss+sentinel://")
+    {
         return Err(QueueProblem {
             reason: "InvalidRedisURL",
             message: format!(
-                "spec.queue.redis.tls is set but the Redis URL {} is plain redis://; use rediss://",
+                "spec.queue.redis.tls is set but the Redis URL {} is plain redis://; use rediss:// (rediss+sentinel:// for Redis Sentinel)",
                 redact(&url)
             ),
         });
     }
     let endpoint = Endpoint::new(url, options)
+        .and_then(|e| e.with_mode(redis.mode.unwrap_or_default().into()))
         .map_err(|e| QueueProblem {
             reason: "InvalidRedisURL",
             message: format!("spec.queue.redis: {e}"),
-        })?
-        .with_mode(redis.mode.unwrap_or_default().into());
+        })?;
     let mut pem = Pem::default();
     if let Some(r) = &tls.ca_secret_ref {
         pem.ca = Some(

@@ -184,15 +184,20 @@ pub struct QueueSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef"))]
 #[x_kube(validation = Rule::new("has(self.key) != has(self.keys)").message("set exactly one of spec.queue.redis.key (one queue) or spec.queue.redis.keys (several, in priority order)"))]
-#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss://')").message("spec.queue.redis.tls needs a TLS URL: spec.queue.redis.url must start with rediss://"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss://') || self.url.startsWith('rediss+sentinel://')").message("spec.queue.redis.tls needs a TLS URL: spec.queue.redis.url must start with rediss:// (rediss+sentinel:// through Redis Sentinel)"))]
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || (has(self.key) ? self.key.matches('[{][^}]+[}]') : self.keys.all(k, k.matches('[{][^}]+[}]')))").message("spec.queue.redis.mode is Cluster: queue names need a hash tag so each queue's keys share one slot, for example {mail}, or {mail}:high and {mail}:low for several queues"))]
-#[x_kube(validation = Rule::new("!has(self.url) || self.url.matches('^rediss?://')").message("spec.queue.redis.url must start with redis:// (or rediss:// for TLS): redis://[user:password@]host[:port][/db], for example redis://redis:6379/0"))]
+#[x_kube(validation = Rule::new("!has(self.url) || self.url.matches('^rediss?([+]sentinel)?://')").message("spec.queue.redis.url must start with redis:// (or rediss:// for TLS): redis://[user:password@]host[:port][/db], for example redis://redis:6379/0; through Redis Sentinel redis+sentinel://host1:26379,host2:26379/<primary name>[/<db>] (rediss+sentinel:// for TLS)"))]
+#[x_kube(validation = Rule::new("!has(self.url) || !has(self.mode) || self.mode != 'Cluster' || !self.url.matches('^rediss?[+]sentinel://')").message("spec.queue.redis.mode is Cluster but spec.queue.redis.url is a redis+sentinel:// URL, which names a primary and its replicas, not a cluster: set mode to Auto or Standalone"))]
 #[x_kube(validation = Rule::new("!has(self.key) || !self.key.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires)(:|$)')").message(Message::Expression("'spec.queue.redis.key ' + self.key + ' would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats or fires; rename it, for example with - for :'".into())))]
 #[x_kube(validation = Rule::new("!has(self.keys) || self.keys.all(k, !k.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires)(:|$)'))").message("spec.queue.redis.keys: a name would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats or fires; rename it, for example with - for :"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisQueue {
-    /// Redis URL, `redis://[user:password@]host[:port][/db]`. Use
-    /// `urlSecretRef` when the URL holds a password.
+    /// Redis URL, `redis://[user:password@]host[:port][/db]`, `rediss://`
+    /// for TLS, or through Redis Sentinel
+    /// `redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]`
+    /// (`rediss+sentinel://` for TLS; `?sentinel_password=…` when the
+    /// sentinels have a password of their own). Use `urlSecretRef` when the
+    /// URL holds a password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub url: Option<String>,
@@ -212,7 +217,8 @@ pub struct RedisQueue {
     #[schemars(length(min = 1, max = 16), inner(length(min = 1, max = 256)))]
     pub keys: Option<Vec<String>>,
 
-    /// TLS settings for a `rediss://` URL: a private CA and a client
+    /// TLS settings for a `rediss://` (or `rediss+sentinel://`) URL, for
+    /// the sentinels and the primary alike: a private CA and a client
     /// certificate from Secrets in the pool's namespace. The operator uses
     /// them for its own reads of the queue and mounts them into the worker
     /// pods. Without this block a `rediss://` URL is verified against the
@@ -807,6 +813,39 @@ mod tests {
     }
 
     #[test]
+    fn a_sentinel_url_takes_tls_settings_with_its_tls_scheme_and_is_never_a_cluster() {
+        let tls = json!({"insecureSkipVerify": true});
+        for (redis, refused) in [
+            (
+                json!({"url": "rediss+sentinel://s1/m", "key": "q", "tls": tls}),
+                None,
+            ),
+            (
+                json!({"url": "redis+sentinel://s1/m", "key": "q", "tls": tls}),
+                Some("spec.queue.redis.tls needs a TLS URL"),
+            ),
+            (
+                json!({"url": "redis+sentinel://s1/m", "key": "{q}", "mode": "Cluster"}),
+                Some(
+                    "spec.queue.redis.mode is Cluster but spec.queue.redis.url is a redis+sentinel:// URL",
+                ),
+            ),
+            (
+                json!({"url": "redis+sentinel://s1/m", "key": "q", "mode": "Standalone"}),
+                None,
+            ),
+        ] {
+            let errors = cel_errors(
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1}),
+            );
+            match refused {
+                None => assert_eq!(errors, "", "{redis}"),
+                Some(message) => assert!(errors.contains(message), "{redis}: {errors}"),
+            }
+        }
+    }
+
+    #[test]
     fn a_redis_url_without_its_scheme_is_refused_at_apply() {
         for (url, refused) in [
             ("10.0.0.69:6379", true),
@@ -814,6 +853,10 @@ mod tests {
             ("http://redis:6379", true),
             ("redis://redis:6379/0", false),
             ("rediss://:pw@redis:6380", false),
+            ("redis+sentinel://s1:26379,s2:26379/mymaster", false),
+            ("rediss+sentinel://:pw@s1:26379/mymaster/2", false),
+            ("sentinel://s1:26379", true),
+            ("redis+sentinelx://s1:26379/m", true),
         ] {
             let errors = cel_errors(
                 json!({"queue": {"redis": {"url": url, "key": "q"}}, "template": template(), "replicas": 1}),

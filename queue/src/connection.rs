@@ -13,6 +13,9 @@
 //!   cluster the URL names any node; slots are discovered, `MOVED` and
 //!   `ASK` followed, and the topology refreshed after a failover or a
 //!   resharding by redis-rs's cluster client.
+//! - Redis Sentinel: `redis+sentinel://host1:26379,host2:26379/mymaster`
+//!   names the sentinels and the primary they watch ([`sentinel`]); the
+//!   connection finds the primary through them, and again after a failover.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,6 +24,10 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+pub mod sentinel;
+
+pub use sentinel::{SentinelConnection, primary_lost};
+
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, Cmd, FromRedisValue, Pipeline, RedisError, RedisFuture,
     RedisResult, TlsCertificates, Value,
@@ -84,6 +91,8 @@ pub enum Connection {
     Node(MultiplexedConnection),
     /// A cluster: each command goes to the node that owns its keys' slot.
     Cluster(ClusterConnection),
+    /// The primary that Redis Sentinel names, found again after a failover.
+    Sentinel(SentinelConnection),
 }
 
 impl std::fmt::Debug for Connection {
@@ -91,6 +100,7 @@ impl std::fmt::Debug for Connection {
         f.write_str(match self {
             Connection::Node(_) => "Connection::Node",
             Connection::Cluster(_) => "Connection::Cluster",
+            Connection::Sentinel(_) => "Connection::Sentinel",
         })
     }
 }
@@ -108,6 +118,7 @@ impl Connection {
     pub async fn on_node_of<T: FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Connection::Node(c) => cmd.query_async(c).await,
+            Connection::Sentinel(c) => cmd.query_async(c).await,
             Connection::Cluster(c) => {
                 let slot = crate::keys::slot(key);
                 let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
@@ -125,6 +136,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Node(c) => c.req_packed_command(cmd),
             Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -137,6 +149,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Node(c) => c.req_packed_commands(pipeline, offset, count),
             Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -144,11 +157,12 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Node(c) => c.get_db(),
             Connection::Cluster(c) => c.get_db(),
+            Connection::Sentinel(c) => c.get_db(),
         }
     }
 }
 
-/// TLS options beside a `rediss://` URL.
+/// TLS options beside a `rediss://` (or `rediss+sentinel://`) URL.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Tls {
     /// PEM file of the CA that signed the server's certificate, instead of
@@ -197,7 +211,7 @@ impl std::fmt::Debug for Pem {
 pub enum EndpointError {
     /// The URL does not parse.
     #[error(
-        "--redis-url {url}: {reason}; expected redis://[user:password@]host[:port][/db] or rediss://… for TLS"
+        "--redis-url {url}: {reason}; expected redis://[user:password@]host[:port][/db] or rediss://… for TLS (or redis+sentinel://… for Redis Sentinel)"
     )]
     Url {
         /// The URL, password hidden.
@@ -205,9 +219,27 @@ pub enum EndpointError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A Sentinel URL that does not parse.
+    #[error(
+        "--redis-url {url}: {reason}; expected redis+sentinel://[[user]:password@]host1[:26379][,host2[:26379]…]/<primary name>[/<db>] (rediss+sentinel:// for TLS)"
+    )]
+    SentinelUrl {
+        /// The URL, passwords hidden.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A Sentinel URL with the cluster mode.
+    #[error(
+        "--redis-url {url} names a primary watched by Redis Sentinel, which is not a Redis Cluster: set the Redis mode to auto or standalone"
+    )]
+    SentinelIsNotACluster {
+        /// The URL, passwords hidden.
+        url: String,
+    },
     /// TLS options beside a plain URL.
     #[error(
-        "{option} is a TLS option but --redis-url {url} is plain redis://; use rediss:// to connect with TLS"
+        "{option} is a TLS option but --redis-url {url} is plain redis://; use rediss:// (or rediss+sentinel://) to connect with TLS"
     )]
     TlsOptionWithoutTls {
         /// The first TLS option given.
@@ -227,6 +259,7 @@ pub struct Endpoint {
     tls: Tls,
     pem: Option<Pem>,
     mode: Mode,
+    sentinel: Option<sentinel::Sentinels>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -247,13 +280,25 @@ impl Endpoint {
             url: redact(&url),
             reason,
         };
-        let info = redis::parse_redis_url(&url)
-            .ok_or_else(|| bad("not a URL".into()))
-            .and_then(|u| {
-                redis::IntoConnectionInfo::into_connection_info(u)
-                    .map_err(|e| bad(scrub(&e.to_string(), &url)))
-            })?;
-        let is_tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let (is_tls, sentinel) = if sentinel::is_sentinel_url(&url) {
+            let parsed =
+                sentinel::Sentinels::parse(&url).map_err(|reason| EndpointError::SentinelUrl {
+                    url: redact(&url),
+                    reason: scrub(&reason, &url),
+                })?;
+            (parsed.tls, Some(parsed))
+        } else {
+            let info = redis::parse_redis_url(&url)
+                .ok_or_else(|| bad("not a URL".into()))
+                .and_then(|u| {
+                    redis::IntoConnectionInfo::into_connection_info(u)
+                        .map_err(|e| bad(scrub(&e.to_string(), &url)))
+                })?;
+            (
+                matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }),
+                None,
+            )
+        };
         if !is_tls {
             let option = [
                 (tls.ca_file.is_some(), "--redis-ca-file"),
@@ -278,14 +323,25 @@ impl Endpoint {
             tls,
             pem: None,
             mode: Mode::Auto,
+            sentinel,
         })
     }
 
     /// The same endpoint, known to be one node or a cluster instead of
-    /// asking the server.
-    pub fn with_mode(mut self, mode: Mode) -> Self {
+    /// asking the server. A Sentinel URL is never a cluster.
+    pub fn with_mode(mut self, mode: Mode) -> Result<Self, EndpointError> {
+        if self.sentinel.is_some() && mode == Mode::Cluster {
+            return Err(EndpointError::SentinelIsNotACluster {
+                url: self.redacted(),
+            });
+        }
         self.mode = mode;
-        self
+        Ok(self)
+    }
+
+    /// Whether the URL names Redis Sentinel nodes (`redis+sentinel://`).
+    pub fn is_sentinel(&self) -> bool {
+        self.sentinel.is_some()
     }
 
     /// One node, a cluster, or ask.
@@ -305,7 +361,11 @@ impl Endpoint {
     /// for a handshake that never comes.
     pub fn describe(&self, error: &RedisError) -> String {
         let text = describe(error);
-        if self.is_tls() && error.is_timeout() {
+        if self.is_sentinel() && error.code() == Some("READONLY") {
+            format!(
+                "the node the sentinels named is now a replica (a failover): the sentinels are asked again ({error})"
+            )
+        } else if self.is_tls() && error.is_timeout() {
             format!(
                 "{text} (a rediss:// URL: is this port TLS? A plain Redis never answers the TLS handshake)"
             )
@@ -326,7 +386,15 @@ impl Endpoint {
 
     /// Whether the connection is TLS.
     pub fn is_tls(&self) -> bool {
-        self.url.starts_with("rediss://")
+        match &self.sentinel {
+            Some(s) => s.tls,
+            None => self.url.starts_with("rediss://"),
+        }
+    }
+
+    /// `text` without any password of the URL.
+    fn scrub(&self, text: &str) -> String {
+        scrub(text, &self.url)
     }
 
     /// The URL as redis-rs reads it: the opt-out of verification is its
@@ -383,12 +451,24 @@ impl Endpoint {
         }))
     }
 
-    /// A client for one node, reading the certificate files now.
+    /// A client for one node, reading the certificate files now. A
+    /// Sentinel URL names no one node: [`Endpoint::connect`] finds it.
     pub fn client(&self) -> RedisResult<redis::Client> {
-        let url = self.client_url();
+        if self.is_sentinel() {
+            return Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a redis+sentinel:// URL names no single node; connect() asks the sentinels",
+            )));
+        }
+        self.client_for(&self.client_url())
+    }
+
+    /// A client for `url` (one node: a sentinel, the primary they name, or
+    /// the node of a plain URL) with this endpoint's TLS material.
+    fn client_for(&self, url: &str) -> RedisResult<redis::Client> {
         let client = match self.certificates()? {
-            Some(c) => redis::Client::build_with_tls(url.as_str(), c),
-            None => redis::Client::open(url.as_str()),
+            Some(c) => redis::Client::build_with_tls(url, c),
+            None => redis::Client::open(url),
         };
         client.map_err(|e| scrub_error(e, &self.url))
     }
@@ -403,6 +483,16 @@ impl Endpoint {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout));
+        if let Some(sentinels) = &self.sentinel {
+            let c = SentinelConnection::connect(
+                self.clone(),
+                sentinels.clone(),
+                config,
+                connect_timeout,
+            )
+            .await?;
+            return Ok(Connection::Sentinel(c));
+        }
         if self.mode != Mode::Cluster {
             let mut node = self
                 .client()?
@@ -573,45 +663,70 @@ pub fn refused(error: &RedisError) -> Option<Refused> {
     Some(Refused::Command(named.or_else(traced)))
 }
 
-/// The URL with its password replaced, for messages, logs and status.
+/// The URL with its passwords replaced, for messages, logs and status:
+/// the one in its user part, and a Sentinel URL's `sentinel_password`.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let path = redact_query(path);
     match authority.rsplit_once('@') {
         Some((credentials, host)) => {
             let user = credentials.split_once(':').map_or("", |(user, _)| user);
             format!("{scheme}://{user}:***@{host}{path}")
         }
-        None => url.to_string(),
+        None => format!("{scheme}://{authority}{path}"),
     }
 }
 
-/// `text` with the URL's password removed, should an error quote it.
+/// `sentinel_password=…` of a query hidden.
+fn redact_query(path: &str) -> String {
+    let Some((before, query)) = path.split_once('?') else {
+        return path.to_string();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.ends_with("password") => format!("{key}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{before}?{}", query.join("&"))
+}
+
+/// `text` with the URL's passwords removed, should an error quote them.
 fn scrub(text: &str, url: &str) -> String {
-    match password(url) {
-        Some(p) if !p.is_empty() => text.replace(p, "***"),
-        _ => text.to_string(),
-    }
+    passwords(url)
+        .into_iter()
+        .fold(text.to_string(), |text, p| text.replace(p, "***"))
 }
 
 fn scrub_error(error: RedisError, url: &str) -> RedisError {
-    match password(url) {
-        Some(p) if !p.is_empty() && error.to_string().contains(p) => RedisError::from((
+    let text = error.to_string();
+    if passwords(url).iter().any(|p| text.contains(p)) {
+        RedisError::from((
             error.kind(),
             "invalid Redis connection settings",
-            scrub(&error.to_string(), url),
-        )),
-        _ => error,
+            scrub(&text, url),
+        ))
+    } else {
+        error
     }
 }
 
-fn password(url: &str) -> Option<&str> {
-    let rest = url.split_once("://")?.1;
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    let credentials = authority.rsplit_once('@')?.0;
-    credentials.split_once(':').map(|(_, p)| p)
+/// The URL's non-empty passwords: its user part's, and a Sentinel URL's
+/// `sentinel_password`.
+fn passwords(url: &str) -> Vec<&str> {
+    let mut found = sentinel::Sentinels::secrets(url);
+    let user_part = url.split_once("://").and_then(|(_, rest)| {
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        let credentials = authority.rsplit_once('@')?.0;
+        credentials.split_once(':').map(|(_, p)| p)
+    });
+    found.extend(user_part);
+    found.retain(|p| !p.is_empty());
+    found
 }
 
 #[cfg(test)]
@@ -630,6 +745,66 @@ mod tests {
             scrub("bad thing near s3cret", "redis://u:s3cret@h"),
             "bad thing near ***"
         );
+    }
+
+    #[test]
+    fn sentinel_urls_hide_both_passwords() {
+        let url = "redis+sentinel://app:pw1@s1:26379,s2:26380/mymaster/2?sentinel_username=sen&sentinel_password=pw2";
+        let shown = redact(url);
+        assert_eq!(
+            shown,
+            "redis+sentinel://app:***@s1:26379,s2:26380/mymaster/2?sentinel_username=sen&sentinel_password=***"
+        );
+        assert_eq!(
+            redact("rediss+sentinel://s1/m?sentinel_password=pw2"),
+            "rediss+sentinel://s1/m?sentinel_password=***"
+        );
+        assert_eq!(
+            redact("redis+sentinel://:pw1@s1?sentinel_password=pw2"),
+            "redis+sentinel://:***@s1?sentinel_password=***"
+        );
+        assert_eq!(scrub("pw1 and pw2", url), "*** and ***");
+        let e = Endpoint::new(url, Tls::default()).expect("valid");
+        assert_eq!(e.redacted(), shown);
+        let debug = format!("{e:?}");
+        assert!(!debug.contains("pw1") && !debug.contains("pw2"), "{debug}");
+        let bad = "redis+sentinel://app:pw1@s1:nope/m?sentinel_password=pw2";
+        let error = Endpoint::new(bad, Tls::default())
+            .expect_err("bad port")
+            .to_string();
+        assert!(!error.contains("pw1") && !error.contains("pw2"), "{error}");
+        assert!(error.contains("is not a port number"), "{error}");
+        assert!(
+            error.contains("redis+sentinel://[[user]:password@]"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn sentinel_urls_take_the_tls_options_of_a_tls_scheme_and_no_cluster_mode() {
+        let ca = Tls {
+            ca_file: Some("/ca.pem".into()),
+            ..Tls::default()
+        };
+        let tls = Endpoint::new("rediss+sentinel://s1/m", ca.clone()).expect("tls");
+        assert!(tls.is_tls() && tls.is_sentinel());
+        assert_eq!(
+            Endpoint::new("redis+sentinel://s1/m", ca),
+            Err(EndpointError::TlsOptionWithoutTls {
+                option: "--redis-ca-file",
+                url: "redis+sentinel://s1/m".into()
+            })
+        );
+        let plain = Endpoint::new("redis+sentinel://:pw@s1/m", Tls::default()).expect("plain");
+        assert!(!plain.is_tls());
+        assert!(plain.client().is_err(), "no single node to open");
+        assert_eq!(
+            plain.clone().with_mode(Mode::Cluster),
+            Err(EndpointError::SentinelIsNotACluster {
+                url: "redis+sentinel://:***@s1/m".into()
+            })
+        );
+        assert!(plain.with_mode(Mode::Standalone).is_ok());
     }
 
     #[test]

@@ -8,8 +8,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod sentinel;
 pub mod tls;
 pub use cluster::TestRedisCluster;
+pub use sentinel::TestRedisSentinel;
 pub use tls::TestTlsRedis;
 
 /// A `redis-server` process owned by one test, killed on drop.

@@ -1176,3 +1176,49 @@ async fn screenshot_for_the_readme() {
         let _ = w.wait();
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn through_redis_sentinel_the_dashboard_reads_the_new_primary_after_a_failover() {
+    let setup = workerpool_tests::TestRedisSentinel::start(1);
+    let mut c = setup.primary().await;
+    let _: () = c.lpush("emails", &["{}", "{}"]).await.expect("lpush");
+    let _: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut c)
+        .await
+        .expect("wait");
+    let app = Dashboard::new(
+        connect(&setup.url()).await,
+        vec![QueueKeys::new("emails")],
+        writable(),
+    )
+    .router();
+    let o = json(&get(&app, "/api/overview").await);
+    assert_eq!(o["queues"][0]["waiting"], 2, "{o}");
+
+    let new = tokio::task::spawn_blocking(move || {
+        let new = setup.fail_over();
+        (setup, new)
+    });
+    let (setup, new) = new.await.expect("failover");
+    let mut c = setup.primary().await;
+    let _: () = c
+        .lpush("emails", "{}")
+        .await
+        .expect("lpush on the new primary");
+    assert_eq!(setup.primary_port(), new);
+    eventually(
+        Duration::from_secs(30),
+        "the count of the new primary",
+        || {
+            let app = app.clone();
+            async move {
+                let reply = get(&app, "/api/overview").await;
+                let o: serde_json::Value = serde_json::from_str(&reply.body).ok()?;
+                (o["queues"][0]["waiting"] == 3).then_some(())
+            }
+        },
+    )
+    .await;
+}

@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use rustix::process::{Pid, Signal, kill_process};
 use workerpool_queue::keys::QueueKeys;
-use workerpool_tests::{TestRedis, TestRedisCluster, TestTlsRedis, bin_dir, eventually, free_port};
+use workerpool_tests::sentinel::Auth;
+use workerpool_tests::{
+    TestRedis, TestRedisCluster, TestRedisSentinel, TestTlsRedis, bin_dir, eventually, free_port,
+};
 
 /// A handler that takes `seconds` per job.
 fn handler(seconds: &str) -> String {
@@ -769,5 +772,38 @@ async fn local_mode_runs_its_pool_and_dashboard_as_the_documented_acl_user() {
     assert!(
         local.values("running").iter().any(|r| *r > 0),
         "workers ran: {report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_runs_locally_through_redis_sentinel_with_its_passwords_hidden() {
+    let setup = TestRedisSentinel::start_with(
+        1,
+        Auth {
+            password: Some("node-pw-123".into()),
+            sentinel_password: Some("sentinel-pw-456".into()),
+        },
+    );
+    let mut conn = setup.primary().await;
+    let q = QueueKeys::new("sentq");
+    let local = Local::start_at(
+        &setup.url(),
+        &manifest("sentq", "replicas: 2", &handler("0"), 2, 5),
+    );
+    push(&mut conn, q.name(), 1, 40).await;
+    eventually(
+        Duration::from_secs(60),
+        "40 jobs done through the sentinels",
+        || {
+            let mut conn = conn.clone();
+            let q = q.clone();
+            async move { (count(&mut conn, &q).await == (40, 0, 0)).then_some(()) }
+        },
+    )
+    .await;
+    let report = local.report();
+    assert!(
+        !report.contains("node-pw-123") && !report.contains("sentinel-pw-456"),
+        "{report}"
     );
 }

@@ -91,7 +91,9 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct DashboardArgs {
     /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS. The page shows it with the password hidden.
+    /// for TLS; through Redis Sentinel,
+    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
+    /// (rediss+sentinel:// for TLS; docs/redis.md). The page shows it with the password hidden.
     #[arg(
         long,
         env = "WORKERPOOL_REDIS_URL",
@@ -177,7 +179,9 @@ pub enum DeadAction {
 #[derive(Debug, Clone, Args)]
 pub struct Target {
     /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS.
+    /// for TLS; through Redis Sentinel,
+    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
+    /// (rediss+sentinel:// for TLS; docs/redis.md).
     #[arg(
         long,
         env = "WORKERPOOL_REDIS_URL",

@@ -13,7 +13,8 @@ use crate::handlers::exec_pool::ExecCommand;
 /// Settings of the worker runtime.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Redis connection URL (`redis://`, or `rediss://` for TLS).
+    /// Redis connection URL (`redis://`, or `rediss://` for TLS;
+    /// `redis+sentinel://` through Redis Sentinel).
     pub redis_url: String,
     /// TLS options for a `rediss://` URL.
     pub tls: Tls,
@@ -128,7 +129,7 @@ impl Config {
     /// Where Redis is, checked (no I/O).
     pub fn endpoint(&self) -> Result<Endpoint, ConfigError> {
         Endpoint::new(self.redis_url.clone(), self.tls.clone())
-            .map(|e| e.with_mode(self.redis_mode))
+            .and_then(|e| e.with_mode(self.redis_mode))
             .map_err(|e| ConfigError(e.to_string()))
     }
 }
@@ -149,7 +150,8 @@ pub struct RedisArgs {
     )]
     pub redis_mode: RedisMode,
     /// PEM file of the CA that signed Redis's certificate, instead of the
-    /// system's roots (rediss:// only).
+    /// system's roots (rediss:// and rediss+sentinel:// only; for the
+    /// sentinels and the primary alike).
     #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
     pub redis_ca_file: Option<std::path::PathBuf>,
     /// PEM file of a client certificate for mutual TLS (with
@@ -181,7 +183,7 @@ impl RedisArgs {
         &self,
         url: impl Into<String>,
     ) -> Result<Endpoint, workerpool_queue::connection::EndpointError> {
-        Endpoint::new(url, self.tls()).map(|e| e.with_mode(self.redis_mode.into()))
+        Endpoint::new(url, self.tls()).and_then(|e| e.with_mode(self.redis_mode.into()))
     }
 }
 
@@ -269,7 +271,9 @@ pub enum HandlerChoice {
     workerpool-worker --redis-url redis://localhost:6379 --queue high --queue low --handler sleep --concurrency 10")]
 pub struct Args {
     /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS.
+    /// for TLS; through Redis Sentinel,
+    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
+    /// (rediss+sentinel:// for TLS; docs/redis.md).
     #[arg(long, env = "WORKERPOOL_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
 

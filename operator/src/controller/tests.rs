@@ -885,31 +885,72 @@ async fn a_command_the_acl_refuses_is_permission_denied_naming_it_not_unreachabl
 #[tokio::test]
 async fn a_password_in_the_url_reaches_no_status_event_or_metric() {
     const PASSWORD: &str = "s3cr3t-Pa55";
+    const SENTINEL_PASSWORD: &str = "s3nt1nel-Pa55";
     let port = workerpool_tests::free_port();
-    let p = pool(json!({
-        "queue": {"redis": {"url": format!("redis://admin:{PASSWORD}@127.0.0.1:{port}/0"), "key": "mail"}},
-        "template": template(),
-        "scaling": {},
-    }));
-    let (task, mut api, ctx) = start(p);
+    for url in [
+        format!("redis://admin:{PASSWORD}@127.0.0.1:{port}/0"),
+        format!(
+            "redis+sentinel://admin:{PASSWORD}@127.0.0.1:{port}/mymaster?sentinel_password={SENTINEL_PASSWORD}"
+        ),
+    ] {
+        let p = pool(json!({
+            "queue": {"redis": {"url": url, "key": "mail"}},
+            "template": template(),
+            "scaling": {},
+        }));
+        let (task, mut api, ctx) = start(p);
+        let (_, send) = api.expect("GET", DEPLOYMENT).await;
+        reply(send, StatusCode::OK, &existing_deployment(1, 1));
+        let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+        reply(send, StatusCode::OK, &applied);
+        let (event, send) = api.expect("POST", EVENTS).await;
+        assert_eq!(event["reason"], json!("RedisUnreachable"));
+        reply(send, StatusCode::CREATED, &event);
+        let (status, send) = api.expect("PATCH", STATUS).await;
+        reply(send, StatusCode::OK, &pool_object(&status));
+        task.await.expect("task").expect("reconcile");
+        api.done().await;
+        for (what, text) in [
+            ("event", event.to_string()),
+            ("status", status.to_string()),
+            ("metrics", ctx.metrics.render()),
+        ] {
+            assert!(
+                !text.contains(PASSWORD) && !text.contains(SENTINEL_PASSWORD),
+                "{what}: {text}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_pool_behind_redis_sentinel_reads_its_queue_on_the_primary_the_sentinels_name() {
+    let setup = workerpool_tests::TestRedisSentinel::start(1);
+    let mut c = setup.primary().await;
+    for i in 0..7 {
+        let _: () = c
+            .lpush("mail", json!({"data": {"n": i}}).to_string())
+            .await
+            .expect("lpush");
+    }
+    let p = pool(
+        json!({"queue": {"redis": {"url": setup.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let (task, mut api, _) = start(p);
     let (_, send) = api.expect("GET", DEPLOYMENT).await;
     reply(send, StatusCode::OK, &existing_deployment(1, 1));
     let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
     reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
-    assert_eq!(event["reason"], json!("RedisUnreachable"));
-    reply(send, StatusCode::CREATED, &event);
     let (status, send) = api.expect("PATCH", STATUS).await;
+    assert_eq!(
+        condition(&status, "QueueReachable")["status"],
+        json!("True"),
+        "{status}"
+    );
+    assert_eq!(status["status"]["backlog"], json!(7), "{status}");
     reply(send, StatusCode::OK, &pool_object(&status));
     task.await.expect("task").expect("reconcile");
     api.done().await;
-    for (what, text) in [
-        ("event", event.to_string()),
-        ("status", status.to_string()),
-        ("metrics", ctx.metrics.render()),
-    ] {
-        assert!(!text.contains(PASSWORD), "{what}: {text}");
-    }
 }
 
 #[tokio::test]

@@ -56,7 +56,7 @@ pub struct LocalArgs {
     /// Print log lines even when stdout is a terminal.
     #[arg(long)]
     pub plain: bool,
-    /// PEM file of Redis's CA, for a rediss:// URL (local mode reads no
+    /// PEM file of Redis's CA, for a rediss:// or rediss+sentinel:// URL (local mode reads no
     /// Secrets: this stands in for spec.queue.redis.tls.caSecretRef).
     #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -163,7 +163,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     let shown_url = redact(&url);
     let tls = local_tls(&pool, &args)?;
     let endpoint = Endpoint::new(url.clone(), tls.clone())?
-        .with_mode(pool.spec.queue.redis.mode.unwrap_or_default().into());
+        .with_mode(pool.spec.queue.redis.mode.unwrap_or_default().into())?;
     let program = worker_binary(args.worker_bin.as_deref())?;
     let queues = pool.spec.queue.redis.queue_keys();
 
