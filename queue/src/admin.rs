@@ -552,6 +552,7 @@ mod tests {
             job: json!({"task": "t", "id": "j", "attempt": 5, "error": "boom",
                         "run_at": 3, "enqueued_at": 2, "extra": [1]}),
             encoding: None,
+            size: None,
         };
         assert_eq!(
             fresh_start(&letter, 99).as_deref(),

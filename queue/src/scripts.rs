@@ -54,9 +54,18 @@ fn ending_script(body: &str) -> Script {
     Script::new(&format!("{GUARD}{NOW_MS}{UNIQUE}{body}"))
 }
 
-fn taking_script(body: &str) -> Script {
-    Script::new(&format!("{GUARD}{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
+fn taking_source(body: &str) -> String {
+    format!("{GUARD}{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}")
 }
+
+fn taking_script(body: &str) -> Script {
+    Script::new(&taking_source(body))
+}
+
+/// The whole text of [`FETCH`], for the blocking wait, which sends it with
+/// `EVAL` in a pipeline of its own ([`crate::ops::wait_then_fetch`]).
+pub static FETCH_SOURCE: LazyLock<String> =
+    LazyLock::new(|| taking_source(include_str!("lua/fetch.lua")));
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,
 /// processing list and rate bucket, highest priority first), each moved
@@ -68,7 +77,7 @@ fn taking_script(body: &str) -> Script {
 /// stopped and the ms until its next start (`0, -1` when no limit stopped
 /// it), then groups of a queue index (1-based) and a count, each followed
 /// by that many pairs of payload as held and stamp.
-pub static FETCH: LazyLock<Script> = LazyLock::new(|| taking_script(include_str!("lua/fetch.lua")));
+pub static FETCH: LazyLock<Script> = LazyLock::new(|| Script::new(&FETCH_SOURCE));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
 /// stamp. KEYS: processing, scheduled, dead, stats:dead, unique,

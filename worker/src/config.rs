@@ -25,6 +25,9 @@ pub struct Config {
     pub concurrency: usize,
     /// Attempts before a job is dead-lettered.
     pub max_attempts: u32,
+    /// Payloads longer than this many bytes are dead-lettered as
+    /// `too_large` by the taking script and never reach this process.
+    pub max_payload_bytes: u64,
     /// Backoff before the second attempt; doubles per attempt.
     pub backoff_base: Duration,
     /// Upper bound of the backoff.
@@ -49,6 +52,10 @@ pub struct Config {
     pub require_noeviction: bool,
 }
 
+/// The largest `--max-payload-bytes`: Redis keeps no value longer than
+/// 512 MiB (`proto-max-bulk-len`).
+pub const MAX_PAYLOAD_BYTES_CEILING: u64 = 512 * 1024 * 1024;
+
 /// The prefix of the environment variables the worker reads its settings
 /// from (`WORKERPOOL_REDIS_URL`, ...). Handler processes do not get them.
 pub const ENV_PREFIX: &str = "WORKERPOOL_";
@@ -66,6 +73,7 @@ impl Config {
             queues,
             concurrency: 1,
             max_attempts: 5,
+            max_payload_bytes: workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             job_timeout: Duration::from_secs(600),
@@ -99,6 +107,12 @@ impl Config {
         }
         if self.max_attempts == 0 {
             return fail("--max-attempts must be at least 1".into());
+        }
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > MAX_PAYLOAD_BYTES_CEILING {
+            return fail(format!(
+                "--max-payload-bytes must be between 1 and {MAX_PAYLOAD_BYTES_CEILING} (Redis's own limit on a value, 512 MiB), got {}",
+                self.max_payload_bytes
+            ));
         }
         if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
             return fail("--backoff-base must be positive and no larger than --backoff-max".into());
@@ -316,6 +330,22 @@ pub struct Args {
     )]
     pub max_attempts: u32,
 
+    /// Longest payload, in bytes, a job may have (as it is taken, with the
+    /// worker's own fields of earlier attempts). A longer one is
+    /// dead-lettered with the reason too_large, whole, with its size and
+    /// start in the error, by the script that takes it: it never reaches
+    /// this process or its handler. The default, 16 MiB (16777216), bounds
+    /// a worker's memory to about twice that per job running and is far
+    /// below Redis's 512 MiB; put large data elsewhere and a reference in
+    /// the job. Up to 536870912.
+    #[arg(
+        long,
+        env = "WORKERPOOL_MAX_PAYLOAD_BYTES",
+        value_name = "BYTES",
+        default_value_t = workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES
+    )]
+    pub max_payload_bytes: u64,
+
     /// Backoff before the second attempt; doubles with each attempt, with
     /// full jitter.
     #[arg(long, env = "WORKERPOOL_BACKOFF_BASE", value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
@@ -448,6 +478,7 @@ impl Args {
             queues: self.queues,
             concurrency: self.concurrency,
             max_attempts: self.max_attempts,
+            max_payload_bytes: self.max_payload_bytes,
             backoff_base: self.backoff_base,
             backoff_max: self.backoff_max,
             job_timeout: self.job_timeout,

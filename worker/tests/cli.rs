@@ -73,6 +73,7 @@ fn letter(id: &str, reason: DeadReason, error: &str, died_at: u64) -> String {
         worker: "w~1".into(),
         job: json!({"task": "t", "id": id, "attempt": 3, "error": error}),
         encoding: None,
+        size: None,
     }
     .to_json()
 }
@@ -652,6 +653,7 @@ async fn dead_list_and_workers_show_control_and_bidi_characters_escaped() {
         worker: format!("w-{HOSTILE}"),
         job: json!({"id": id, "task": format!("task-{HOSTILE}")}),
         encoding: None,
+        size: None,
     }
     .to_json();
     let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");
@@ -729,6 +731,7 @@ async fn ids_and_tasks_of_70000_characters_are_shortened_in_tables_and_kept_in_j
         worker: "w~1".into(),
         job: json!({"id": id, "task": task}),
         encoding: None,
+        size: None,
     }
     .to_json();
     let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");

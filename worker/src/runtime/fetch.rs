@@ -1,5 +1,8 @@
 //! Taking jobs while slots are free: a batch script when the queues have
-//! jobs, else a blocking wait on every queue at once (Sidekiq's fetch).
+//! jobs, else a blocking wait on every queue at once (Sidekiq's fetch),
+//! each wait followed by the same script in one round trip (see
+//! [`queue::wait_then_fetch`]), so no payload reaches the worker before
+//! the script has checked its size.
 //! With a rate limit the script is the only way in (a blocking move would
 //! bypass the bucket): an empty fetch polls again after [`RATE_POLL`], and
 //! one the limit stopped waits until the bucket allows the next start.
@@ -75,7 +78,7 @@ impl Worker {
             &self.queues,
             &self.instance,
             permits.len(),
-            self.config.max_attempts,
+            self.limits(),
             rate,
         )
         .await
@@ -89,14 +92,15 @@ impl Worker {
         };
         self.redis.ok();
         let pause = taken.limited.map(|limited| self.limited(limited));
-        if !taken.jobs.is_empty() {
+        self.log_too_large(&taken.too_large);
+        if !taken.jobs.is_empty() || !taken.too_large.is_empty() {
             self.metrics
                 .fetch_duration
                 .observe(started.elapsed().as_secs_f64());
             self.dispatch(taken.jobs, permits).await;
             return Ok(pause);
         }
-        if rate.is_some() {
+        if rate.is_some() || self.poll_only.load(Ordering::Relaxed) {
             return Ok(Some(pause.unwrap_or(RATE_POLL)));
         }
         permits.truncate(1);
@@ -155,7 +159,13 @@ impl Worker {
             .map(|(i, c)| {
                 let q = &self.queues[i];
                 let instance = self.instance.as_str();
-                async move { (i, queue::wait_for_job(c, q, instance, BLOCK).await) }
+                let limits = self.limits();
+                async move {
+                    (
+                        i,
+                        queue::wait_then_fetch(c, q, instance, BLOCK, limits).await,
+                    )
+                }
             })
             .collect();
         let mut arrived = Vec::new();
@@ -166,15 +176,24 @@ impl Worker {
             tokio::select! {
                 next = waits.next() => match next {
                     None => break,
-                    Some((i, Ok(Some(job)))) => {
-                        arrived.push(Fetched::untouched(i, job));
-                        if !unblocked && ids.len() > 1 {
+                    Some((i, Ok(mut taken))) => {
+                        // The script was given this one queue: index 0.
+                        taken.jobs.iter_mut().for_each(|j| j.queue = i);
+                        taken.too_large.iter_mut().for_each(|t| t.queue = i);
+                        self.log_too_large(&taken.too_large);
+                        let delivered = !taken.jobs.is_empty() || !taken.too_large.is_empty();
+                        arrived.extend(taken.jobs);
+                        if delivered && !unblocked && ids.len() > 1 {
                             unblocked = true;
                             self.unblock(&ids).await;
                         }
                     }
-                    Some((_, Ok(None))) => {}
                     Some((i, Err(e))) => {
+                        if queue::reply_skip_refused(&e)
+                            && !self.poll_only.swap(true, Ordering::Relaxed)
+                        {
+                            tracing::warn!(error = %e, "Redis refuses CLIENT REPLY, which the blocking wait needs so that a job's bytes are not sent before its size is checked: fetching by polling every 100ms instead");
+                        }
                         self.suspect_lost_reply();
                         broken.push(i);
                         refused.get_or_insert(e);
