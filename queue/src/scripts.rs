@@ -187,3 +187,18 @@ pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("lua/fire.lua")
     ))
 });
+
+/// Reads a page of the dead list, each entry longer than the preview cut
+/// to its start and end with its digest. KEYS: dead. ARGV: first index
+/// (as `LRANGE`), count, preview bytes, tail bytes. Returns the list's
+/// length, then per entry its index from the oldest end, its length, the
+/// entry or its start, and for a cut one its end and SHA-1.
+pub static DEAD_PAGE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/dead_page.lua")));
+
+/// Removes dead letters found by their digest, or (`Q`) moves the payload
+/// a too_large one keeps back onto the queue. KEYS: dead, queue. ARGV: the
+/// action, then triples of index from the oldest end, length, SHA-1.
+/// Returns per triple 1 done, 0 gone, -1 left (not a too_large entry).
+pub static DEAD_PICK: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/dead_pick.lua")));

@@ -142,6 +142,9 @@ impl WorkerCommand {
         if let Some(rate) = &spec.worker.rate_limit {
             ours.push(("WORKERPOOL_RATE_LIMIT", rate.clone()));
         }
+        if let Some(bytes) = spec.worker.max_payload_bytes {
+            ours.push(("WORKERPOOL_MAX_PAYLOAD_BYTES", bytes.to_string()));
+        }
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {
