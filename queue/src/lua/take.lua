@@ -15,7 +15,7 @@ local function too_large(v, dead, dead_total, max_bytes, worker)
     end
     return string.format('\\x%02x', string.byte(c))
   end)
-  local error = 'payload of ' .. size .. ' bytes is over the limit of ' .. max_bytes
+  local message = 'payload of ' .. size .. ' bytes is over the limit of ' .. max_bytes
     .. ' bytes (--max-payload-bytes); it starts: "' .. start .. (size > 80 and '…' or '') .. '"'
   local attempts = tonumber(string.match(v, '^{"attempt":(%d%d?%d?%d?%d?%d?%d?%d?%d?),') or '0')
   -- The message's own escapes: it is put into JSON as a string.
