@@ -462,7 +462,7 @@ fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> Strin
             cell(&d.error, PAYLOAD_PREVIEW_CHARS),
             escape(&d.payload),
             // Long entries are read only in part: say how large they are.
-            if d.bytes > workerpool_queue::admin::DEAD_PREVIEW_BYTES as u64 {
+            if d.bytes > workerpool_queue::admin::DEAD_WHOLE_BYTES as u64 {
                 format!(r#" <span class="bytes">{} bytes</span>"#, d.bytes)
             } else {
                 String::new()

@@ -18,8 +18,9 @@ use crate::scripts;
 pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_DEAD_AFTER_MS;
 /// Entries handled per script call when moving or removing dead letters.
 const BATCH: usize = 500;
-/// Dead letters read per `LRANGE`.
-const PAGE: isize = 1000;
+/// Dead letters read per call of `dead_page.lua` (each up to
+/// [`DEAD_WHOLE_BYTES`]).
+const PAGE: isize = 100;
 
 /// The Redis server's clock, unix milliseconds.
 pub async fn server_time_ms(conn: &mut impl Conn) -> RedisResult<u64> {
@@ -186,17 +187,22 @@ fn job_id(raw: &[u8]) -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
-/// The longest dead letter read whole: a longer one is read as its first
-/// this many bytes, its last [`DEAD_TAIL_BYTES`] and its digest, so that a
-/// reader's memory is bounded by a page, not by the largest entry (a
-/// `too_large` dead letter keeps a payload of any size).
-pub const DEAD_PREVIEW_BYTES: usize = 16 * 1024;
+/// The longest dead letter read whole (ordinary ones, whose jobs ran
+/// under a worker's size limit, with a handler's error of any length): a
+/// longer one is read as its first [`DEAD_PREVIEW_BYTES`], its last
+/// [`DEAD_TAIL_BYTES`] and its digest, so that a reader's memory is
+/// bounded by a page, not by the largest entry (a `too_large` dead letter
+/// keeps a payload of any size).
+pub const DEAD_WHOLE_BYTES: usize = 256 * 1024;
+/// How much of the start of a dead letter longer than
+/// [`DEAD_WHOLE_BYTES`] is read.
+pub const DEAD_PREVIEW_BYTES: usize = 64 * 1024;
 /// How much of the end of a cut dead letter is read (where producers that
 /// follow the contract's advice write a job's `id`).
 pub const DEAD_TAIL_BYTES: usize = 256;
 
 /// An entry of the dead list: as stored (or its start, when it is longer
-/// than [`DEAD_PREVIEW_BYTES`]), and decoded when it decodes.
+/// than [`DEAD_WHOLE_BYTES`]), and decoded when it decodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadEntry {
     /// The entry exactly as stored (needed to remove it): bytes, since
@@ -211,6 +217,8 @@ pub struct DeadEntry {
     pub size: u64,
     /// Set when `raw` is only the entry's start.
     pub cut: Option<Cut>,
+    /// Its index counted from the oldest end when read (-1 the oldest).
+    pub from_oldest: i64,
 }
 
 /// What identifies a dead letter read as its start only.
@@ -220,8 +228,6 @@ pub struct Cut {
     pub tail: Vec<u8>,
     /// SHA-1 of the whole entry, hex.
     pub digest: String,
-    /// Its index counted from the oldest end when read (-1 the oldest).
-    pub from_oldest: i64,
 }
 
 impl DeadEntry {
@@ -242,9 +248,13 @@ impl DeadEntry {
         Some(&self.raw[at + JOB_FIELD.len()..])
     }
 
-    fn read(raw: Vec<u8>, size: u64, cut: Option<Cut>) -> Self {
+    fn read(raw: Vec<u8>, size: u64, cut: Option<Cut>, from_oldest: i64) -> Self {
         let letter = match &cut {
-            None => serde_json::from_slice(&raw).ok(),
+            // A too_large entry whose payload is not JSON is not either:
+            // its fields before `job` still are.
+            None => serde_json::from_slice(&raw)
+                .ok()
+                .or_else(|| cut_letter(&raw, &raw[raw.len().saturating_sub(DEAD_TAIL_BYTES)..])),
             Some(cut) => cut_letter(&raw, &cut.tail),
         };
         DeadEntry {
@@ -252,6 +262,22 @@ impl DeadEntry {
             letter,
             size,
             cut,
+            from_oldest,
+        }
+    }
+
+    /// Whether the entry keeps its payload verbatim (a too_large one).
+    fn keeps_raw(&self) -> bool {
+        self.letter
+            .as_ref()
+            .is_some_and(|l| l.encoding == Some(crate::job::Encoding::Raw))
+    }
+
+    /// Its digest: from Redis for a cut entry, else of the bytes read.
+    fn digest(&self) -> String {
+        match &self.cut {
+            Some(cut) => cut.digest.clone(),
+            None => sha1_hex(&self.raw),
         }
     }
 }
@@ -353,7 +379,7 @@ fn id_at_end(tail: &[u8]) -> Option<String> {
 
 /// The dead letters of `q`, newest first; with `id`, only that job's; with
 /// `limit`, at most that many. The list is read a page at a time, each
-/// entry longer than [`DEAD_PREVIEW_BYTES`] cut (see [`DeadEntry`]), so
+/// entry longer than [`DEAD_WHOLE_BYTES`] cut (see [`DeadEntry`]), so
 /// looking for one job keeps one page in memory however long the list is
 /// and however large its entries.
 pub async fn dead_letters(
@@ -394,7 +420,7 @@ pub async fn dead_count(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<u64>
 
 /// `count` entries of the dead list from index `start` (`LRANGE` indexes:
 /// negative ones count from the oldest end), each longer than
-/// [`DEAD_PREVIEW_BYTES`] cut, with the list's length.
+/// [`DEAD_WHOLE_BYTES`] cut, with the list's length.
 async fn dead_range(
     conn: &mut impl Conn,
     q: &QueueKeys,
@@ -408,6 +434,7 @@ async fn dead_range(
         .key(q.dead())
         .arg(start)
         .arg(count)
+        .arg(DEAD_WHOLE_BYTES)
         .arg(DEAD_PREVIEW_BYTES)
         .arg(DEAD_TAIL_BYTES)
         .invoke_async(conn)
@@ -425,17 +452,16 @@ async fn dead_range(
         let from_oldest: i64 = redis::from_redis_value_ref(&five[0])?;
         let size: u64 = redis::from_redis_value_ref(&five[1])?;
         let take = |v: &mut redis::Value| -> RedisResult<Vec<u8>> {
-            Ok(redis::from_redis_value(std::mem::replace(v, redis::Value::Nil))?)
+            Ok(redis::from_redis_value(std::mem::replace(
+                v,
+                redis::Value::Nil,
+            ))?)
         };
         let raw = take(&mut five[2])?;
         let tail = take(&mut five[3])?;
         let digest: String = redis::from_redis_value_ref(&five[4])?;
-        let cut = (!digest.is_empty()).then_some(Cut {
-            tail,
-            digest,
-            from_oldest,
-        });
-        entries.push(DeadEntry::read(raw, size, cut));
+        let cut = (!digest.is_empty()).then_some(Cut { tail, digest });
+        entries.push(DeadEntry::read(raw, size, cut, from_oldest));
     }
     Ok((total, entries))
 }
@@ -493,7 +519,7 @@ pub async fn due_page(
 }
 
 /// One page of the dead letters of `q`, newest first, each entry longer
-/// than [`DEAD_PREVIEW_BYTES`] cut (see [`DeadEntry`]).
+/// than [`DEAD_WHOLE_BYTES`] cut (see [`DeadEntry`]).
 pub async fn dead_page(
     conn: &mut impl Conn,
     q: &QueueKeys,
@@ -512,36 +538,42 @@ pub async fn dead_page(
 /// (`None`: no longer in the list). For entries whose job is needed whole
 /// (a retry computes its fresh start); these are bounded by the workers'
 /// payload size limit, unlike too_large ones, which never come here.
-async fn dead_whole(conn: &mut impl Conn, q: &QueueKeys, cut: &Cut) -> RedisResult<Option<Vec<u8>>> {
+async fn dead_whole(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    entry: &DeadEntry,
+) -> RedisResult<Option<Vec<u8>>> {
     let raw: Option<Vec<u8>> = redis::cmd("LINDEX")
         .arg(q.dead())
-        .arg(cut.from_oldest)
+        .arg(entry.from_oldest)
         .query_async(conn)
         .await?;
-    Ok(raw.filter(|raw| sha1_hex(raw) == cut.digest))
+    Ok(raw.filter(|raw| sha1_hex(raw) == entry.digest()))
 }
 
 fn sha1_hex(bytes: &[u8]) -> String {
     sha1_smol::Sha1::from(bytes).digest().to_string()
 }
 
-/// Runs `dead_pick.lua` on cut entries: `R` removes them, `Q` requeues
-/// the payload a too_large one keeps. Returns the script's codes.
+/// Runs `dead_pick.lua` on one entry: `R` removes it, `Q` requeues the
+/// payload a too_large one keeps. Returns the script's code: 1 done, 0
+/// gone, -1 left.
 async fn dead_pick(
     conn: &mut impl Conn,
     q: &QueueKeys,
     action: &str,
-    cuts: &[(&Cut, u64)],
-) -> RedisResult<Vec<i64>> {
-    if cuts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut invocation = scripts::DEAD_PICK.prepare_invoke();
-    invocation.key(q.dead()).key(q.waiting()).arg(action);
-    for (cut, size) in cuts {
-        invocation.arg(cut.from_oldest).arg(*size).arg(&cut.digest);
-    }
-    invocation.invoke_async(conn).await
+    entry: &DeadEntry,
+) -> RedisResult<i64> {
+    let done: Vec<i64> = scripts::DEAD_PICK
+        .key(q.dead())
+        .key(q.waiting())
+        .arg(action)
+        .arg(entry.from_oldest)
+        .arg(entry.size)
+        .arg(entry.digest())
+        .invoke_async(conn)
+        .await?;
+    Ok(done.first().copied().unwrap_or(0))
 }
 
 /// The payload a dead job restarts with: its object without `attempt`,
@@ -600,16 +632,12 @@ pub async fn retry_dead(
                 left += 1;
                 continue;
             }
-            let raw_kept = entry
-                .letter
-                .as_ref()
-                .is_some_and(|l| l.encoding == Some(crate::job::Encoding::Raw));
-            match (&entry.cut, raw_kept) {
+            match (&entry.cut, entry.keeps_raw()) {
                 // A too_large job goes back in Redis, as it was taken.
-                (Some(_), true) => raw_jobs.push(entry),
-                (Some(cut), false) => {
+                (_, true) => raw_jobs.push(entry),
+                (Some(_), false) => {
                     // Bounded by the payload limit: read it whole, alone.
-                    let whole = dead_whole(conn, q, cut).await?;
+                    let whole = dead_whole(conn, q, &entry).await?;
                     let letter = whole
                         .as_deref()
                         .and_then(|w| serde_json::from_slice::<DeadLetter>(w).ok());
@@ -642,10 +670,9 @@ pub async fn retry_dead(
         }
         // One at a time: each such entry may be as large as Redis allows.
         for entry in &raw_jobs {
-            let Some(cut) = &entry.cut else { continue };
-            match dead_pick(conn, q, "Q", &[(cut, entry.size)]).await?.first() {
-                Some(1) => report.retried += 1,
-                Some(-1) => {
+            match dead_pick(conn, q, "Q", entry).await? {
+                1 => report.retried += 1,
+                -1 => {
                     report.skipped_malformed += 1;
                     left += 1;
                 }
@@ -678,9 +705,8 @@ pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -
         removed += n;
     }
     for e in cut {
-        if let Some(c) = &e.cut {
-            let done = dead_pick(conn, q, "R", &[(c, e.size)]).await?;
-            removed += done.iter().filter(|d| **d == 1).count() as u64;
+        if dead_pick(conn, q, "R", e).await? == 1 {
+            removed += 1;
         }
     }
     Ok(removed)

@@ -188,9 +188,10 @@ pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Reads a page of the dead list, each entry longer than the preview cut
-/// to its start and end with its digest. KEYS: dead. ARGV: first index
-/// (as `LRANGE`), count, preview bytes, tail bytes. Returns the list's
+/// Reads a page of the dead list, each entry longer than a bound cut to
+/// its start and end with its digest. KEYS: dead. ARGV: first index (as
+/// `LRANGE`), count, the longest entry sent whole, preview bytes, tail
+/// bytes. Returns the list's
 /// length, then per entry its index from the oldest end, its length, the
 /// entry or its start, and for a cut one its end and SHA-1.
 pub static DEAD_PAGE: LazyLock<Script> =

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use workerpool_queue::admin::{
-    DEAD_PREVIEW_BYTES, dead_letters, dead_page, purge_dead, retry_dead,
+    DEAD_PREVIEW_BYTES, DEAD_WHOLE_BYTES, dead_letters, dead_page, purge_dead, retry_dead,
 };
 use workerpool_queue::job::{DeadLetter, DeadReason, Encoding};
 use workerpool_queue::keys::QueueKeys;
@@ -108,7 +108,10 @@ async fn bytes_that_are_not_json_nor_utf8_are_kept_exactly_and_named_escaped() {
     );
     let entry: Vec<u8> = c.lindex(q.dead(), 0).await.expect("lindex");
     let size = payload.len();
-    assert_eq!(&entry[entry.len() - 1 - size..entry.len() - 1], &payload[..]);
+    assert_eq!(
+        &entry[entry.len() - 1 - size..entry.len() - 1],
+        &payload[..]
+    );
     // Not JSON, so neither is the entry; readers still get its head.
     let page = dead_page(&mut c, &q, 0, 10).await.expect("page");
     let letter = page[0].letter.as_ref().expect("the head decodes");
@@ -125,9 +128,17 @@ async fn settling_takes_no_payload_over_the_limit_either() {
         .lpush(q.waiting(), job_of(LIMIT as usize + 10, "big"))
         .await
         .expect("lpush");
-    let (_, taken) = ops::settle(&mut c, std::slice::from_ref(&q), "w~1", &[], 1, limits(), None)
-        .await
-        .expect("settle");
+    let (_, taken) = ops::settle(
+        &mut c,
+        std::slice::from_ref(&q),
+        "w~1",
+        &[],
+        1,
+        limits(),
+        None,
+    )
+    .await
+    .expect("settle");
     assert!(taken.jobs.is_empty());
     assert_eq!(taken.too_large.len(), 1);
     assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 1);
@@ -140,9 +151,15 @@ async fn the_blocking_wait_takes_through_the_script_and_never_returns_a_large_pa
     let q = QueueKeys::new("waited");
     let mut blocker = redis.conn().await;
     // Nothing comes: the wait times out and takes nothing.
-    let taken = ops::wait_then_fetch(&mut blocker, &q, "w~1", Duration::from_millis(200), limits())
-        .await
-        .expect("wait");
+    let taken = ops::wait_then_fetch(
+        &mut blocker,
+        &q,
+        "w~1",
+        Duration::from_millis(200),
+        limits(),
+    )
+    .await
+    .expect("wait");
     assert!(taken.jobs.is_empty() && taken.too_large.is_empty());
     // A job over the limit arrives while waiting: dead-lettered by the script.
     let pushed = tokio::spawn({
@@ -161,7 +178,10 @@ async fn the_blocking_wait_takes_through_the_script_and_never_returns_a_large_pa
     assert_eq!(taken.too_large.len(), 1, "{taken:?}");
     assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 1);
     // A job under it is taken stamped, into the processing list.
-    let _: () = c.lpush(q.waiting(), r#"{"task":"small"}"#).await.expect("lpush");
+    let _: () = c
+        .lpush(q.waiting(), r#"{"task":"small"}"#)
+        .await
+        .expect("lpush");
     let taken = ops::wait_then_fetch(&mut blocker, &q, "w~1", Duration::from_secs(5), limits())
         .await
         .expect("wait");
@@ -170,10 +190,16 @@ async fn the_blocking_wait_takes_through_the_script_and_never_returns_a_large_pa
         String::from_utf8_lossy(&taken.jobs[0].payload).starts_with(r#"{"attempt":1,"#),
         "stamped"
     );
-    assert_eq!(c.llen::<_, u64>(q.processing("w~1")).await.expect("llen"), 1);
+    assert_eq!(
+        c.llen::<_, u64>(q.processing("w~1")).await.expect("llen"),
+        1
+    );
     assert_eq!(c.llen::<_, u64>(q.waiting()).await.expect("llen"), 0);
     // The connection is still in step: a plain command gets its own reply.
-    let pong: String = redis::cmd("PING").query_async(&mut blocker).await.expect("ping");
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut blocker)
+        .await
+        .expect("ping");
     assert_eq!(pong, "PONG");
 }
 
@@ -219,14 +245,26 @@ async fn readers_get_a_long_dead_letters_start_and_size_and_still_remove_or_retr
         .await
         .expect("length");
     assert_eq!(entry.size, stored, "the entry's size as stored");
-    assert_eq!(entry.raw.len(), DEAD_PREVIEW_BYTES, "only its start is read");
+    assert_eq!(
+        entry.raw.len(),
+        DEAD_PREVIEW_BYTES,
+        "only its start is read"
+    );
     assert!(entry.cut.is_some());
     let letter = entry.letter.as_ref().expect("decoded from its start");
     assert_eq!(letter.reason, DeadReason::TooLarge);
     assert_eq!(letter.size, Some(big.len() as u64));
-    assert_eq!(entry.job_id(), Some("big-2"), "the id, from the entry's end");
+    assert_eq!(
+        entry.job_id(),
+        Some("big-2"),
+        "the id, from the entry's end"
+    );
     assert_eq!(letter.job["task"], json!("big"), "the task, from its start");
-    assert!(entry.job_start().is_some_and(|s| s.starts_with(br#"{"task":"big""#)));
+    assert!(
+        entry
+            .job_start()
+            .is_some_and(|s| s.starts_with(br#"{"task":"big""#))
+    );
 
     // Purged by its id: found by digest, not read whole.
     assert_eq!(purge_dead(&mut c, &q, Some("big-2")).await, Ok(1));
@@ -251,7 +289,7 @@ async fn a_long_letter_of_another_reason_is_read_whole_again_only_to_retry_it() 
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let q = QueueKeys::new("longletter");
-    let data = "y".repeat(DEAD_PREVIEW_BYTES * 2);
+    let data = "y".repeat(DEAD_WHOLE_BYTES * 2);
     let letter = DeadLetter {
         reason: DeadReason::Exhausted,
         error: "boom".into(),
@@ -264,7 +302,9 @@ async fn a_long_letter_of_another_reason_is_read_whole_again_only_to_retry_it() 
     }
     .to_json();
     let _: () = c.lpush(q.dead(), &letter).await.expect("lpush");
-    let read = dead_letters(&mut c, &q, Some("long"), None).await.expect("read");
+    let read = dead_letters(&mut c, &q, Some("long"), None)
+        .await
+        .expect("read");
     assert_eq!(read.len(), 1, "found by its id from the entry's start");
     assert!(read[0].cut.is_some());
     assert_eq!(read[0].size, letter.len() as u64);

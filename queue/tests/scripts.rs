@@ -70,7 +70,12 @@ struct Row {
 const ROWS: &[Row] = &[
     Row {
         rule: "a fetch dead-letters a payload over the size limit whole, as too_large, and takes one at the limit",
-        given: &[&["LPUSH", "<q>", "0123456789abcdefghijk", "0123456789abcdefghij"]],
+        given: &[&[
+            "LPUSH",
+            "<q>",
+            "0123456789abcdefghijk",
+            "0123456789abcdefghij",
+        ]],
         op: Op::FetchCapped(2, 20),
         reply: "[0123456789abcdefghij] too_large [payload of 21 bytes is over the limit of 20 bytes (--max-payload-bytes); it starts: 0123456789abcdefghijk]",
         then: &[
@@ -83,7 +88,11 @@ const ROWS: &[Row] = &[
     Row {
         rule: "a settle takes no payload over the size limit either, and counts its attempt from the payload",
         given: &[
-            &["LPUSH", "<q>", r#"{"attempt":3,"id":"i","data":"long enough"}"#],
+            &[
+                "LPUSH",
+                "<q>",
+                r#"{"attempt":3,"id":"i","data":"long enough"}"#,
+            ],
             &["LPUSH", "<q>:processing:w~1", "a"],
         ],
         op: Op::SettleCapped(&[('A', "a")], 1, 20),
@@ -888,10 +897,12 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
         }
         Op::DeadPage => format!(
             "{:?}",
-            workerpool_queue::admin::dead_page(c, q, 0, 2).await.map(|page| page
-                .iter()
-                .map(|e| (String::from_utf8_lossy(&e.raw).into_owned(), e.size))
-                .collect::<Vec<_>>())
+            workerpool_queue::admin::dead_page(c, q, 0, 2)
+                .await
+                .map(|page| page
+                    .iter()
+                    .map(|e| (String::from_utf8_lossy(&e.raw).into_owned(), e.size))
+                    .collect::<Vec<_>>())
         ),
         Op::SettleLimited(jobs, take, rate) => {
             let rate: RateLimit = rate.parse().expect("a row's rate limit parses");

@@ -518,6 +518,23 @@ mod tests {
     }
 
     #[test]
+    fn the_payload_limit_defaults_to_16_mib_and_is_refused_outside_1_to_512_mib() {
+        let base = ["--redis-url=redis://h", "--queue=q", "--handler=noop"];
+        let (config, _) = parse(&base).expect("defaults");
+        assert_eq!(config.max_payload_bytes, 16 * 1024 * 1024);
+        let with = |v: &str| [&base[..], &["--max-payload-bytes", v]].concat();
+        let (config, _) = parse(&with("1048576")).expect("a limit");
+        assert_eq!(config.max_payload_bytes, 1_048_576);
+        for bad in ["0", "536870913"] {
+            let e = error(&with(bad));
+            assert!(
+                e.contains("--max-payload-bytes") && e.contains("536870912"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn a_command_after_the_separator_means_exec_and_durations_take_units() {
         let (config, handler) = parse(&[
             "--redis-url=redis://h:1/2",
