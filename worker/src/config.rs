@@ -522,11 +522,13 @@ mod tests {
         let base = ["--redis-url=redis://h", "--queue=q", "--handler=noop"];
         let (config, _) = parse(&base).expect("defaults");
         assert_eq!(config.max_payload_bytes, 16 * 1024 * 1024);
-        let with = |v: &str| [&base[..], &["--max-payload-bytes", v]].concat();
-        let (config, _) = parse(&with("1048576")).expect("a limit");
+        fn with<'a>(base: &[&'a str], v: &'a str) -> Vec<&'a str> {
+            [base, &["--max-payload-bytes", v]].concat()
+        }
+        let (config, _) = parse(&with(&base, "1048576")).expect("a limit");
         assert_eq!(config.max_payload_bytes, 1_048_576);
         for bad in ["0", "536870913"] {
-            let e = error(&with(bad));
+            let e = error(&with(&base, bad));
             assert!(
                 e.contains("--max-payload-bytes") && e.contains("536870912"),
                 "{bad}: {e}"
