@@ -315,3 +315,19 @@ async fn a_long_letter_of_another_reason_is_read_whole_again_only_to_retry_it() 
     assert_eq!(back["data"], json!(data));
     assert!(back.get("attempt").is_none());
 }
+
+#[tokio::test]
+async fn a_snapshot_reads_the_age_of_a_large_job_at_the_head_without_its_bytes() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("headed");
+    let _: () = c
+        .lpush(q.waiting(), job_of(3 * 1024 * 1024, "big"))
+        .await
+        .expect("lpush");
+    let read = workerpool_queue::snapshot::read(&mut c, std::slice::from_ref(&q))
+        .await
+        .expect("snapshot");
+    assert_eq!(read.queues[0].oldest_enqueued_at_ms, Some(1_767_225_600_000));
+    assert_eq!(read.queues[0].waiting, 1);
+}
