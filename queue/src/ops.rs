@@ -44,12 +44,12 @@ impl Fetched {
 }
 
 /// The payload size limit a worker runs with when it is not told
-/// otherwise: 16 MiB. Redis takes up to 512 MB in one value, but every
-/// job under the limit is held whole by the worker (and, for a text
-/// handler, once more as the line or body handed on), so the limit bounds
-/// a worker's memory to about twice it per slot; 16 MiB is far above what
-/// a job that carries references rather than data needs, and small enough
-/// for an exec handler's stdin line and an http handler's POST body.
+/// otherwise: 16 MiB. Redis takes up to 512 MB in one value, but a worker
+/// holds a job it runs several times over on the way (measured: about 14
+/// times its size at the peak, `docs/benchmarks.md`), and text handlers
+/// get it once more as a stdin line or a POST body; 16 MiB keeps the
+/// largest job within a few hundred megabytes and is far above what a job
+/// that carries references rather than data needs.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
 
 /// What the taking scripts ([`fetch`], [`settle`], [`wait_then_fetch`])
