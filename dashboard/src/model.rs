@@ -425,6 +425,7 @@ mod tests {
             letter: None,
             size: 10,
             cut: None,
+            from_oldest: -1,
         });
         assert_eq!(row.reason, "unreadable");
         assert_eq!(row.payload, "\\xfe garbage");

@@ -328,6 +328,9 @@ async fn a_snapshot_reads_the_age_of_a_large_job_at_the_head_without_its_bytes()
     let read = workerpool_queue::snapshot::read(&mut c, std::slice::from_ref(&q))
         .await
         .expect("snapshot");
-    assert_eq!(read.queues[0].oldest_enqueued_at_ms, Some(1_767_225_600_000));
+    assert_eq!(
+        read.queues[0].oldest_enqueued_at_ms,
+        Some(1_767_225_600_000)
+    );
     assert_eq!(read.queues[0].waiting, 1);
 }

@@ -1147,7 +1147,10 @@ async fn a_dead_letter_of_megabytes_shows_its_start_and_size_and_is_retried_whol
         "{item}"
     );
     let page = get(&app, "/queues/emails/dead").await.body;
-    assert!(page.contains(&format!("{} bytes", entry.len())), "the size is shown");
+    assert!(
+        page.contains(&format!("{} bytes", entry.len())),
+        "the size is shown"
+    );
 
     let form = get(&app, "/queues/emails/dead").await.body;
     let token = csrf(&form);
@@ -1157,7 +1160,11 @@ async fn a_dead_letter_of_megabytes_shows_its_start_and_size_and_is_retried_whol
         &format!("id=huge&csrf={token}"),
     )
     .await;
-    assert!(done.status.is_redirection() || done.status.is_success(), "{}", done.status);
+    assert!(
+        done.status.is_redirection() || done.status.is_success(),
+        "{}",
+        done.status
+    );
     assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
     let back: String = c.lindex(q.waiting(), 0).await.expect("lindex");
     assert!(back == job, "the job back on the queue, byte for byte");
