@@ -327,6 +327,24 @@ pub async fn wait_then_fetch(
     })
 }
 
+/// Checks once, on a connection about to wait with [`wait_then_fetch`],
+/// that the server lets it block: `BLMOVE` on `<q>:wait-probe`, a key that
+/// is never written, for 10 ms. Needed because the wait's own `BLMOVE`
+/// answers nothing (`CLIENT REPLY SKIP`): refused there (an ACL without
+/// it), the wait would return at once, and the worker would spin.
+pub async fn probe_wait(conn: &mut impl Conn, queue: &QueueKeys) -> RedisResult<()> {
+    let probe = format!("{}:wait-probe", queue.name());
+    let _: Option<Vec<u8>> = redis::cmd("BLMOVE")
+        .arg(&probe)
+        .arg(&probe)
+        .arg("RIGHT")
+        .arg("RIGHT")
+        .arg(0.01)
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
 /// Whether `error`, from [`wait_then_fetch`], is the server refusing
 /// `CLIENT REPLY` (an ACL without it, a proxy that does not pass it on).
 pub fn reply_skip_refused(error: &redis::RedisError) -> bool {

@@ -142,12 +142,16 @@ impl Worker {
     ) -> Result<(Vec<Fetched>, Option<RedisError>), RedisFailure> {
         for (b, q) in blockers.iter_mut().zip(&self.queues) {
             if b.is_none() {
-                *b = Some(
-                    self.redis
-                        .blocking_conn(q)
-                        .await
-                        .map_err(|e| RedisFailure::new("connect", e))?,
-                );
+                let mut blocker = self
+                    .redis
+                    .blocking_conn(q)
+                    .await
+                    .map_err(|e| RedisFailure::new("connect", e))?;
+                // The wait's own BLMOVE answers nothing: see that it may block.
+                queue::probe_wait(&mut blocker.conn, q)
+                    .await
+                    .map_err(|e| RedisFailure::new("wait", e))?;
+                *b = Some(blocker);
             }
         }
         let ids: Vec<i64> = blockers.iter().flatten().map(|b| b.id).collect();
