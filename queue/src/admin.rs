@@ -625,7 +625,6 @@ pub async fn retry_dead(
         }
         looked += page.len() as isize;
         let mut pairs = Vec::with_capacity(page.len());
-        let mut raw_jobs = Vec::new();
         // Oldest first: the page lists the newest first.
         for entry in page.into_iter().rev() {
             if id.is_some() && entry.job_id() != id {
@@ -633,8 +632,19 @@ pub async fn retry_dead(
                 continue;
             }
             match (&entry.cut, entry.keeps_raw()) {
-                // A too_large job goes back in Redis, as it was taken.
-                (_, true) => raw_jobs.push(entry),
+                // A too_large job goes back in Redis, as it was taken:
+                // after the jobs before it, so the order is kept.
+                (_, true) => {
+                    resurrect(conn, q, &mut pairs, &mut report).await?;
+                    match dead_pick(conn, q, "Q", &entry).await? {
+                        1 => report.retried += 1,
+                        -1 => {
+                            report.skipped_malformed += 1;
+                            left += 1;
+                        }
+                        _ => {}
+                    }
+                }
                 (Some(_), false) => {
                     // Bounded by the payload limit: read it whole, alone.
                     let whole = dead_whole(conn, q, &entry).await?;
@@ -659,28 +669,30 @@ pub async fn retry_dead(
                 },
             }
         }
-        for chunk in pairs.chunks(BATCH) {
-            let mut invocation = scripts::RESURRECT.prepare_invoke();
-            invocation.key(q.dead()).key(q.waiting());
-            for (raw, payload) in chunk {
-                invocation.arg(raw).arg(payload);
-            }
-            let moved: u64 = invocation.invoke_async(conn).await?;
-            report.retried += moved;
-        }
-        // One at a time: each such entry may be as large as Redis allows.
-        for entry in &raw_jobs {
-            match dead_pick(conn, q, "Q", entry).await? {
-                1 => report.retried += 1,
-                -1 => {
-                    report.skipped_malformed += 1;
-                    left += 1;
-                }
-                _ => {}
-            }
-        }
+        resurrect(conn, q, &mut pairs, &mut report).await?;
     }
     Ok(report)
+}
+
+/// Moves `pairs` (entry as stored, payload to push) back onto the queue
+/// (`resurrect.lua`), emptying it.
+async fn resurrect(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    pairs: &mut Vec<(Vec<u8>, String)>,
+    report: &mut Resurrected,
+) -> RedisResult<()> {
+    for chunk in pairs.chunks(BATCH) {
+        let mut invocation = scripts::RESURRECT.prepare_invoke();
+        invocation.key(q.dead()).key(q.waiting());
+        for (raw, payload) in chunk {
+            invocation.arg(raw).arg(payload);
+        }
+        let moved: u64 = invocation.invoke_async(conn).await?;
+        report.retried += moved;
+    }
+    pairs.clear();
+    Ok(())
 }
 
 /// Removes dead letters, all or those of job `id`, and returns how many.

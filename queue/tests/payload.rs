@@ -275,7 +275,11 @@ async fn readers_get_a_long_dead_letters_start_and_size_and_still_remove_or_retr
     assert_eq!(done.retried, 2, "{done:?}");
     assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
     let waiting: Vec<Vec<u8>> = c.lrange(q.waiting(), 0, -1).await.expect("lrange");
-    assert!(waiting.contains(&big), "the big job, byte for byte");
+    assert_eq!(
+        waiting.last(),
+        Some(&big),
+        "the big job, byte for byte, and first to run: it died first"
+    );
     assert!(
         waiting
             .iter()
