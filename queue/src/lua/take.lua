@@ -65,7 +65,6 @@ local function take_jobs(waiting, processing, bucket, dead, dead_total, index, w
     started = #popped
     local n = #out
     out[n + 1], out[n + 2] = index, started
-    local held_n = started
     for j = 1, started do
       local v = popped[j]
       if max_bytes > 0 and #v > max_bytes then
@@ -77,7 +76,7 @@ local function take_jobs(waiting, processing, bucket, dead, dead_total, index, w
         out[n + 2 * j + 1], out[n + 2 * j + 2] = held, how
       end
     end
-    held_n = started - refused
+    local held_n = started - refused
     for from = 1, held_n, 1000 do
       redis.call('LPUSH', processing, unpack(popped, from, math.min(from + 999, held_n)))
     end
