@@ -600,7 +600,7 @@ spec:
         - {name: WORKERPOOL_CONCURRENCY, value: "99"}
         - name: TOKEN
           valueFrom: {secretKeyRef: {name: s, key: t}}
-  worker: {concurrency: 3, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s}
+  worker: {concurrency: 3, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s, maxPayloadBytes: 1048576}
   replicas: 2
   shutdown: {gracePeriodSeconds: 10}
 "#;
@@ -625,6 +625,7 @@ spec:
         assert_eq!(env["WORKERPOOL_REDIS_URL"], "redis://127.0.0.1:7000/0");
         assert_eq!(env["WORKERPOOL_SHUTDOWN_TIMEOUT"], "7500ms");
         assert_eq!(env["WORKERPOOL_RATE_LIMIT"], "20/s");
+        assert_eq!(env["WORKERPOOL_MAX_PAYLOAD_BYTES"], "1048576");
         assert!(!env.contains_key("TOKEN"));
         assert!(notes.iter().any(|n| n.contains("TOKEN")), "{notes:?}");
 
