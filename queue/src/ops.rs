@@ -268,7 +268,8 @@ fn fetch_keys(invocation: &mut redis::ScriptInvocation<'_>, q: &QueueKeys, insta
 /// onto the end it came from (the list stays as it was) and so returns as
 /// soon as the queue has a job, with `CLIENT REPLY SKIP` before it: the
 /// server sends no reply to it, so the job's bytes never travel here
-/// however large they are. The taking script, sent in the same write,
+/// however large they are. The taking script (`EVALSHA` of [`fetch`]'s),
+/// sent in the same write,
 /// runs once the wait is over (a job came, the wait timed out, or
 /// `CLIENT UNBLOCK` ended it) and its reply is the only one. A job the
 /// script takes is in the processing list at once, as with [`fetch`]; a
@@ -295,8 +296,11 @@ pub async fn wait_then_fetch(
         .arg("RIGHT")
         .arg("RIGHT")
         .arg(timeout.as_secs_f64());
-    pipe.cmd("EVAL")
-        .arg(scripts::FETCH_SOURCE.as_str())
+    // EVALSHA: the round's fetch before the wait loaded the script on
+    // this node (should the cache have been flushed since, this wait takes
+    // nothing and loads it: the job stays in the queue for the next).
+    pipe.cmd("EVALSHA")
+        .arg(scripts::FETCH.get_hash())
         .arg(5)
         .arg(queue.waiting())
         .arg(queue.processing(instance))
@@ -316,7 +320,17 @@ pub async fn wait_then_fetch(
         .pop()
         .ok_or_else(|| malformed_reply("no reply to the wait"))?;
     if let redis::Value::ServerError(e) = reply {
-        return Err(e.into());
+        let e: redis::RedisError = e.into();
+        if e.code() == Some("NOSCRIPT") {
+            // Nothing was taken: load it for the next wait.
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(scripts::FETCH_SOURCE.as_str())
+                .query_async(conn)
+                .await?;
+            return Ok(Taken::default());
+        }
+        return Err(e);
     }
     let mut reply: Vec<redis::Value> = redis::from_redis_value(reply)?;
     let (jobs, too_large) = taken(&mut reply, 2)?;

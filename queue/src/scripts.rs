@@ -62,9 +62,8 @@ fn taking_script(body: &str) -> Script {
     Script::new(&taking_source(body))
 }
 
-/// The whole text of [`FETCH`], for the blocking wait, which sends it with
-/// `EVAL` in a pipeline of its own ([`crate::ops::wait_then_fetch`]).
-pub static FETCH_SOURCE: LazyLock<String> =
+/// The whole text of [`FETCH`].
+pub(crate) static FETCH_SOURCE: LazyLock<String> =
     LazyLock::new(|| taking_source(include_str!("lua/fetch.lua")));
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (five per queue:
