@@ -7,7 +7,7 @@ demo:
 # Everything CI checks: the release checks, formatting, lints, and every
 # test (unit, against a real redis-server started per test, end to end, the
 # Helm chart with the real helm, and on a real Kubernetes cluster when
-# WORKERPOOL_E2E_K8S or WORKERPOOL_E2E_KUBECONFIG says where: see README.md).
+# WORKERPOOL_E2E_K8S or WORKERPOOL_E2E_KUBECONFIG says where: see docs/testing.md).
 test: tools release-check lint unit
 
 # The operator and worker images, built from debug binaries without a

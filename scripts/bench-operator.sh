@@ -32,7 +32,7 @@ TARGET=${CARGO_TARGET_DIR:-target}
 NS=bench
 
 if [ -z "$KIT" ] || [ ! -x "$KIT/up.sh" ] || [ ! -x "$KIT/lib/control-plane-down.sh" ]; then
-  echo "set K8S_KIT to the cluster kit's directory (up.sh, lib/control-plane-down.sh; see the end-to-end section of README.md)" >&2
+  echo "set K8S_KIT to the cluster kit's directory (up.sh, lib/control-plane-down.sh; see docs/testing.md, "End-to-end tests on a real cluster")" >&2
   exit 1
 fi
 for tool in redis-server redis-cli python3; do

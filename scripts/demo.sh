@@ -13,8 +13,10 @@ QUEUE=demo
 for tool in redis-server redis-cli; do
   command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install -y redis-server" >&2; exit 1; }
 done
-echo "building workerpool-worker and workerpool-operator (debug)..."
-cargo build --quiet -p workerpool-worker -p workerpool-operator
+# The first build takes minutes: say so, and let cargo show its progress
+# (on a terminal, its progress bar; one "Finished" line once built).
+echo "building the workerpool binaries (debug; the first time takes a few minutes)..."
+cargo build -p workerpool-worker -p workerpool-operator --bins
 target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN=${target:-target}/debug
 

@@ -14,7 +14,10 @@
 #                                  home /app), workerpool-worker and workerpool in
 #                                  /usr/local/bin, tini, WORKDIR /app; ENTRYPOINT
 #                                  tini -s -- the worker
-# Archives go to target/images/*.tar (docker-archive format).
+# Archives go to target/images/*.tar (docker-archive format). At the end the
+# script prints the two image names (repository:tag) and their archives, and
+# where it loaded them: the names to give the chart (image.repository,
+# image.tag) and a WorkerPool's worker container (image).
 #
 # Env:
 #   PROFILE       debug (default) or release: which cargo build to use
@@ -68,13 +71,17 @@ save() {
   echo "$file"
 }
 
+# Where load put the images, for the summary at the end.
+loaded_into=''
 load() {
   if [ -n "${IMAGE_LOAD:-}" ]; then
     # shellcheck disable=SC2086 # IMAGE_LOAD is a command with its arguments
     $IMAGE_LOAD "$1"
+    loaded_into="the cluster, with: $IMAGE_LOAD"
   elif [ -S "$NODE_RUN/containerd.sock" ]; then
     ctr -a "$NODE_RUN/containerd.sock" -n k8s.io images import "$1" >/dev/null
     echo "loaded $1 into the node's containerd"
+    loaded_into="the node's containerd ($NODE_RUN/containerd.sock, namespace k8s.io)"
   fi
 }
 
@@ -109,8 +116,9 @@ umoci config --image "$work/op:img" --os linux --architecture amd64 \
   --config.exposedports 8080/tcp \
   --config.entrypoint /usr/local/bin/workerpool-operator \
   --config.cmd run
-archive=$(save "$work/op" local/workerpool-operator)
-load "$archive"
+operator_image=local/workerpool-operator:$TAG
+operator_archive=$(save "$work/op" local/workerpool-operator)
+load "$operator_archive"
 
 # The worker: images/worker/Dockerfile's runtime stage on a Debian bookworm root.
 if [ -z "${BASE_ARCHIVE:-}" ]; then
@@ -164,5 +172,21 @@ umoci config --image "$work/wk:img" --os linux --architecture amd64 \
   --config.entrypoint=-s \
   --config.entrypoint=-- \
   --config.entrypoint /usr/local/bin/workerpool-worker
-archive=$(save "$work/wk" local/workerpool-worker)
-load "$archive"
+worker_image=local/workerpool-worker:$TAG
+worker_archive=$(save "$work/wk" local/workerpool-worker)
+load "$worker_archive"
+
+echo
+echo "images built:"
+echo "  $operator_image  ($operator_archive)"
+echo "  $worker_image  ($worker_archive)"
+if [ -n "$loaded_into" ]; then
+  echo "loaded into $loaded_into"
+else
+  echo "not loaded into a cluster: kind load image-archive FILE.tar, or"
+  echo "  ctr -n k8s.io images import FILE.tar on the node (or IMAGE_LOAD=... make images)"
+fi
+echo "use them:"
+echo "  helm install workerpool-operator charts/workerpool-operator -n workerpool-system --create-namespace \\"
+echo "    --set image.repository=${operator_image%:*} --set image.tag=$TAG"
+echo "  and in a WorkerPool's worker container: image: $worker_image"

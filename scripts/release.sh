@@ -160,10 +160,15 @@ set_version() {
   local new=$1 old names files file entry prefix suffix
   old=$(workspace_version)
   [ -n "$old" ] || die "Cargo.toml: no version under [workspace.package]"
+  # The notes are read whole before they are looked at: `notes | grep -q`
+  # would fail under pipefail whenever grep stops reading early (SIGPIPE).
+  local text
   if has_section "$new"; then
-    notes "$new" | grep -q '[^[:space:]]' || die "CHANGELOG.md: the section of $new is empty"
+    text=$(notes "$new")
+    [[ $text == *[^[:space:]]* ]] || die "CHANGELOG.md: the section of $new is empty"
   else
-    notes Unreleased | grep -q '[^[:space:]]' ||
+    text=$(notes Unreleased)
+    [[ $text == *[^[:space:]]* ]] ||
       die "CHANGELOG.md has no section for $new and nothing under '## [Unreleased]': write the release notes first"
   fi
   tmp=$(mktemp)

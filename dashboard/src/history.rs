@@ -1,6 +1,14 @@
 //! The last hour of each queue, kept in memory: a sample every few seconds
 //! taken in the background, so the chart has its hour even when no page
 //! was open. Memory is bounded: an hour of samples per queue.
+//!
+//! Every read of a queue is recorded, the page's own reads included, so
+//! that the counts a page shows and the last point of its chart (and the
+//! chart's legend) are the same read. Samples are kept at least half the
+//! sampling interval apart: a read closer to the last kept sample than
+//! that is held as the newest point, replaced by the next one, and
+//! its rates are measured from the kept sample before, so that a rate is
+//! never taken over a few milliseconds.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -19,18 +27,60 @@ struct Sample {
     failed: u64,
 }
 
-/// Samples per queue, oldest first, at most `capacity` each.
+/// One queue's samples: the kept ones, oldest first, and the newest read
+/// when it came too soon after the last kept one to be kept itself.
+#[derive(Debug, Default)]
+struct Samples {
+    kept: VecDeque<Sample>,
+    newest: Option<Sample>,
+}
+
+impl Samples {
+    fn last(&self) -> Option<Sample> {
+        self.newest.or_else(|| self.kept.back().copied())
+    }
+
+    /// Every point of the chart with the sample its rates are measured
+    /// from (none for the first).
+    fn with_previous(&self) -> Vec<(Option<Sample>, Sample)> {
+        let mut out = Vec::with_capacity(self.kept.len() + 1);
+        let mut previous = None;
+        for &s in &self.kept {
+            out.push((previous, s));
+            previous = Some(s);
+        }
+        if let Some(newest) = self.newest {
+            // From the kept sample before the last kept one: the last kept
+            // one may be a moment ago.
+            let n = self.kept.len();
+            let from = if n >= 2 {
+                self.kept.get(n - 2)
+            } else {
+                self.kept.back()
+            };
+            out.push((from.copied(), newest));
+        }
+        out
+    }
+}
+
+/// Samples per queue, at most `capacity` kept each.
 #[derive(Debug)]
 pub struct History {
     capacity: usize,
-    queues: HashMap<String, VecDeque<Sample>>,
+    /// The least time between two kept samples.
+    min_gap_ms: u64,
+    queues: HashMap<String, Samples>,
 }
 
 impl History {
-    /// Room for an hour of samples taken every `interval_ms`.
+    /// Room for an hour of samples taken every `interval_ms` (and of the
+    /// pages' reads in between, kept at least half that apart).
     pub fn new(interval_ms: u64) -> Self {
+        let min_gap_ms = (interval_ms / 2).max(1);
         Self {
-            capacity: (WINDOW_MS / interval_ms.max(1)) as usize + 1,
+            capacity: (WINDOW_MS / min_gap_ms) as usize + 1,
+            min_gap_ms,
             queues: HashMap::new(),
         }
     }
@@ -40,50 +90,67 @@ impl History {
     /// went back).
     pub fn record(&mut self, s: &QueueSummary, now_ms: u64) {
         let samples = self.queues.entry(s.name.clone()).or_default();
-        if samples.back().is_some_and(|last| last.at_ms >= now_ms) {
+        if samples.last().is_some_and(|last| last.at_ms >= now_ms) {
             return;
         }
-        samples.push_back(Sample {
+        let sample = Sample {
             at_ms: now_ms,
             waiting: s.waiting,
             in_flight: s.in_flight,
             processed: s.processed_total,
             failed: s.failed_total,
-        });
-        while samples.len() > self.capacity
+        };
+        match samples.kept.back() {
+            Some(kept) if now_ms - kept.at_ms < self.min_gap_ms => {
+                samples.newest = Some(sample);
+            }
+            _ => {
+                samples.kept.push_back(sample);
+                samples.newest = None;
+            }
+        }
+        while samples.kept.len() > self.capacity
             || samples
+                .kept
                 .front()
                 .is_some_and(|first| now_ms.saturating_sub(first.at_ms) > WINDOW_MS)
         {
-            samples.pop_front();
+            samples.kept.pop_front();
         }
     }
 
-    /// Completions and failures per second between the last two samples.
+    /// Completions and failures per second at the last sample: the rates
+    /// of the chart's last point.
     pub fn rates(&self, queue: &str) -> (Option<f64>, Option<f64>) {
         let Some(samples) = self.queues.get(queue) else {
             return (None, None);
         };
-        let n = samples.len();
-        if n < 2 {
-            return (None, None);
+        match samples.with_previous().last() {
+            Some(&(Some(a), b)) => {
+                let (p, f) = per_second(a, b);
+                (Some(p), Some(f))
+            }
+            _ => (None, None),
         }
-        let (a, b) = (samples[n - 2], samples[n - 1]);
-        let (p, f) = per_second(a, b);
-        (Some(p), Some(f))
     }
 
-    /// The chart's points of `queue`, oldest first.
+    /// The chart's points of `queue`, oldest first; the last one is the
+    /// latest read.
     pub fn series(&self, queue: &str) -> Series {
-        let mut points = Vec::new();
-        if let Some(samples) = self.queues.get(queue) {
-            let mut previous: Option<Sample> = None;
-            for &s in samples {
-                let (p, f) = previous.map_or((0.0, 0.0), |a| per_second(a, s));
-                points.push(Point(s.at_ms, s.waiting, s.in_flight, p, f));
-                previous = Some(s);
-            }
-        }
+        let points = self
+            .queues
+            .get(queue)
+            .map(|samples| {
+                samples
+                    .with_previous()
+                    .into_iter()
+                    .map(|(previous, s)| {
+                        let (p, f) = previous.map_or((0.0, 0.0), |a| per_second(a, s));
+                        Point(s.at_ms, s.waiting, s.in_flight, p, f)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         Series {
             queue: queue.to_string(),
             points,
@@ -138,6 +205,48 @@ mod tests {
         assert!(points.len() <= 721, "{}", points.len());
         let span = points.last().map(|p| p.0).unwrap_or(0) - points[0].0;
         assert!(span <= WINDOW_MS, "{span}");
+    }
+
+    #[test]
+    fn the_latest_read_is_the_last_point_and_its_rates_are_the_last_points() {
+        let mut h = History::new(5_000);
+        h.record(&summary(0, 10), 10_000);
+        h.record(&summary(50, 8), 15_000);
+        // A page's read 100 ms after the background sample: the chart ends
+        // with it, and its rate is measured over more than those 100 ms.
+        h.record(&summary(53, 5), 15_100);
+        let points = h.series("q").points;
+        assert_eq!(points.len(), 3);
+        let last = points[2];
+        assert_eq!((last.0, last.1), (15_100, 5));
+        assert_eq!(last.3, 10.39, "53 jobs over 5.1 s, from the sample at 10 s");
+        assert_eq!(h.rates("q"), (Some(last.3), Some(last.4)));
+        // The next read replaces it; one half an interval after the last
+        // kept sample is kept in its place.
+        h.record(&summary(60, 4), 16_000);
+        assert_eq!(h.series("q").points.len(), 3);
+        assert_eq!(h.series("q").points[2].1, 4);
+        h.record(&summary(80, 2), 17_600);
+        let points = h.series("q").points;
+        assert_eq!(points.len(), 3);
+        assert_eq!(points[2], Point(17_600, 2, 0, 11.54, 0.0));
+        assert_eq!(h.rates("q"), (Some(11.54), Some(0.0)));
+    }
+
+    #[test]
+    fn reads_every_second_keep_samples_half_an_interval_apart() {
+        let mut h = History::new(5_000);
+        for i in 0..100u64 {
+            h.record(&summary(i, i), 1_000 + i * 1_000);
+        }
+        let points = h.series("q").points;
+        // The kept ones 3 s apart (the first read at least 2.5 s after the
+        // previous), and the newest read last.
+        assert_eq!(points.len(), 34, "{points:?}");
+        assert_eq!(points.last().map(|p| p.0), Some(100_000));
+        for pair in points[..points.len() - 1].windows(2) {
+            assert!(pair[1].0 - pair[0].0 >= 2_500, "{pair:?}");
+        }
     }
 
     #[test]

@@ -214,8 +214,7 @@ impl State {
 
     async fn sample(&self) -> RedisResult<()> {
         for q in &self.queues {
-            let (s, now) = self.summary(q).await?;
-            self.history().record(&s, now);
+            self.summary(q).await?;
         }
         self.check_memory().await;
         Ok(())
@@ -247,7 +246,8 @@ impl State {
             .clone()
     }
 
-    /// One queue's counts (one round trip), with the rates of the history.
+    /// One queue's counts (one round trip), recorded in the history, with
+    /// the rates of the history: a page shows the read its chart ends with.
     async fn summary(&self, q: &QueueKeys) -> RedisResult<(QueueSummary, u64)> {
         let mut conn = self.conn.clone();
         // One queue per read: queues of different hash tags live on
@@ -257,7 +257,9 @@ impl State {
         let figures = read.queues.into_iter().next().unwrap_or_default();
         let mut s = QueueSummary::from_figures(&figures, now);
         s.name = q.name().to_string();
-        (s.processed_per_second, s.failed_per_second) = self.history().rates(q.name());
+        let mut history = self.history();
+        history.record(&s, now);
+        (s.processed_per_second, s.failed_per_second) = history.rates(q.name());
         Ok((s, now))
     }
 

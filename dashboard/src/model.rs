@@ -384,6 +384,7 @@ mod tests {
                     in_flight: 3,
                     dead_after_ms: Some(30_000),
                     rate_limit: Some("20/s".into()),
+                    handler_problem: None,
                 },
                 WorkerFigures {
                     instance: "b~1".into(),
@@ -391,6 +392,7 @@ mod tests {
                     in_flight: 1,
                     dead_after_ms: None,
                     rate_limit: Some("1/h".into()),
+                    handler_problem: None,
                 },
             ],
             ..QueueFigures::default()

@@ -76,7 +76,11 @@ fn json_error(status: StatusCode, error: &str) -> Response {
 }
 
 fn redis_failed(e: &redis::RedisError) -> String {
-    format!("cannot read Redis: {e}")
+    // An ACL refusal names the command to grant, a full Redis says so.
+    format!(
+        "cannot read Redis: {}",
+        workerpool_queue::connection::describe(e)
+    )
 }
 
 /// The query string's pairs, decoded.

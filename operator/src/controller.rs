@@ -261,24 +261,40 @@ struct Failing {
 
 impl Context {
     /// Compares the pool's dead-lettered total with the last look. On a
-    /// rise, reads the newest dead letter of a queue that rose. Returns
-    /// the jobs dead-lettered within [`FAILING_FOR`] of the last rise.
+    /// rise, reads the newest dead letter of a queue that rose. On the
+    /// first look (a new pool, a restarted operator), judges by the dead
+    /// letters' own times instead, so that jobs which died before the
+    /// operator looked still show. Returns the jobs dead-lettered within
+    /// [`FAILING_FOR`] of the last rise.
     async fn failing(&self, key: &str, endpoint: &Endpoint, snap: &Snapshot) -> Option<Failing> {
         let total: u64 = snap.queues.iter().map(|q| q.dead_total).sum();
         let now = self.now();
         let before = lock(&self.dead_seen).get(key).cloned();
         let mut seen = before.clone().unwrap_or_default();
         seen.total = total;
-        if let Some(before) = &before
-            && total > before.total
-        {
-            let latest = self.latest_dead(endpoint, snap).await;
-            let within = seen
-                .rise
-                .as_ref()
-                .filter(|(at, _, _)| now.saturating_sub(*at) < FAILING_FOR)
-                .map_or(0, |(_, n, _)| *n);
-            seen.rise = Some((now, within + (total - before.total), latest));
+        match &before {
+            Some(before) if total > before.total => {
+                let latest = self
+                    .latest_dead(endpoint, snap)
+                    .await
+                    .map(|(_, text)| text)
+                    .unwrap_or_default();
+                let within = seen
+                    .rise
+                    .as_ref()
+                    .filter(|(at, _, _)| now.saturating_sub(*at) < FAILING_FOR)
+                    .map_or(0, |(_, n, _)| *n);
+                seen.rise = Some((now, within + (total - before.total), latest));
+            }
+            Some(_) => {}
+            None => {
+                if let Some((recent, latest)) = self.latest_dead(endpoint, snap).await
+                    && let Some(age) = recent.newest_age(snap.server_time_ms)
+                    && age < FAILING_FOR
+                {
+                    seen.rise = Some((now.saturating_sub(age), recent.count, latest));
+                }
+            }
         }
         let failing = seen
             .rise
@@ -292,32 +308,70 @@ impl Context {
         failing
     }
 
-    /// The newest dead letter of the pool's queues: its reason and error.
-    async fn latest_dead(&self, endpoint: &Endpoint, snap: &Snapshot) -> String {
-        let Ok(mut c) = self.redis_conn(endpoint).await else {
-            return String::new();
-        };
+    /// The newest dead letters of the pool's queues (a few per queue): how
+    /// many died within [`FAILING_FOR`], when the newest died, and its
+    /// reason and error.
+    async fn latest_dead(&self, endpoint: &Endpoint, snap: &Snapshot) -> Option<(Recent, String)> {
+        let mut c = self.redis_conn(endpoint).await.ok()?;
+        let mut recent = Recent::default();
+        let mut latest: Option<(u64, String)> = None;
         for q in snap.queues.iter().filter(|q| q.dead > 0) {
             let keys = QueueKeys::new(q.name.clone());
-            if let Ok(entries) =
-                workerpool_queue::admin::dead_letters(&mut c, &keys, None, Some(1)).await
-                && let Some(letter) = entries.into_iter().next().and_then(|e| e.letter)
-            {
-                return workerpool_queue::text::safe_line(
-                    &format!("{}: {}", letter.reason.as_str(), letter.error),
-                    300,
-                );
+            let Ok(entries) =
+                workerpool_queue::admin::dead_letters(&mut c, &keys, None, Some(RECENT_READ)).await
+            else {
+                continue;
+            };
+            for letter in entries.into_iter().filter_map(|e| e.letter) {
+                let age = snap.server_time_ms.saturating_sub(letter.died_at);
+                if u128::from(age) < FAILING_FOR.as_millis() {
+                    recent.count += 1;
+                }
+                recent.newest_ms = recent.newest_ms.max(letter.died_at);
+                if latest.as_ref().is_none_or(|(at, _)| letter.died_at > *at) {
+                    let text = workerpool_queue::text::safe_line(
+                        &format!("{}: {}", letter.reason.as_str(), letter.error),
+                        300,
+                    );
+                    latest = Some((letter.died_at, text));
+                }
             }
         }
-        String::new()
+        let (_, text) = latest?;
+        Some((recent, text))
+    }
+}
+
+/// How many of each queue's newest dead letters a first look reads.
+const RECENT_READ: usize = 20;
+
+/// The newest dead letters as a first look found them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Recent {
+    /// Dead-lettered within [`FAILING_FOR`] (of those read).
+    count: u64,
+    /// When the newest died, unix ms (Redis clock; 0: unknown).
+    newest_ms: u64,
+}
+
+impl Recent {
+    /// How long ago the newest died, at `server_time_ms`.
+    fn newest_age(&self, server_time_ms: u64) -> Option<Duration> {
+        (self.newest_ms > 0)
+            .then(|| Duration::from_millis(server_time_ms.saturating_sub(self.newest_ms)))
     }
 }
 
 /// A failed read of the queue, naming where it was read (the password
-/// masked), as the CLI does.
+/// masked), as the CLI does. A command or key the Redis ACL refuses is
+/// `RedisPermissionDenied`, naming the command.
 fn unreachable_problem(endpoint: &Endpoint, e: &redis::RedisError) -> QueueProblem {
     QueueProblem {
-        reason: "RedisUnreachable",
+        reason: if workerpool_queue::connection::refused(e).is_some() {
+            "RedisPermissionDenied"
+        } else {
+            "RedisUnreachable"
+        },
         message: format!(
             "cannot read the queue at {}: {}",
             endpoint.redacted(),
@@ -633,6 +687,8 @@ fn plan(
         desired,
         ..observed.counts
     };
+    // Pods the cluster refuses first, then handlers that cannot run (the
+    // workers' heartbeats say so even when the ready count looks fine).
     let problem = if ready < current {
         workload::problem(
             observed.existing.as_ref(),
@@ -640,7 +696,8 @@ fn plan(
         )
     } else {
         None
-    };
+    }
+    .or_else(|| workload::handler_problem(observed.reading.as_ref().ok()?));
     let deployment = deployment::build(pool, desired).map_err(Error::InvalidSpec)?;
     let mut events = Vec::new();
     if desired != current && observed.existing.is_some() {
@@ -1207,7 +1264,7 @@ fn status(
             q.reason,
             format!("{counted}; {}", q.message),
         ),
-        (Ok(_), Some(p)) if !ready_ok => condition(
+        (Ok(_), Some(p)) if !ready_ok || p.reason == workload::HANDLER_FAILING => condition(
             "Ready",
             false,
             &p.reason,

@@ -37,7 +37,7 @@ use crate::scaling::ScalingSpec;
     printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs running"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Workers wanted"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Workers ready"}"#,
-    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"The most important problem first: the queue cannot be read (RedisUnreachable, SecretNotFound ...), the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...), jobs are being dead-lettered (JobsFailing); else WorkersStarting or WorkersReady"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"The most important problem first: the queue cannot be read (RedisUnreachable, SecretNotFound ...), the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...) or their handler cannot (HandlerFailing), jobs are being dead-lettered (JobsFailing); else WorkersStarting or WorkersReady"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","description":"Why the pool has this size","priority":1}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","description":"The Ready condition's message","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#

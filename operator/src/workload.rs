@@ -34,6 +34,33 @@ pub struct Problem {
     pub message: String,
 }
 
+/// The `Ready` reason of workers whose handler cannot run jobs.
+pub const HANDLER_FAILING: &str = "HandlerFailing";
+
+/// Workers whose handler cannot run jobs (it cannot start, or it dies
+/// before it answers), as their heartbeats in `snap` say. Such a worker
+/// reports not ready and gives its jobs back; the pods' logs, which say
+/// more, are gone once the pool scales to zero.
+pub fn handler_problem(snap: &workerpool_queue::snapshot::Snapshot) -> Option<Problem> {
+    let problems = snap.handler_problems();
+    let (pod, why) = problems.iter().next()?;
+    let more = match problems.len() - 1 {
+        0 => String::new(),
+        n => format!(
+            " ({n} more worker{} report the same or worse)",
+            if n == 1 { "" } else { "s" }
+        ),
+    };
+    Some(Problem {
+        reason: HANDLER_FAILING.into(),
+        message: format!(
+            "worker {}: {}{more}",
+            workerpool_queue::text::safe_line(pod, 80),
+            workerpool_queue::text::safe_line(why, 400)
+        ),
+    })
+}
+
 /// The first problem that keeps the pool's workers from running, if any.
 pub fn problem(deployment: Option<&Deployment>, pods: &[Pod]) -> Option<Problem> {
     let conditions = deployment

@@ -486,6 +486,9 @@ pub fn describe(error: &RedisError) -> String {
     if let Some(hint) = hint {
         return format!("TLS: {hint}: {text}");
     }
+    if let Some(refused) = refused(error) {
+        return format!("{refused} ({text})");
+    }
     // Answers of the server that are not about the job: what they mean
     // and what to do.
     let code = match error.kind() {
@@ -496,10 +499,6 @@ pub fn describe(error: &RedisError) -> String {
         "OOM" => Some(
             "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction): jobs cannot \
              be taken, settled or enqueued until memory is freed or maxmemory is raised",
-        ),
-        "NOPERM" => Some(
-            "the Redis user is not allowed this command or key (ACL): grant what \
-             docs/queue-contract.md lists for this component",
         ),
         "WRONGPASS" | "NOAUTH" => {
             Some("Redis refused the credentials: check the user and password in the Redis URL")
@@ -512,6 +511,66 @@ pub fn describe(error: &RedisError) -> String {
         Some(meaning) => format!("{meaning} ({text})"),
         None => text,
     }
+}
+
+/// What a Redis ACL refused, read from the server's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// A command, lower case as ACL rules spell it (`client|id` for a
+    /// subcommand); `None` when the server did not say which.
+    Command(Option<String>),
+    /// A key outside the user's key patterns.
+    Key,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Command(Some(command)) => write!(
+                f,
+                "the Redis user may not run {} (ACL): grant it with +{command}; \
+                 docs/redis-acl.md lists what each component needs",
+                command.replace('|', " ").to_ascii_uppercase()
+            ),
+            Refused::Command(None) => f.write_str(
+                "the Redis user may not run a command workerpool needs (ACL): \
+                 docs/redis-acl.md lists what each component needs",
+            ),
+            Refused::Key => f.write_str(
+                "the Redis user may not touch a key of the queue (ACL): its key patterns \
+                 must cover the queue's name and every key under it (~<queue> ~<queue>:*); \
+                 see docs/redis-acl.md",
+            ),
+        }
+    }
+}
+
+/// What a Redis ACL refused, if `error` is such a refusal: a command or
+/// a key refused to the user (`NOPERM`), or refused to a script it runs
+/// (Redis 7.0 answers `ERR The user executing the script can't…` there;
+/// the command is then found from the script's line it names, see
+/// [`crate::scripts::command_at`]).
+pub fn refused(error: &RedisError) -> Option<Refused> {
+    let text = error.to_string();
+    let in_script = text.contains("The user executing the script can't");
+    if error.code() != Some("NOPERM") && !in_script {
+        return None;
+    }
+    if text.contains("permissions to access") || text.contains("can't access") {
+        return Some(Refused::Key);
+    }
+    let named = text
+        .split_once("permissions to run the '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(command, _)| command.to_ascii_lowercase());
+    let traced = || {
+        let (_, rest) = text.split_once("script: ")?;
+        let (sha, rest) = rest.split_once(',')?;
+        let (_, line) = rest.split_once("@user_script:")?;
+        let line: String = line.chars().take_while(char::is_ascii_digit).collect();
+        crate::scripts::command_at(sha.trim(), line.parse().ok()?)
+    };
+    Some(Refused::Command(named.or_else(traced)))
 }
 
 /// The URL with its password replaced, for messages, logs and status.

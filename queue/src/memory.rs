@@ -39,6 +39,8 @@ pub struct Memory {
     pub maxmemory: u64,
     /// `evicted_keys`: keys evicted since the server started.
     pub evicted_keys: u64,
+    /// The Redis user may not run `INFO` (ACL): the policy is unknown.
+    pub info_refused: bool,
 }
 
 /// How much a server's eviction policy puts a queue at risk.
@@ -105,6 +107,12 @@ impl Memory {
         };
         match self.risk() {
             Risk::None => None,
+            Risk::Unknown if self.info_refused => Some(
+                "the Redis user may not run INFO (ACL), so Redis's maxmemory-policy cannot \
+                 be read: if it evicts keys, jobs can be lost without an error; make sure it \
+                 is noeviction, or grant +info to have it checked (docs/redis-acl.md)"
+                    .into(),
+            ),
             Risk::Unknown => Some(
                 "cannot read Redis's maxmemory-policy from INFO memory: if it evicts keys, \
                  jobs can be lost without an error; make sure it is noeviction"
@@ -131,11 +139,23 @@ impl Memory {
 }
 
 /// Reads the memory settings of the server (on a cluster: the node) that
-/// holds queue `q`.
+/// holds queue `q`. A user the ACL refuses `INFO` gets a [`Memory`] that
+/// says so ([`Memory::info_refused`]) rather than an error: `INFO` is
+/// optional (docs/redis-acl.md).
 pub async fn read(conn: &mut Connection, q: &QueueKeys) -> RedisResult<Memory> {
-    let memory: String = conn
+    let memory: String = match conn
         .on_node_of(q.waiting(), redis::cmd("INFO").arg("memory"))
-        .await?;
+        .await
+    {
+        Ok(memory) => memory,
+        Err(e) if crate::connection::refused(&e).is_some() => {
+            return Ok(Memory {
+                info_refused: true,
+                ..Memory::default()
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let stats: String = conn
         .on_node_of(q.waiting(), redis::cmd("INFO").arg("stats"))
         .await?;

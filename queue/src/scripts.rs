@@ -14,7 +14,8 @@
 //! changed nothing. Without that, a job removed from the processing list
 //! and refused by a wrong-typed retry set would be in no key at all.
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 use redis::Script;
 
@@ -46,12 +47,43 @@ const TAKE: &str = include_str!("lua/take.lua");
 /// jobs.
 const UNIQUE: &str = include_str!("lua/unique.lua");
 
+/// The source of every script built so far, by SHA1: what a refusal
+/// inside a script (an ACL without one of its commands) is traced back
+/// with ([`command_at`]).
+static SOURCES: LazyLock<Mutex<HashMap<String, String>>> = LazyLock::new(Default::default);
+
+/// A script from its whole source, remembered for [`command_at`].
+fn registered(source: String) -> Script {
+    let script = Script::new(&source);
+    SOURCES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(script.get_hash().to_string(), source);
+    script
+}
+
+/// The Redis command that line `line` (1-based, as Redis counts in
+/// `@user_script:<line>`) of the script with SHA1 `sha` calls, lower case,
+/// if the script is one of workerpool's and the line calls one command.
+pub fn command_at(sha: &str, line: usize) -> Option<String> {
+    let sources = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+    let text = sources.get(sha)?.lines().nth(line.checked_sub(1)?)?;
+    let mut names = text.match_indices("call(").filter_map(|(at, _)| {
+        let rest = text[at + "call(".len()..].trim_start();
+        let quote = rest.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+        let name = rest[1..].split(quote).next()?;
+        Some(name.to_ascii_lowercase())
+    });
+    let first = names.next()?;
+    names.all(|n| n == first).then_some(first)
+}
+
 pub(crate) fn script(body: &str) -> Script {
-    Script::new(&format!("{GUARD}{NOW_MS}{body}"))
+    registered(format!("{GUARD}{NOW_MS}{body}"))
 }
 
 fn ending_script(body: &str) -> Script {
-    Script::new(&format!("{GUARD}{NOW_MS}{UNIQUE}{body}"))
+    registered(format!("{GUARD}{NOW_MS}{UNIQUE}{body}"))
 }
 
 fn taking_source(body: &str) -> String {
@@ -59,7 +91,7 @@ fn taking_source(body: &str) -> String {
 }
 
 fn taking_script(body: &str) -> Script {
-    Script::new(&taking_source(body))
+    registered(taking_source(body))
 }
 
 /// The whole text of [`FETCH`].
@@ -79,7 +111,7 @@ pub(crate) static FETCH_SOURCE: LazyLock<String> =
 /// (`0, -1` when no limit stopped it), then groups of a queue index
 /// (1-based) and a count, each followed by that many pairs of payload as
 /// held and stamp (a dead-lettered payload: its error and -2).
-pub static FETCH: LazyLock<Script> = LazyLock::new(|| Script::new(&FETCH_SOURCE));
+pub static FETCH: LazyLock<Script> = LazyLock::new(|| registered(FETCH_SOURCE.clone()));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
 /// stamp. KEYS: processing, scheduled, dead, stats:dead, unique,
@@ -184,7 +216,7 @@ pub static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/p
 /// key ('' for none), the hold in ms. Returns `{1, at}` enqueued, `{0, at}`
 /// claimed and refused as a duplicate, `{-1, latest}` claimed before.
 pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
+    registered(format!(
         "{GUARD}{NOW_MS}local function enqueue(KEYS, ARGV)\n{}\nend\n{}",
         include_str!("lua/enqueue.lua"),
         include_str!("lua/fire.lua")
@@ -206,3 +238,33 @@ pub static DEAD_PAGE: LazyLock<Script> =
 /// Returns per triple 1 done, 0 gone, -1 left (not a too_large entry).
 pub static DEAD_PICK: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("lua/dead_pick.lua")));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_line_is_traced_to_the_command_it_calls() {
+        let sha = FETCH.get_hash().to_string();
+        let source = SOURCES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&sha)
+            .cloned()
+            .expect("FETCH is registered");
+        let line = source
+            .lines()
+            .position(|l| l.contains("redis.call('RPOP'"))
+            .expect("the taking script pops")
+            + 1;
+        assert_eq!(command_at(&sha, line).as_deref(), Some("rpop"));
+        let time = source
+            .lines()
+            .position(|l| l.contains("redis.call('TIME')"))
+            .expect("the clock")
+            + 1;
+        assert_eq!(command_at(&sha, time).as_deref(), Some("time"));
+        assert_eq!(command_at(&sha, 0), None);
+        assert_eq!(command_at("not-a-script", 1), None);
+    }
+}

@@ -27,6 +27,9 @@ pub struct WorkerFigures {
     pub dead_after_ms: Option<u64>,
     /// Its `--rate-limit` (`20/s`), when it has one.
     pub rate_limit: Option<String>,
+    /// Why its handler cannot run jobs (it cannot start, or dies before
+    /// it answers), as its last heartbeat said; `None` when it runs them.
+    pub handler_problem: Option<String>,
 }
 
 impl WorkerFigures {
@@ -136,6 +139,22 @@ impl Snapshot {
             .map(|t| self.server_time_ms.saturating_sub(t) as f64 / 1000.0)
     }
 
+    /// The live workers (at the snapshot's instant) whose handler cannot
+    /// run jobs, once each by worker id (the pod name), with the reason
+    /// their heartbeat gave.
+    pub fn handler_problems(&self) -> std::collections::BTreeMap<String, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for w in self.queues.iter().flat_map(|q| &q.workers) {
+            if let Some(p) = &w.handler_problem
+                && w.alive(self.server_time_ms)
+            {
+                let id = crate::keys::Instance::id_of(&w.instance).unwrap_or(&w.instance);
+                out.entry(id.to_string()).or_insert_with(|| p.clone());
+            }
+        }
+        out
+    }
+
     /// Jobs in flight per worker id (the pod name), over all queues and
     /// incarnations.
     pub fn in_flight_by_worker_id(&self) -> std::collections::BTreeMap<String, u64> {
@@ -191,7 +210,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             });
         let Value::Array(w) = &f[9] else { return None };
         let workers = w
-            .chunks_exact(5)
+            .chunks_exact(6)
             .map(|c| {
                 Some(WorkerFigures {
                     instance: string(&c[0])?,
@@ -203,6 +222,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
                         n => Some(n.parse().ok()?),
                     },
                     rate_limit: Some(string(&c[4])?).filter(|r| !r.is_empty()),
+                    handler_problem: Some(string(&c[5])?).filter(|p| !p.is_empty()),
                 })
             })
             .collect::<Option<Vec<_>>>()?;

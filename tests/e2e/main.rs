@@ -16,6 +16,7 @@ mod cluster;
 mod scenarios;
 mod security;
 mod tls;
+mod truth;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         .iter()
         .chain(security::ALL)
         .chain(tls::ALL)
+        .chain(truth::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();
@@ -55,7 +57,7 @@ fn main() -> ExitCode {
     let Some(source) = Source::from_env() else {
         eprintln!(
             "e2e: SKIPPED ({} scenarios): no cluster. Set WORKERPOOL_E2E_K8S to a directory with up.sh and down.sh \
-             (CI uses ../shared/k8s) or WORKERPOOL_E2E_KUBECONFIG to a running cluster; see README.md, \"End-to-end tests on a real cluster\"",
+             (CI uses ../shared/k8s) or WORKERPOOL_E2E_KUBECONFIG to a running cluster; see docs/testing.md, \"End-to-end tests on a real cluster\"",
             selected.len()
         );
         return ExitCode::SUCCESS;

@@ -1237,14 +1237,19 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(name: &str, redis: &Redis) -> Pool {
+        Pool::at(name, &redis.url(), &redis.ip)
+    }
+    /// A pool on the Redis at `url`, its handler recording on `recorder`
+    /// (a Redis IP).
+    pub fn at(name: &str, url: &str, recorder: &str) -> Pool {
         let spec = json!({
-            "queue": {"redis": {"url": redis.url(), "key": name}},
+            "queue": {"redis": {"url": url, "key": name}},
             "template": {"spec": {"containers": [{
                 "name": "worker",
                 "image": worker_image(),
                 "imagePullPolicy": "Never",
                 "args": ["--", "python3", "-c", HANDLER],
-                "env": [{"name": "E2E_REDIS", "value": redis.ip}],
+                "env": [{"name": "E2E_REDIS", "value": recorder}],
             }]}},
             "worker": {"concurrency": 1, "maxAttempts": 3, "jobTimeoutSeconds": 60},
             "scaling": {
@@ -1301,6 +1306,11 @@ impl Pool {
     }
     pub fn concurrency(mut self, n: i64) -> Pool {
         self.spec["worker"]["concurrency"] = n.into();
+        self
+    }
+    /// Any other change to the spec.
+    pub fn with(mut self, change: impl FnOnce(&mut Value)) -> Pool {
+        change(&mut self.spec);
         self
     }
     pub fn manifest(&self) -> String {

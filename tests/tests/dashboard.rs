@@ -227,6 +227,66 @@ async fn the_json_api_counts_every_list_and_shows_the_workers() {
 }
 
 #[tokio::test]
+async fn the_table_and_the_end_of_the_chart_show_the_same_read() {
+    let redis = TestRedis::start();
+    let conn = connect(&redis.url()).await;
+    let dash = Dashboard::new(conn, vec![QueueKeys::new("emails")], writable());
+    let app = dash.router();
+    // The background sample, then jobs arrive and some are processed
+    // before the page reads the queue.
+    dash.sample().await.expect("a sample");
+    let mut c = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let _: () = c.lpush("emails", vec!["{}"; 7]).await.expect("push");
+    let _: () = c.set("emails:stats:processed", 40).await.expect("set");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let o = json(&get(&app, "/api/overview").await);
+    let table = &o["queues"][0];
+    let last = o["history"][0]["points"]
+        .as_array()
+        .and_then(|p| p.last())
+        .cloned()
+        .expect("the chart has points");
+    assert_eq!(table["waiting"], 7, "{o}");
+    assert_eq!(
+        last[0], o["server_time_ms"],
+        "the chart ends at the page's read: {o}"
+    );
+    assert_eq!(
+        last[1], table["waiting"],
+        "the chart's last waiting is the table's: {o}"
+    );
+    assert_eq!(last[2], table["in_flight"], "{o}");
+    assert_eq!(
+        last[3], table["processed_per_second"],
+        "the legend's rate is the table's: {o}"
+    );
+    assert!(
+        table["processed_per_second"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0),
+        "{o}"
+    );
+
+    // A queue's page too.
+    let _: () = c.lpush("emails", vec!["{}"; 2]).await.expect("push");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let d = json(&get(&app, "/api/queues/emails").await);
+    let last = d["history"]["points"]
+        .as_array()
+        .and_then(|p| p.last())
+        .cloned()
+        .expect("the chart has points");
+    assert_eq!(d["summary"]["waiting"], 9, "{d}");
+    assert_eq!(last[1], d["summary"]["waiting"], "{d}");
+    assert_eq!(last[3], d["summary"]["processed_per_second"], "{d}");
+}
+
+#[tokio::test]
 async fn pages_escape_payloads_and_forbid_inline_scripts() {
     let redis = TestRedis::start();
     let q = QueueKeys::new("emails");

@@ -686,3 +686,88 @@ async fn a_pool_scales_on_a_redis_cluster_reached_through_any_node() {
         local.report()
     );
 }
+
+/// The rules of the `workerpool-local` line of `docs/redis-acl.md`.
+fn local_acl_rules() -> Vec<String> {
+    include_str!("../../docs/redis-acl.md")
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ACL SETUSER workerpool-local "))
+        .expect("docs/redis-acl.md has the local mode line")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    std::io::Write::write_fmt(
+        &mut s,
+        format_args!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"),
+    )
+    .ok()?;
+    let mut response = String::new();
+    std::io::Read::read_to_string(&mut s, &mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_mode_runs_its_pool_and_dashboard_as_the_documented_acl_user() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("local");
+    for rule in local_acl_rules() {
+        setuser.arg(rule);
+    }
+    let () = setuser.query_async(&mut conn).await.expect("acl setuser");
+    let url = format!("redis://local:secret@127.0.0.1:{}", redis.port());
+    let q = QueueKeys::new("jobs");
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("pool.yaml");
+    let scaling = "scaling: {minReplicas: 0, maxReplicas: 2, pollIntervalSeconds: 1, \
+        targetBacklogPerReplica: 10, idleSecondsBeforeZero: 2}";
+    std::fs::write(&path, manifest("jobs", scaling, &handler("0.01"), 2, 5)).expect("manifest");
+    let mut child = local_command(&path)
+        .args(["--redis-url", &url, "--plain"])
+        .args(["--dashboard", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start workerpool-operator local");
+    let stdout = collect(child.stdout.take().expect("piped stdout"));
+    let stderr = collect(child.stderr.take().expect("piped stderr"));
+    let local = Local {
+        child,
+        stdout,
+        stderr,
+        _dir: dir,
+    };
+    push(&mut conn, q.name(), 1, 60).await;
+    eventually(Duration::from_secs(60), "every job done", || {
+        let mut conn = conn.clone();
+        let q = q.clone();
+        async move { (count(&mut conn, &q).await == (60, 0, 0)).then_some(()) }
+    })
+    .await;
+    for path in ["/api/overview", "/api/queues/jobs", "/queues/jobs/dead"] {
+        let (status, body) = eventually(Duration::from_secs(10), "the dashboard", || async {
+            http_get(port, path)
+        })
+        .await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let report = local.report();
+    for refusal in ["NOPERM", "may not run", "can't run"] {
+        assert!(!report.contains(refusal), "{refusal}: {report}");
+    }
+    assert!(
+        local.values("running").iter().any(|r| *r > 0),
+        "workers ran: {report}"
+    );
+}

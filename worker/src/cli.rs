@@ -238,8 +238,8 @@ pub enum CliError {
     /// The queue's name cannot work on a Redis Cluster.
     #[error("{0}")]
     ClusterNaming(String),
-    /// A Redis command failed.
-    #[error("redis: {0}")]
+    /// A Redis command failed; an ACL refusal names the command to grant.
+    #[error("redis: {}", describe(.0))]
     Redis(#[from] redis::RedisError),
     /// A job given to `enqueue` is not a JSON object.
     #[error("{0}")]

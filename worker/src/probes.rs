@@ -23,6 +23,9 @@ pub struct Health {
     redis_ok: AtomicBool,
     /// Why the last Redis operation failed, for `/readyz`.
     redis_problem: std::sync::Mutex<Option<String>>,
+    /// A Redis operation the ACL refuses, until that operation succeeds:
+    /// other operations succeeding meanwhile do not make the worker ready.
+    redis_refused: std::sync::Mutex<Option<String>>,
     /// Why the handler cannot run jobs (a command that cannot start, or
     /// dies before answering, again and again), for `/readyz`.
     handler_problem: std::sync::Mutex<Option<String>>,
@@ -41,6 +44,7 @@ impl Health {
             registered: AtomicBool::new(false),
             redis_ok: AtomicBool::new(false),
             redis_problem: std::sync::Mutex::new(None),
+            redis_refused: std::sync::Mutex::new(None),
             handler_problem: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
         }
@@ -75,6 +79,12 @@ impl Health {
         self.set_redis_ok(false);
     }
 
+    /// An operation the Redis ACL refuses (`Some(why)`: the worker is not
+    /// ready whatever else succeeds), or none any more (`None`).
+    pub fn set_redis_refused(&self, why: Option<String>) {
+        *self.redis_refused.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
     /// The handler cannot run jobs (`Some(why)`), or can again (`None`).
     pub fn set_handler_problem(&self, why: Option<String>) {
         *self
@@ -106,6 +116,14 @@ impl Health {
     pub fn ready(&self) -> Result<(), String> {
         if self.draining.load(Ordering::Relaxed) {
             return Err("draining".into());
+        }
+        if let Some(refused) = self
+            .redis_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(refused);
         }
         if !self.redis_ok.load(Ordering::Relaxed) {
             let problem = self

@@ -51,6 +51,14 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
         .hset(high.worker("pod-a~1"), "dead_after_ms", 30_000)
         .await
         .expect("hset");
+    let _: () = c
+        .hset(
+            high.worker("pod-a~1"),
+            "handler_problem",
+            "the handler exited before its first answer 3 times",
+        )
+        .await
+        .expect("hset");
     for (instance, held) in [("pod-a~1", 2), ("pod-b~1", 1)] {
         let _: () = c.zadd(high.workers(), instance, now).await.expect("zadd");
         for n in 0..held {
@@ -101,6 +109,25 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
     assert!((89.0..100.0).contains(&age), "{age}");
     let by_pod: Vec<(String, u64)> = s.in_flight_by_worker_id().into_iter().collect();
     assert_eq!(by_pod, [("pod-a".to_string(), 3), ("pod-b".to_string(), 1)]);
+    // A live worker's handler problem, once per pod (it is registered on
+    // both queues).
+    let problems: Vec<(String, String)> = s.handler_problems().into_iter().collect();
+    assert_eq!(
+        problems,
+        [(
+            "pod-a".to_string(),
+            "the handler exited before its first answer 3 times".to_string()
+        )]
+    );
+    // An empty field (the handler runs) is no problem.
+    let _: () = c
+        .hset(high.worker("pod-a~1"), "handler_problem", "")
+        .await
+        .expect("hset");
+    let s = snapshot::read(&mut c, &[high.clone(), low.clone()])
+        .await
+        .expect("snapshot");
+    assert!(s.handler_problems().is_empty());
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use workerpool_tests::TestRedis;
 
 use super::*;
 use crate::rbac;
+use workerpool_queue::snapshot::{QueueFigures, WorkerFigures};
 
 struct ApiServer {
     handle: Handle<Request<Body>, Response<Body>>,
@@ -766,6 +767,121 @@ fn a_workload_failure_is_announced_once_and_remembered() {
     assert_eq!(healthy.announced, None, "forgotten once it clears");
 }
 
+#[test]
+fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event() {
+    let p = pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 2}),
+    );
+    let worker = |instance: &str, problem: Option<&str>, beat: u64| WorkerFigures {
+        instance: instance.into(),
+        last_beat_ms: beat,
+        in_flight: 0,
+        dead_after_ms: Some(30_000),
+        rate_limit: None,
+        handler_problem: problem.map(str::to_string),
+    };
+    let why = "the handler exited before its first answer 3 times in a row \
+               (exit status: 2); its stderr: python3: can't open file '/app/handler.py'";
+    let mut seen = observed(Some(existing_deployment(2, 1)), true);
+    seen.reading = Ok(Snapshot {
+        server_time_ms: 100_000,
+        queues: vec![QueueFigures {
+            name: "mail".into(),
+            workers: vec![
+                worker("mail-7d9-abcde~1", Some(why), 99_000),
+                worker("mail-7d9-fghij~1", None, 99_000),
+                // Lost long ago: what it said no longer counts.
+                worker("mail-7d9-old~1", Some("stale"), 1_000),
+            ],
+            ..QueueFigures::default()
+        }],
+    });
+    let planned = plan(&p, &seen, &manual(2), None).expect("plan");
+    let ready = planned
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "HandlerFailing")
+    );
+    assert_eq!(
+        ready.message,
+        format!("1 of 2 workers ready: worker mail-7d9-abcde: {why}")
+    );
+    let warnings: Vec<&str> = planned
+        .events
+        .iter()
+        .filter(|(t, _, _)| *t == EventType::Warning)
+        .map(|(_, r, _)| r.as_str())
+        .collect();
+    assert_eq!(warnings, ["HandlerFailing"]);
+    assert_eq!(planned.announced.as_deref(), Some("HandlerFailing"));
+    // Said once: no second event while it lasts.
+    let again = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    // Even with every pod counted ready, a worker that says its handler
+    // cannot run is the pool's problem.
+    seen.counts.ready = 2;
+    let counted = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    assert!(
+        counted
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == "HandlerFailing")
+    );
+    // The handler runs again: Ready is the workers' again.
+    if let Ok(s) = &mut seen.reading {
+        s.queues[0].workers[0].handler_problem = None;
+    }
+    let healthy = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    assert_eq!(healthy.announced, None);
+    assert!(
+        healthy
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == "WorkersReady")
+    );
+}
+
+#[tokio::test]
+async fn a_command_the_acl_refuses_is_permission_denied_naming_it_not_unreachable() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-scripts")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("-@all")
+        .arg("+time")
+        .query_async(&mut c)
+        .await
+        .expect("acl setuser");
+    let url = format!("redis://no-scripts:pw@127.0.0.1:{}", redis.port());
+    let endpoint = Endpoint::new(url, Tls::default()).expect("valid url");
+    let mut conn = endpoint
+        .connect(Duration::from_secs(3), Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let error = snapshot::read(&mut conn, &[QueueKeys::new("mail")])
+        .await
+        .expect_err("EVALSHA is refused");
+    let problem = unreachable_problem(&endpoint, &error);
+    assert_eq!(problem.reason, "RedisPermissionDenied");
+    assert!(
+        problem.message.contains("may not run EVALSHA") && problem.message.contains("+evalsha"),
+        "{}",
+        problem.message
+    );
+    assert!(!problem.message.contains(":pw@"), "{}", problem.message);
+}
+
 #[tokio::test]
 async fn a_password_in_the_url_reaches_no_status_event_or_metric() {
     const PASSWORD: &str = "s3cr3t-Pa55";
@@ -1331,6 +1447,48 @@ async fn a_rise_of_dead_letters_since_the_last_look_is_failing_with_the_newest_e
         failing.latest
     );
     // It lasts while no more die, within the window.
+    assert_eq!(
+        failing_now(&ctx, &endpoint, &q).await.map(|f| f.count),
+        Some(2)
+    );
+}
+
+#[tokio::test]
+async fn jobs_that_died_lately_before_the_first_look_are_failing_on_it() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(Client::new(service, "default"), Metrics::new(), None);
+    let endpoint = Endpoint::new(redis.url(), Tls::default()).expect("url");
+    let q = QueueKeys::new("mail");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
+    let now_ms = secs * 1000 + micros / 1000;
+    let letter = |error: &str, died_at: u64| {
+        json!({"reason": "exhausted", "error": error, "attempts": 1, "died_at": died_at, "worker": "w", "job": {"id": "j"}}).to_string()
+    };
+    // An hour ago, then two in the last minute (a new pool whose handler
+    // crashed before the operator looked, or a restarted operator).
+    for (error, died_at) in [
+        ("ancient", now_ms - 3_600_000),
+        ("first", now_ms - 60_000),
+        ("boom", now_ms - 1_000),
+    ] {
+        let _: () = c
+            .lpush(q.dead(), letter(error, died_at))
+            .await
+            .expect("lpush");
+    }
+    let _: () = c.incr(q.stats_dead(), 3).await.expect("incr");
+    let failing = failing_now(&ctx, &endpoint, &q)
+        .await
+        .expect("failing on the first look");
+    assert_eq!(failing.count, 2);
+    assert!(
+        failing.latest.starts_with("exhausted: boom"),
+        "{}",
+        failing.latest
+    );
+    // Remembered on the next look, without a rise.
     assert_eq!(
         failing_now(&ctx, &endpoint, &q).await.map(|f| f.count),
         Some(2)

@@ -245,11 +245,13 @@ impl ScalingSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Observation {
-    /// Jobs waiting in the queue.
+    /// Jobs ready to run: waiting in the list, plus due retries and due
+    /// delayed jobs (the CRD's and the queue contract's "backlog").
     pub backlog: u64,
     /// Jobs being processed by workers.
     pub in_flight: u64,
-    /// Retries whose due time has passed, waiting to be put back on the queue.
+    /// Of the backlog, the due retries and due delayed jobs not yet moved
+    /// back to the list (a part of `backlog`, never added to it).
     pub due_retries: u64,
     /// Age in seconds of the oldest waiting job, when producers stamp `enqueued_at`.
     pub oldest_job_age_seconds: Option<f64>,
@@ -282,7 +284,7 @@ impl Observation {
     }
 
     fn pending(&self) -> bool {
-        self.backlog > 0 || self.in_flight > 0 || self.due_retries > 0
+        self.backlog > 0 || self.in_flight > 0
     }
 }
 
@@ -775,8 +777,8 @@ impl Engine {
         }
 
         if current == 0 {
-            let waiting = obs.backlog.saturating_add(obs.due_retries);
-            if waiting >= u64::from(spec.activation_backlog.max(1).unsigned_abs()) {
+            // The backlog already holds the due retries and delayed jobs.
+            if obs.backlog >= u64::from(spec.activation_backlog.max(1).unsigned_abs()) {
                 // Waking: straight to the computed size. The HPA has no say at zero (it is
                 // inactive there), and a rate limit here only makes the first jobs wait.
                 let recommendation = largest.max(1);

@@ -317,17 +317,49 @@ fn stays_at_zero_below_the_activation_backlog() {
 }
 
 #[test]
-fn due_retries_count_towards_activation() {
+fn due_retries_count_towards_activation_once() {
     let spec = plain();
     let decision = Engine::new().tick(
         &spec,
         &Observation {
             due_retries: 1,
-            ..obs(0, 0, 0)
+            ..obs(1, 0, 0)
         },
         at(0),
     );
     assert_eq!(decision.desired, 1);
+}
+
+/// A queue with `due` due retries and `waiting` jobs in its list, as the
+/// snapshot reads it.
+fn observed(waiting: u64, due: u64) -> Observation {
+    let snapshot = workerpool_queue::snapshot::Snapshot {
+        server_time_ms: 1_000,
+        queues: vec![workerpool_queue::snapshot::QueueFigures {
+            name: "q".into(),
+            waiting,
+            due_retries: due,
+            retries: due,
+            ..Default::default()
+        }],
+    };
+    Observation::from_snapshot(&snapshot, 0, 0)
+}
+
+#[test]
+fn a_due_retry_counts_once_towards_activation_through_the_snapshot() {
+    let spec = ScalingSpec {
+        activation_backlog: 2,
+        ..plain()
+    };
+    // One due retry is one job: below an activation backlog of two.
+    let one = Engine::new().tick(&spec, &observed(0, 1), at(0));
+    assert_eq!((one.desired, one.reason.rule), (0, Rule::BelowActivation));
+    for (waiting, due) in [(0, 2), (1, 1), (2, 0)] {
+        let two = Engine::new().tick(&spec, &observed(waiting, due), at(0));
+        assert_eq!(two.desired, 1, "{waiting} waiting, {due} due");
+        assert_eq!(two.reason.rule, Rule::Activation);
+    }
 }
 
 #[test]
@@ -358,7 +390,7 @@ fn any_pending_work_restarts_the_idle_countdown() {
         &spec,
         &Observation {
             due_retries: 1,
-            ..obs(0, 0, 1)
+            ..obs(1, 0, 1)
         },
         at(200),
     );

@@ -6,7 +6,8 @@
 -- scheduled, dead, processed, failed, head payload or '' (a head over 64
 -- KiB is not sent: `{"enqueued_at":N}` in its place, N found in its first
 -- 4 KiB or last 256 bytes, or ''), workers as
--- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or ''}...,
+-- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or '',
+-- handler_problem or ''}...,
 -- dead total, recovered total}}.
 -- The job at the head of a queue, or what a reader needs of a long one.
 local function head_of(queue)
@@ -35,6 +36,7 @@ for i = 1, #KEYS, per do
     end
     w[#w + 1] = window
     w[#w + 1] = redis.call('HGET', details .. workers[j], 'rate_limit') or ''
+    w[#w + 1] = redis.call('HGET', details .. workers[j], 'handler_problem') or ''
   end
   out[#out + 1] = {
     redis.call('LLEN', KEYS[i]),

@@ -13,6 +13,12 @@ pub(super) struct Redis {
     pub(super) metrics: Metrics,
     /// The last failure, for messages that say what went wrong.
     pub(super) last_error: Mutex<Option<String>>,
+    /// Operations the ACL refuses, with what `/readyz` says, until each
+    /// succeeds.
+    pub(super) refusals: Mutex<BTreeMap<&'static str, String>>,
+    /// Set once the ACL refused `CLIENT ID` or `CLIENT UNBLOCK`: blocking
+    /// waits then run without an id and end at their own timeout.
+    pub(super) client_refused: AtomicBool,
 }
 
 impl Redis {
@@ -36,16 +42,48 @@ impl Redis {
     }
 
     /// A dedicated connection for blocking commands on `queue`, and its
-    /// client id on the node that serves the queue (for `CLIENT UNBLOCK`).
+    /// client id on the node that serves the queue (for `CLIENT UNBLOCK`),
+    /// unless the ACL refuses `CLIENT ID` (optional: see
+    /// [`Redis::without_client_commands`]).
     pub(super) async fn blocking_conn(&self, queue: &QueueKeys) -> RedisResult<Blocker> {
         let mut conn = self
             .endpoint
             .connect(Self::CONNECT_TIMEOUT, BLOCK + Duration::from_secs(3))
             .await?;
-        let id: i64 = conn
-            .on_node_of(queue.waiting(), redis::cmd("CLIENT").arg("ID"))
-            .await?;
+        if self.client_refused.load(Ordering::Relaxed) {
+            return Ok(Blocker { conn, id: None });
+        }
+        let id = match conn
+            .on_node_of::<i64>(queue.waiting(), redis::cmd("CLIENT").arg("ID"))
+            .await
+        {
+            Ok(id) => Some(id),
+            Err(e) if workerpool_queue::connection::refused(&e).is_some() => {
+                self.without_client_commands(&e);
+                None
+            }
+            Err(e) => return Err(e),
+        };
         Ok(Blocker { conn, id })
+    }
+
+    /// Notes, with one warning for the life of the process, that the ACL
+    /// refuses `CLIENT ID` or `CLIENT UNBLOCK`. Both are optional: jobs
+    /// run as before, but a blocked wait can no longer be cut short, so
+    /// it ends at its own timeout ([`BLOCK`]).
+    pub(super) fn without_client_commands(&self, error: &RedisError) {
+        if self.client_refused.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            error = %self.endpoint.describe(error),
+            "the Redis user may not run CLIENT ID or CLIENT UNBLOCK (ACL); jobs still run, \
+             but a blocked wait for jobs is no longer cut short: a shutdown waits up to {}s \
+             longer, and with several queues a job that arrives on one may start up to {}s \
+             late. Grant +client|id +client|unblock to avoid it (docs/redis-acl.md)",
+            BLOCK.as_secs(),
+            BLOCK.as_secs()
+        );
     }
 
     pub(super) fn cached(&self) -> Option<Connection> {
@@ -60,13 +98,42 @@ impl Redis {
         self.health.set_redis_ok(true);
     }
 
+    /// `operation` succeeded: a refusal of it by the ACL is over.
+    pub(super) fn succeeded(&self, operation: &'static str) {
+        self.ok();
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        if refusals.remove(operation).is_some() {
+            tracing::info!(operation, "Redis allows it now");
+            self.health
+                .set_redis_refused(refusals.values().next().cloned());
+        }
+    }
+
     pub(super) fn failed(&self, operation: &'static str, error: &RedisError) {
         self.metrics
             .redis_errors
             .with_label_values(&[operation])
             .inc();
         let lost = unreachable(error);
+        let refused = workerpool_queue::connection::refused(error).is_some();
         let error = self.endpoint.describe(error);
+        if refused {
+            // The worker stays unready until this very operation succeeds
+            // (the ACL granted it); the refusal is logged once meanwhile.
+            let problem = format!("redis refused {operation}: {error}");
+            let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            if refusals.get(operation) == Some(&problem) {
+                tracing::debug!(operation, %error, "redis command refused again");
+            } else {
+                tracing::error!(operation, %error, "redis command refused");
+            }
+            refusals.insert(operation, problem.clone());
+            self.health
+                .set_redis_refused(refusals.values().next().cloned());
+            self.health.set_redis_failed(problem.clone());
+            *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(problem);
+            return;
+        }
         let what = if lost {
             *self.slot() = None;
             tracing::warn!(operation, %error, "redis unreachable");
@@ -102,7 +169,7 @@ impl Redis {
             Err(e) => Err(e),
         };
         match &result {
-            Ok(_) => self.ok(),
+            Ok(_) => self.succeeded(operation),
             Err(e) => self.failed(operation, e),
         }
         result
@@ -128,7 +195,7 @@ impl Redis {
             };
             match result {
                 Ok(v) => {
-                    self.ok();
+                    self.succeeded(operation);
                     return Some(v);
                 }
                 Err(e) => self.failed(operation, &e),
@@ -144,8 +211,9 @@ impl Redis {
 /// A connection kept for blocking waits on one queue.
 pub(super) struct Blocker {
     pub(super) conn: Connection,
-    /// Its client id on the node that serves the queue.
-    pub(super) id: i64,
+    /// Its client id on the node that serves the queue; `None` when the
+    /// ACL refuses `CLIENT ID`.
+    pub(super) id: Option<i64>,
 }
 
 /// Whether `error` means Redis could not be reached (connection refused,

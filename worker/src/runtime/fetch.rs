@@ -60,11 +60,12 @@ impl Worker {
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
     ) -> Result<Option<Duration>, RedisFailure> {
-        if self.reconcile.swap(false, Ordering::Relaxed)
-            && let Err(e) = self.reconcile().await
-        {
-            self.suspect_lost_reply();
-            return Err(RedisFailure::new("reconcile", e));
+        if self.reconcile.swap(false, Ordering::Relaxed) {
+            if let Err(e) = self.reconcile().await {
+                self.suspect_lost_reply();
+                return Err(RedisFailure::new("reconcile", e));
+            }
+            self.redis.succeeded("reconcile");
         }
         let mut c = self
             .redis
@@ -90,7 +91,8 @@ impl Worker {
                 return Err(RedisFailure::new("fetch", e));
             }
         };
-        self.redis.ok();
+        self.redis.succeeded("connect");
+        self.redis.succeeded("fetch");
         let pause = taken.limited.map(|limited| self.limited(limited));
         self.log_too_large(&taken.too_large);
         if !taken.jobs.is_empty() || !taken.too_large.is_empty() {
@@ -110,7 +112,10 @@ impl Worker {
         // failed round like any other: the loop backs off before the next.
         match refused {
             Some(e) => Err(RedisFailure::new("wait", e)),
-            None => Ok(None),
+            None => {
+                self.redis.succeeded("wait");
+                Ok(None)
+            }
         }
     }
 
@@ -154,7 +159,7 @@ impl Worker {
                 *b = Some(blocker);
             }
         }
-        let ids: Vec<i64> = blockers.iter().flatten().map(|b| b.id).collect();
+        let ids: Vec<i64> = blockers.iter().flatten().filter_map(|b| b.id).collect();
         let drain = self.shutdown.drain.clone();
         let mut waits: FuturesUnordered<_> = blockers
             .iter_mut()
@@ -223,12 +228,19 @@ impl Worker {
         // A worker's queues share one node: on a cluster they share a slot.
         let node_of = self.queues[0].waiting();
         for id in ids {
+            if self.redis.client_refused.load(Ordering::Relaxed) {
+                return;
+            }
             let unblocked: RedisResult<i64> = c
                 .on_node_of(node_of, redis::cmd("CLIENT").arg("UNBLOCK").arg(id))
                 .await;
-            if let Err(e) = unblocked {
-                // The blocked command then ends at its own timeout instead.
-                tracing::debug!(error = %e, "client unblock failed");
+            // The blocked command then ends at its own timeout instead.
+            match unblocked {
+                Err(e) if workerpool_queue::connection::refused(&e).is_some() => {
+                    self.redis.without_client_commands(&e);
+                }
+                Err(e) => tracing::debug!(error = %e, "client unblock failed"),
+                Ok(_) => {}
             }
         }
     }

@@ -104,6 +104,8 @@ impl Worker {
         use workerpool_queue::memory::{self, Memory, Risk};
         let mut c = self.redis.conn().await.ok()?;
         let mut refused = None;
+        // INFO refused by the ACL is said once, not once per queue.
+        let mut told_info_refused = false;
         for (i, q) in self.queues.iter().enumerate() {
             let read = memory::read(&mut c, q).await;
             let now = match &read {
@@ -142,7 +144,9 @@ impl Worker {
                 if self.config.require_noeviction && refused.is_none() {
                     refused = Some(format!("queue {}: {warning}", q.name()));
                 }
-                if changed {
+                let repeat = now.info_refused && told_info_refused;
+                told_info_refused |= now.info_refused;
+                if changed && !repeat {
                     match now.risk() {
                         Risk::AllKeys => tracing::error!(queue = q.name(), policy, "{warning}"),
                         _ => tracing::warn!(queue = q.name(), policy, "{warning}"),
@@ -200,8 +204,12 @@ impl Worker {
             let beat =
                 last_beat.is_none_or(|t| t.elapsed() + tick / 2 >= self.config.heartbeat_interval);
             match self.maintenance_round(ttl, beat).await {
-                Ok(()) if beat => last_beat = Some(Instant::now()),
-                Ok(()) => {}
+                Ok(()) => {
+                    self.redis.succeeded("maintenance");
+                    if beat {
+                        last_beat = Some(Instant::now());
+                    }
+                }
                 Err(e) => self.redis.failed("maintenance", &e),
             }
             tokio::select! {

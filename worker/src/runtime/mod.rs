@@ -195,6 +195,8 @@ pub async fn run(
             health: health.clone(),
             metrics: metrics.clone(),
             last_error: Mutex::new(None),
+            refusals: Mutex::new(BTreeMap::new()),
+            client_refused: AtomicBool::new(false),
         },
         metrics,
         health: health.clone(),
