@@ -192,12 +192,16 @@ impl Worker {
                             self.unblock(&ids).await;
                         }
                     }
-                    Some((i, Err(e))) => {
-                        if queue::reply_skip_refused(&e)
-                            && !self.poll_only.swap(true, Ordering::Relaxed)
-                        {
-                            tracing::warn!(error = %e, "Redis refuses CLIENT REPLY, which the blocking wait needs so that a job's bytes are not sent before its size is checked: fetching by polling every 100ms instead");
+                    Some((i, Err(e))) if queue::reply_skip_refused(&e) => {
+                        // An optional command: the worker polls instead.
+                        // Refused at once, so nothing was taken; the two
+                        // replies that follow go with the connection.
+                        if !self.poll_only.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(error = %e, "the Redis user may not run CLIENT REPLY, which the blocking wait needs so that no job's bytes are sent before its size is checked: fetching by polling every 100ms instead; grant +client|reply to avoid it");
                         }
+                        broken.push(i);
+                    }
+                    Some((i, Err(e))) => {
                         self.suspect_lost_reply();
                         broken.push(i);
                         refused.get_or_insert(e);
