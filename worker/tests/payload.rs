@@ -98,3 +98,58 @@ async fn a_job_over_the_limit_is_dead_lettered_whole_and_one_at_the_limit_runs()
     assert_eq!(counter(&mut c, q.stats_dead()).await, 4);
     assert_eq!(counter(&mut c, q.stats_processed()).await, 1);
 }
+
+#[tokio::test]
+async fn without_client_reply_a_worker_polls_and_still_dead_letters_a_job_over_the_limit() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noreply")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-client|reply")
+        .query_async(&mut c)
+        .await
+        .expect("acl setuser");
+    let q = QueueKeys::new("polled");
+    let mut cfg = config(&redis, &["polled"], "polled-w");
+    cfg.redis_url = format!("redis://noreply:pw@127.0.0.1:{}/0", redis.port());
+    cfg.max_payload_bytes = LIMIT;
+    let recorder = Recorder::new(|_| Outcome::Done);
+    let running = start(cfg, recorder.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _: () = c
+        .lpush(q.waiting(), job_of(LIMIT as usize + 1, "over"))
+        .await
+        .expect("lpush");
+    let _: () = c
+        .lpush(q.waiting(), job_of(100, "small"))
+        .await
+        .expect("lpush");
+    eventually(WAIT, "both jobs settled", || {
+        let mut c = c.clone();
+        let (done, dead) = (q.stats_processed(), q.stats_dead());
+        async move {
+            (counter(&mut c, done).await == 1 && counter(&mut c, dead).await == 1).then_some(())
+        }
+    })
+    .await;
+    let errors = running
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("workerpool_redis_errors_total"))
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    running.stop().await;
+    assert!(
+        errors.is_empty(),
+        "a refused CLIENT REPLY is no failure: {errors:?}"
+    );
+    let seen: Vec<String> = recorder.seen().iter().map(|j| j.id().to_string()).collect();
+    assert_eq!(seen, ["small"]);
+}
