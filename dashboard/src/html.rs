@@ -453,7 +453,7 @@ fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> Strin
     for d in dead {
         let _ = write!(
             b,
-            r#"<tr class="dead-letter"><td class="id">{}</td><td>{}</td><td><span class="reason {reason}">{reason}</span></td><td class="num">{}</td><td class="num" title="{}">{}</td><td class="error">{}</td><td><code class="payload">{}</code></td>"#,
+            r#"<tr class="dead-letter"><td class="id">{}</td><td>{}</td><td><span class="reason {reason}">{reason}</span></td><td class="num">{}</td><td class="num" title="{}">{}</td><td class="error">{}</td><td><code class="payload">{}</code>{}</td>"#,
             cell(d.id.as_deref().unwrap_or("–"), CELL_CHARS),
             cell(d.task.as_deref().unwrap_or("–"), CELL_CHARS),
             d.attempts.map_or("–".into(), |a| a.to_string()),
@@ -461,6 +461,12 @@ fn dead_rows(ctx: &Ctx<'_>, queue: &str, dead: &[DeadRow], now_ms: u64) -> Strin
             escape(&d.died_at_ms.map_or("–".into(), |t| when(now_ms, t))),
             cell(&d.error, PAYLOAD_PREVIEW_CHARS),
             escape(&d.payload),
+            // Long entries are read only in part: say how large they are.
+            if d.bytes > workerpool_queue::admin::DEAD_WHOLE_BYTES as u64 {
+                format!(r#" <span class="bytes">{} bytes</span>"#, d.bytes)
+            } else {
+                String::new()
+            },
             reason = escape(&d.reason),
         );
         if !ctx.read_only {

@@ -194,7 +194,7 @@ pub struct DeadRow {
     pub id: Option<String>,
     /// The job's task.
     pub task: Option<String>,
-    /// `malformed`, `exhausted`, `permanent`, `lost`; `unreadable` for an
+    /// `malformed`, `exhausted`, `permanent`, `lost`, `too_large`; `unreadable` for an
     /// entry that is not a dead-letter envelope.
     pub reason: String,
     /// The last error.
@@ -207,6 +207,8 @@ pub struct DeadRow {
     pub worker: Option<String>,
     /// The job as text, cut at [`PAYLOAD_PREVIEW_CHARS`].
     pub payload: String,
+    /// The entry's length in bytes, as stored.
+    pub bytes: u64,
 }
 
 impl DeadRow {
@@ -225,15 +227,19 @@ impl DeadRow {
                 attempts: Some(l.attempts),
                 died_at_ms: Some(l.died_at),
                 worker: Some(l.worker.clone()),
-                payload: match &l.job {
+                payload: match (e.job_start(), &l.job) {
+                    // An entry too long to read whole: the job's start.
+                    (Some(start), _) => preview(start),
                     // A malformed payload is kept as its text.
-                    Value::String(s) => preview(s.as_bytes()),
-                    other => preview(other.to_string().as_bytes()),
+                    (None, Value::String(s)) => preview(s.as_bytes()),
+                    (None, other) => preview(other.to_string().as_bytes()),
                 },
+                bytes: e.size,
             },
             None => DeadRow {
                 reason: "unreadable".into(),
                 payload: preview(&e.raw),
+                bytes: e.size,
                 ..DeadRow::default()
             },
         }
@@ -419,6 +425,9 @@ mod tests {
         let row = DeadRow::from_entry(&DeadEntry {
             raw: b"\xfe garbage".to_vec(),
             letter: None,
+            size: 10,
+            cut: None,
+            from_oldest: -1,
         });
         assert_eq!(row.reason, "unreadable");
         assert_eq!(row.payload, "\\xfe garbage");

@@ -346,6 +346,15 @@ pub struct WorkerSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 3, max = 32))]
     pub rate_limit: Option<String>,
+
+    /// Longest payload, in bytes, a job may have; a longer one is
+    /// dead-lettered with the reason `too_large`, whole, by the script that
+    /// takes it, without reaching a worker (the workers'
+    /// `--max-payload-bytes`). Unset: the worker's default, 16 MiB
+    /// (16777216). At most 536870912, Redis's own limit on a value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 536870912))]
+    pub max_payload_bytes: Option<i64>,
 }
 
 impl Default for WorkerSettings {
@@ -355,6 +364,7 @@ impl Default for WorkerSettings {
             max_attempts: five(),
             job_timeout_seconds: six_hundred(),
             rate_limit: None,
+            max_payload_bytes: None,
         }
     }
 }

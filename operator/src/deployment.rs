@@ -345,6 +345,9 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
     if let Some(rate) = &spec.worker.rate_limit {
         ours.push(plain("WORKERPOOL_RATE_LIMIT", rate.clone()));
     }
+    if let Some(bytes) = spec.worker.max_payload_bytes {
+        ours.push(plain("WORKERPOOL_MAX_PAYLOAD_BYTES", bytes.to_string()));
+    }
     let env = container.env.get_or_insert_with(Vec::new);
     env.retain(|e| !ours.iter().any(|o| o.name == e.name));
     env.extend(ours);
@@ -405,7 +408,7 @@ mod tests {
                 {"name": "sidecar", "image": "envoy"},
                 {"name": "worker", "image": "example/w:1", "env": [{"name": "WORKERPOOL_CONCURRENCY", "value": "99"}, {"name": "KEEP", "value": "me"}]}
             ]}},
-            "worker": {"concurrency": 4, "maxAttempts": 3, "jobTimeoutSeconds": 120, "rateLimit": "600/1m"},
+            "worker": {"concurrency": 4, "maxAttempts": 3, "jobTimeoutSeconds": 120, "rateLimit": "600/1m", "maxPayloadBytes": 1048576},
             "shutdown": {"gracePeriodSeconds": 60},
             "scaling": {}
         }));
@@ -441,6 +444,7 @@ mod tests {
                 {"name": "WORKERPOOL_LISTEN", "value": "0.0.0.0:8080"},
                 {"name": "WORKERPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "WORKERPOOL_RATE_LIMIT", "value": "600/1m"},
+                {"name": "WORKERPOOL_MAX_PAYLOAD_BYTES", "value": "1048576"},
             ])
         );
         let worker = pod

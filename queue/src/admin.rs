@@ -18,8 +18,9 @@ use crate::scripts;
 pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_DEAD_AFTER_MS;
 /// Entries handled per script call when moving or removing dead letters.
 const BATCH: usize = 500;
-/// Dead letters read per `LRANGE`.
-const PAGE: isize = 1000;
+/// Dead letters read per call of `dead_page.lua` (each up to
+/// [`DEAD_WHOLE_BYTES`]).
+const PAGE: isize = 100;
 
 /// The Redis server's clock, unix milliseconds.
 pub async fn server_time_ms(conn: &mut impl Conn) -> RedisResult<u64> {
@@ -186,14 +187,47 @@ fn job_id(raw: &[u8]) -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
-/// An entry of the dead list: as stored, and decoded when it decodes.
+/// The longest dead letter read whole (ordinary ones, whose jobs ran
+/// under a worker's size limit, with a handler's error of any length): a
+/// longer one is read as its first [`DEAD_PREVIEW_BYTES`], its last
+/// [`DEAD_TAIL_BYTES`] and its digest, so that a reader's memory is
+/// bounded by a page, not by the largest entry (a `too_large` dead letter
+/// keeps a payload of any size).
+pub const DEAD_WHOLE_BYTES: usize = 256 * 1024;
+/// How much of the start of a dead letter longer than
+/// [`DEAD_WHOLE_BYTES`] is read.
+pub const DEAD_PREVIEW_BYTES: usize = 64 * 1024;
+/// How much of the end of a cut dead letter is read (where producers that
+/// follow the contract's advice write a job's `id`).
+pub const DEAD_TAIL_BYTES: usize = 256;
+
+/// An entry of the dead list: as stored (or its start, when it is longer
+/// than [`DEAD_WHOLE_BYTES`]), and decoded when it decodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeadEntry {
     /// The entry exactly as stored (needed to remove it): bytes, since
-    /// anything can be pushed onto a list.
+    /// anything can be pushed onto a list. Only its first
+    /// [`DEAD_PREVIEW_BYTES`] when [`DeadEntry::cut`] is set.
     pub raw: Vec<u8>,
-    /// The decoded envelope.
+    /// The decoded envelope. For a cut entry, its fields before `job`,
+    /// and as `job` an object of the job's top-level `id` and `task` when
+    /// they could be read from the entry's start or end.
     pub letter: Option<DeadLetter>,
+    /// The entry's length in bytes, as stored.
+    pub size: u64,
+    /// Set when `raw` is only the entry's start.
+    pub cut: Option<Cut>,
+    /// Its index counted from the oldest end when read (-1 the oldest).
+    pub from_oldest: i64,
+}
+
+/// What identifies a dead letter read as its start only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut {
+    /// The entry's last bytes (up to [`DEAD_TAIL_BYTES`]).
+    pub tail: Vec<u8>,
+    /// SHA-1 of the whole entry, hex.
+    pub digest: String,
 }
 
 impl DeadEntry {
@@ -204,11 +238,150 @@ impl DeadEntry {
             .and_then(|l| l.job.get(field::ID))
             .and_then(Value::as_str)
     }
+
+    /// The job's bytes as far as they were read: the whole job for an
+    /// entry read whole is in [`DeadEntry::letter`]; for a cut one, the
+    /// part of its start after `"job":`.
+    pub fn job_start(&self) -> Option<&[u8]> {
+        self.cut.as_ref()?;
+        let at = find(&self.raw, JOB_FIELD)?;
+        Some(&self.raw[at + JOB_FIELD.len()..])
+    }
+
+    fn read(raw: Vec<u8>, size: u64, cut: Option<Cut>, from_oldest: i64) -> Self {
+        let letter = match &cut {
+            // A too_large entry whose payload is not JSON is not either:
+            // its fields before `job` still are.
+            None => serde_json::from_slice(&raw)
+                .ok()
+                .or_else(|| cut_letter(&raw, &raw[raw.len().saturating_sub(DEAD_TAIL_BYTES)..])),
+            Some(cut) => cut_letter(&raw, &cut.tail),
+        };
+        DeadEntry {
+            raw,
+            letter,
+            size,
+            cut,
+            from_oldest,
+        }
+    }
+
+    /// Whether the entry keeps its payload verbatim (a too_large one).
+    fn keeps_raw(&self) -> bool {
+        self.letter
+            .as_ref()
+            .is_some_and(|l| l.encoding == Some(crate::job::Encoding::Raw))
+    }
+
+    /// Its digest: from Redis for a cut entry, else of the bytes read.
+    fn digest(&self) -> String {
+        match &self.cut {
+            Some(cut) => cut.digest.clone(),
+            None => sha1_hex(&self.raw),
+        }
+    }
+}
+
+/// The envelope's `job` field, after the fields every writer puts before
+/// it (`reason`, `error`, `attempts`, `died_at`, `worker`, and for a
+/// too_large entry `size` and `encoding`): a string's quote is always
+/// escaped inside a JSON string, so the first match is the field.
+const JOB_FIELD: &[u8] = b",\"job\":";
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The envelope of a dead letter read as its start: its fields before
+/// `job`, and the job's `id` and `task` where they can be read.
+fn cut_letter(start: &[u8], tail: &[u8]) -> Option<DeadLetter> {
+    let at = find(start, JOB_FIELD)?;
+    let mut head = start[..at].to_vec();
+    head.extend_from_slice(b",\"job\":null}");
+    let mut letter: DeadLetter = serde_json::from_slice(&head).ok()?;
+    let job = &start[at + JOB_FIELD.len()..];
+    let mut fields = top_level_strings(job);
+    if !fields.contains_key(field::ID)
+        && let Some(id) = id_at_end(tail)
+    {
+        fields.insert(field::ID.into(), Value::from(id));
+    }
+    letter.job = Value::Object(fields);
+    Some(letter)
+}
+
+/// The top-level `id` and `task` of a JSON object's start, when they are
+/// strings without escapes (the rest of the object may be cut off).
+fn top_level_strings(job: &[u8]) -> Map<String, Value> {
+    let mut found = Map::new();
+    let Some(text) = job.utf8_chunks().next().map(|c| c.valid()) else {
+        return found;
+    };
+    let bytes = text.as_bytes();
+    if bytes.first() != Some(&b'{') {
+        return found;
+    }
+    let (mut depth, mut i) = (0usize, 0usize);
+    // Each string's span, to read a key and its value.
+    let string_end = |from: usize| -> Option<usize> {
+        let mut j = from + 1;
+        while j < bytes.len() {
+            match bytes[j] {
+                b'\\' => j += 2,
+                b'"' => return Some(j),
+                _ => j += 1,
+            }
+        }
+        None
+    };
+    while i < bytes.len() {
+        match bytes[i] {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'"' => {
+                let Some(end) = string_end(i) else { break };
+                let key = &text[i + 1..end];
+                let after = text[end + 1..].trim_start();
+                if depth == 1
+                    && (key == field::ID || key == field::TASK)
+                    && let Some(value) = after.strip_prefix(':').map(str::trim_start)
+                    && let Some(value) = value.strip_prefix('"')
+                    && let Some(close) = value.find('"')
+                    && !value[..close].contains('\\')
+                    && !found.contains_key(key)
+                {
+                    found.insert(key.to_string(), Value::from(&value[..close]));
+                }
+                i = end;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The id of a job whose object ends, as the contract's producers write
+/// it, with `"id":"…","enqueued_at":N}`, read from the end of a too_large
+/// entry (the job's closing brace, then the envelope's).
+fn id_at_end(tail: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(tail).ok()?;
+    let rest = text.strip_suffix("}}")?;
+    let at = rest.rfind(",\"enqueued_at\":")?;
+    if !rest[at + 15..].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let before = rest[..at].strip_suffix('"')?;
+    let start = before.rfind("\"id\":\"")?;
+    let id = &before[start + 6..];
+    (!id.contains(['"', '\\'])).then(|| id.to_string())
 }
 
 /// The dead letters of `q`, newest first; with `id`, only that job's; with
-/// `limit`, at most that many. The list is read a page at a time, so
-/// looking for one job keeps one page in memory however long the list is.
+/// `limit`, at most that many. The list is read a page at a time, each
+/// entry longer than [`DEAD_WHOLE_BYTES`] cut (see [`DeadEntry`]), so
+/// looking for one job keeps one page in memory however long the list is
+/// and however large its entries.
 pub async fn dead_letters(
     conn: &mut impl Conn,
     q: &QueueKeys,
@@ -219,9 +392,15 @@ pub async fn dead_letters(
     let mut found = Vec::new();
     let mut start = 0;
     while found.len() < limit {
-        let page = dead_range(conn, q, start, start + PAGE - 1).await?;
-        let last = page.len() < PAGE as usize;
-        start += PAGE;
+        // Without a filter, no more than asked for is read.
+        let want = if id.is_none() {
+            PAGE.min(isize::try_from(limit - found.len()).unwrap_or(PAGE))
+        } else {
+            PAGE
+        };
+        let (_, page) = dead_range(conn, q, start, want).await?;
+        let last = page.len() < want as usize;
+        start += want;
         found.extend(
             page.into_iter()
                 .filter(|e| id.is_none() || e.job_id() == id)
@@ -239,22 +418,52 @@ pub async fn dead_count(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<u64>
     conn.llen(q.dead()).await
 }
 
-/// Entries `start` to `stop` of the dead list (`LRANGE` indexes: negative
-/// ones count from the oldest end).
+/// `count` entries of the dead list from index `start` (`LRANGE` indexes:
+/// negative ones count from the oldest end), each longer than
+/// [`DEAD_WHOLE_BYTES`] cut, with the list's length.
 async fn dead_range(
     conn: &mut impl Conn,
     q: &QueueKeys,
     start: isize,
-    stop: isize,
-) -> RedisResult<Vec<DeadEntry>> {
-    let raw: Vec<Vec<u8>> = conn.lrange(q.dead(), start, stop).await?;
-    Ok(raw
-        .into_iter()
-        .map(|raw| DeadEntry {
-            letter: serde_json::from_slice(&raw).ok(),
-            raw,
-        })
-        .collect())
+    count: isize,
+) -> RedisResult<(u64, Vec<DeadEntry>)> {
+    if count <= 0 {
+        return Ok((dead_count(conn, q).await?, Vec::new()));
+    }
+    let mut reply: Vec<redis::Value> = scripts::DEAD_PAGE
+        .key(q.dead())
+        .arg(start)
+        .arg(count)
+        .arg(DEAD_WHOLE_BYTES)
+        .arg(DEAD_PREVIEW_BYTES)
+        .arg(DEAD_TAIL_BYTES)
+        .invoke_async(conn)
+        .await?;
+    let bad = || {
+        redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "unexpected reply from a queue script",
+            "dead_page.lua's reply is cut short".to_string(),
+        ))
+    };
+    let total: u64 = redis::from_redis_value_ref(reply.first().ok_or_else(bad)?)?;
+    let mut entries = Vec::new();
+    for five in reply.get_mut(1..).ok_or_else(bad)?.chunks_exact_mut(5) {
+        let from_oldest: i64 = redis::from_redis_value_ref(&five[0])?;
+        let size: u64 = redis::from_redis_value_ref(&five[1])?;
+        let take = |v: &mut redis::Value| -> RedisResult<Vec<u8>> {
+            Ok(redis::from_redis_value(std::mem::replace(
+                v,
+                redis::Value::Nil,
+            ))?)
+        };
+        let raw = take(&mut five[2])?;
+        let tail = take(&mut five[3])?;
+        let digest: String = redis::from_redis_value_ref(&five[4])?;
+        let cut = (!digest.is_empty()).then_some(Cut { tail, digest });
+        entries.push(DeadEntry::read(raw, size, cut, from_oldest));
+    }
+    Ok((total, entries))
 }
 
 /// One page of the waiting list, next to run first: entries `offset` to
@@ -309,7 +518,8 @@ pub async fn due_page(
         .collect())
 }
 
-/// One page of the dead letters of `q`, newest first.
+/// One page of the dead letters of `q`, newest first, each entry longer
+/// than [`DEAD_WHOLE_BYTES`] cut (see [`DeadEntry`]).
 pub async fn dead_page(
     conn: &mut impl Conn,
     q: &QueueKeys,
@@ -319,19 +529,51 @@ pub async fn dead_page(
     if count == 0 {
         return Ok(Vec::new());
     }
-    let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
+    let start = isize::try_from(offset).unwrap_or(isize::MAX);
+    let count = isize::try_from(count).unwrap_or(isize::MAX);
+    Ok(dead_range(conn, q, start, count).await?.1)
+}
+
+/// The whole of a cut dead letter, read again by its place and digest
+/// (`None`: no longer in the list). For entries whose job is needed whole
+/// (a retry computes its fresh start); these are bounded by the workers'
+/// payload size limit, unlike too_large ones, which never come here.
+async fn dead_whole(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    entry: &DeadEntry,
+) -> RedisResult<Option<Vec<u8>>> {
+    let raw: Option<Vec<u8>> = redis::cmd("LINDEX")
         .arg(q.dead())
-        .arg(offset)
-        .arg(offset.saturating_add(count - 1))
+        .arg(entry.from_oldest)
         .query_async(conn)
         .await?;
-    Ok(raw
-        .into_iter()
-        .map(|raw| DeadEntry {
-            letter: serde_json::from_slice(&raw).ok(),
-            raw,
-        })
-        .collect())
+    Ok(raw.filter(|raw| sha1_hex(raw) == entry.digest()))
+}
+
+fn sha1_hex(bytes: &[u8]) -> String {
+    sha1_smol::Sha1::from(bytes).digest().to_string()
+}
+
+/// Runs `dead_pick.lua` on one entry: `R` removes it, `Q` requeues the
+/// payload a too_large one keeps. Returns the script's code: 1 done, 0
+/// gone, -1 left.
+async fn dead_pick(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    action: &str,
+    entry: &DeadEntry,
+) -> RedisResult<i64> {
+    let done: Vec<i64> = scripts::DEAD_PICK
+        .key(q.dead())
+        .key(q.waiting())
+        .arg(action)
+        .arg(entry.from_oldest)
+        .arg(entry.size)
+        .arg(entry.digest())
+        .invoke_async(conn)
+        .await?;
+    Ok(done.first().copied().unwrap_or(0))
 }
 
 /// The payload a dead job restarts with: its object without `attempt`,
@@ -377,8 +619,7 @@ pub async fn retry_dead(
     let (mut looked, mut left) = (0, 0);
     while looked < there {
         let want = PAGE.min(there - looked);
-        let stop = -1 - left;
-        let page = dead_range(conn, q, stop - (want - 1), stop).await?;
+        let (_, page) = dead_range(conn, q, -left - want, want).await?;
         if page.is_empty() {
             break;
         }
@@ -390,37 +631,83 @@ pub async fn retry_dead(
                 left += 1;
                 continue;
             }
-            match entry.letter.as_ref().and_then(|l| fresh_start(l, now)) {
-                Some(payload) => pairs.push((entry.raw, payload)),
-                None => {
-                    report.skipped_malformed += 1;
-                    left += 1;
+            match (&entry.cut, entry.keeps_raw()) {
+                // A too_large job goes back in Redis, as it was taken:
+                // after the jobs before it, so the order is kept.
+                (_, true) => {
+                    resurrect(conn, q, &mut pairs, &mut report).await?;
+                    match dead_pick(conn, q, "Q", &entry).await? {
+                        1 => report.retried += 1,
+                        -1 => {
+                            report.skipped_malformed += 1;
+                            left += 1;
+                        }
+                        _ => {}
+                    }
                 }
+                (Some(_), false) => {
+                    // Bounded by the payload limit: read it whole, alone.
+                    let whole = dead_whole(conn, q, &entry).await?;
+                    let letter = whole
+                        .as_deref()
+                        .and_then(|w| serde_json::from_slice::<DeadLetter>(w).ok());
+                    match (whole, letter.and_then(|l| fresh_start(&l, now))) {
+                        (Some(raw), Some(payload)) => pairs.push((raw, payload)),
+                        (None, _) => {}
+                        (Some(_), None) => {
+                            report.skipped_malformed += 1;
+                            left += 1;
+                        }
+                    }
+                }
+                (None, _) => match entry.letter.as_ref().and_then(|l| fresh_start(l, now)) {
+                    Some(payload) => pairs.push((entry.raw, payload)),
+                    None => {
+                        report.skipped_malformed += 1;
+                        left += 1;
+                    }
+                },
             }
         }
-        for chunk in pairs.chunks(BATCH) {
-            let mut invocation = scripts::RESURRECT.prepare_invoke();
-            invocation.key(q.dead()).key(q.waiting());
-            for (raw, payload) in chunk {
-                invocation.arg(raw).arg(payload);
-            }
-            let moved: u64 = invocation.invoke_async(conn).await?;
-            report.retried += moved;
-        }
+        resurrect(conn, q, &mut pairs, &mut report).await?;
     }
     Ok(report)
 }
 
+/// Moves `pairs` (entry as stored, payload to push) back onto the queue
+/// (`resurrect.lua`), emptying it.
+async fn resurrect(
+    conn: &mut impl Conn,
+    q: &QueueKeys,
+    pairs: &mut Vec<(Vec<u8>, String)>,
+    report: &mut Resurrected,
+) -> RedisResult<()> {
+    for chunk in pairs.chunks(BATCH) {
+        let mut invocation = scripts::RESURRECT.prepare_invoke();
+        invocation.key(q.dead()).key(q.waiting());
+        for (raw, payload) in chunk {
+            invocation.arg(raw).arg(payload);
+        }
+        let moved: u64 = invocation.invoke_async(conn).await?;
+        report.retried += moved;
+    }
+    pairs.clear();
+    Ok(())
+}
+
 /// Removes dead letters, all or those of job `id`, and returns how many.
 /// All of them go in one step (entries added after it stay); those of one
-/// job are found a page at a time.
+/// job are found a page at a time (long entries by their digest, never
+/// read whole).
 pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -> RedisResult<u64> {
     let Some(id) = id else {
         return scripts::PURGE.key(q.dead()).invoke_async(conn).await;
     };
     let entries = dead_letters(conn, q, Some(id), None).await?;
+    let (cut, whole): (Vec<&DeadEntry>, Vec<&DeadEntry>) =
+        entries.iter().partition(|e| e.cut.is_some());
     let mut removed = 0;
-    for chunk in entries.chunks(BATCH) {
+    for chunk in whole.chunks(BATCH) {
         let mut invocation = scripts::REMOVE.prepare_invoke();
         invocation.key(q.dead());
         for e in chunk {
@@ -428,6 +715,11 @@ pub async fn purge_dead(conn: &mut impl Conn, q: &QueueKeys, id: Option<&str>) -
         }
         let n: u64 = invocation.invoke_async(conn).await?;
         removed += n;
+    }
+    for e in cut {
+        if dead_pick(conn, q, "R", e).await? == 1 {
+            removed += 1;
+        }
     }
     Ok(removed)
 }
@@ -552,6 +844,7 @@ mod tests {
             job: json!({"task": "t", "id": "j", "attempt": 5, "error": "boom",
                         "run_at": 3, "enqueued_at": 2, "extra": [1]}),
             encoding: None,
+            size: None,
         };
         assert_eq!(
             fresh_start(&letter, 99).as_deref(),

@@ -305,6 +305,10 @@ pub enum DeadReason {
     /// Every allowed attempt was used up without finishing: the worker
     /// running it was lost each time (killed, evicted, crashed).
     Lost,
+    /// The payload is longer than the worker's `--max-payload-bytes`: the
+    /// taking script dead-lettered it, whole, without handing it to the
+    /// worker.
+    TooLarge,
 }
 
 impl DeadReason {
@@ -315,6 +319,7 @@ impl DeadReason {
             DeadReason::Exhausted => "exhausted",
             DeadReason::Permanent => "permanent",
             DeadReason::Lost => "lost",
+            DeadReason::TooLarge => "too_large",
         }
     }
 }
@@ -338,6 +343,10 @@ pub struct DeadLetter {
     /// How `job` encodes a payload that was not UTF-8 (absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<Encoding>,
+    /// The payload's length in bytes, for a `too_large` one (absent
+    /// otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
 }
 
 /// How a dead letter keeps a payload that is not text.
@@ -346,6 +355,10 @@ pub struct DeadLetter {
 pub enum Encoding {
     /// Standard base64 with padding (RFC 4648).
     Base64,
+    /// The payload's bytes as they were, spliced in as `job`, the last
+    /// field: they are the entry's last `size` bytes before its closing
+    /// brace (a `too_large` entry; it is JSON when the payload is).
+    Raw,
 }
 
 impl DeadLetter {
@@ -361,6 +374,7 @@ impl DeadLetter {
         match self.encoding {
             None => Some(text.as_bytes().to_vec()),
             Some(Encoding::Base64) => BASE64.decode(text).ok(),
+            Some(Encoding::Raw) => None,
         }
     }
 }
@@ -392,6 +406,7 @@ pub fn intake(raw: impl AsRef<[u8]>, now_ms: u64, max_attempts: u32, worker: &st
             worker: worker.to_string(),
             job,
             encoding,
+            size: None,
         })
     };
     let Ok(text) = std::str::from_utf8(raw) else {

@@ -43,12 +43,56 @@ impl Fetched {
     }
 }
 
+/// The payload size limit a worker runs with when it is not told
+/// otherwise: 16 MiB. Redis takes up to 512 MB in one value, but a worker
+/// holds a job it runs several times over on the way (measured: about 14
+/// times its size at the peak, `docs/benchmarks.md`), and text handlers
+/// get it once more as a stdin line or a POST body; 16 MiB keeps the
+/// largest job within a few hundred megabytes and is far above what a job
+/// that carries references rather than data needs.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
+
+/// What the taking scripts ([`fetch`], [`settle`], [`wait_then_fetch`])
+/// enforce as they take jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The pool's attempt limit: a job past it is left to intake.
+    pub max_attempts: u32,
+    /// Payloads longer than this many bytes are dead-lettered as
+    /// `too_large` by the script, whole, and never reach the worker; 0:
+    /// no limit.
+    pub max_payload_bytes: u64,
+}
+
+impl From<u32> for Limits {
+    /// The attempt limit alone: no size limit.
+    fn from(max_attempts: u32) -> Self {
+        Limits {
+            max_attempts,
+            max_payload_bytes: 0,
+        }
+    }
+}
+
+/// A payload a taking script dead-lettered as `too_large` instead of
+/// taking it (the whole payload is in the dead letter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge {
+    /// Index of its queue in the list given to the script.
+    pub queue: usize,
+    /// The dead letter's error: the size, the limit and the payload's
+    /// start, escaped.
+    pub error: String,
+}
+
 /// What a taking script ([`fetch`], [`settle`]) took, and whether a rate
 /// limit stopped it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Taken {
     /// The jobs taken, in the order taken.
     pub jobs: Vec<Fetched>,
+    /// Payloads over the size limit, dead-lettered instead of taken.
+    pub too_large: Vec<TooLarge>,
     /// Set when the rate limit of a queue with jobs left stopped the
     /// taking before the slots were full (the soonest to allow a start
     /// again when several did).
@@ -86,13 +130,15 @@ pub enum IntakeAction {
 }
 
 /// The ARGV head of the scripts that take jobs: the count, the attempt
-/// limit, an id for each job that arrives without one, and the rate
-/// limit's interval and tolerance in ms (0 and 0 without one).
+/// limit, an id for each job that arrives without one, the rate limit's
+/// interval and tolerance in ms (0 and 0 without one), the payload size
+/// limit (0: none) and the instance.
 fn taking_args(
     invocation: &mut redis::ScriptInvocation<'_>,
     n: usize,
-    max_attempts: u32,
+    limits: Limits,
     rate: Option<&RateLimit>,
+    instance: &str,
 ) {
     // One buffer for every id (they are written for every slot, whether
     // the jobs need them or not).
@@ -103,18 +149,22 @@ fn taking_args(
     let (interval, tolerance) = rate.map_or((0.0, 0.0), |r| (r.interval_ms(), r.tolerance_ms()));
     invocation
         .arg(n)
-        .arg(max_attempts)
+        .arg(limits.max_attempts)
         .arg(ids)
         .arg(interval)
-        .arg(tolerance);
+        .arg(tolerance)
+        .arg(limits.max_payload_bytes)
+        .arg(instance);
 }
 
 /// Reads a taking script's flat reply from `at` on: groups of a queue
 /// index (1-based) and a count, each followed by that many pairs of the
-/// payload as held and its stamp.
-fn taken(reply: &mut [redis::Value], mut at: usize) -> RedisResult<Vec<Fetched>> {
+/// payload as held and its stamp (or, stamp -2, the error of a payload
+/// dead-lettered as too large).
+fn taken(reply: &mut [redis::Value], mut at: usize) -> RedisResult<(Vec<Fetched>, Vec<TooLarge>)> {
     let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v);
     let mut jobs = Vec::new();
+    let mut too_large = Vec::new();
     while at + 1 < reply.len() {
         let index = int(&reply[at])?;
         let count = usize::try_from(int(&reply[at + 1])?).unwrap_or(0);
@@ -122,19 +172,33 @@ fn taken(reply: &mut [redis::Value], mut at: usize) -> RedisResult<Vec<Fetched>>
             .get_mut(at + 2..at + 2 + 2 * count)
             .ok_or_else(|| malformed_reply("a group of taken jobs is cut short"))?;
         jobs.reserve(count);
+        let queue = usize::try_from(index - 1).unwrap_or(0);
         for pair in pairs.chunks_exact_mut(2) {
             // The payload's bytes move out of the reply rather than being copied.
             let payload = std::mem::replace(&mut pair[0], redis::Value::Nil);
+            let code = int(&pair[1])?;
+            if code == TOO_LARGE {
+                let error: Vec<u8> = redis::from_redis_value(payload)?;
+                too_large.push(TooLarge {
+                    queue,
+                    error: String::from_utf8_lossy(&error).into_owned(),
+                });
+                continue;
+            }
             jobs.push(Fetched {
-                queue: usize::try_from(index - 1).unwrap_or(0),
+                queue,
                 payload: redis::from_redis_value(payload)?,
-                stamp: Stamp::from_reply(int(&pair[1])?),
+                stamp: Stamp::from_reply(code),
             });
         }
         at += 2 + 2 * count;
     }
-    Ok(jobs)
+    Ok((jobs, too_large))
 }
+
+/// The stamp code of a payload the taking script dead-lettered as too
+/// large (take.lua).
+const TOO_LARGE: i64 = -2;
 
 /// The `limited queue, wait ms` pair that starts a taking script's reply.
 fn limited(reply: &[redis::Value]) -> RedisResult<Option<Limited>> {
@@ -159,49 +223,149 @@ fn malformed_reply(what: &'static str) -> redis::RedisError {
 
 /// Takes up to `n` jobs from `queues` in priority order into the instance's
 /// processing lists, in one round trip, stamping each for its attempt
-/// (`max_attempts` is the pool's limit: a job past it is left to intake).
-/// With a `rate` limit, no more jobs start per queue than its bucket
-/// allows; the rest stay in the queue untouched.
+/// (`limits.max_attempts` is the pool's limit: a job past it is left to
+/// intake; a payload over `limits.max_payload_bytes` is dead-lettered as
+/// `too_large` and never sent here). With a `rate` limit, no more jobs
+/// start per queue than its bucket allows; the rest stay in the queue
+/// untouched.
 pub async fn fetch(
     conn: &mut impl Conn,
     queues: &[QueueKeys],
     instance: &str,
     n: usize,
-    max_attempts: u32,
+    limits: impl Into<Limits>,
     rate: Option<&RateLimit>,
 ) -> RedisResult<Taken> {
     let mut invocation = scripts::FETCH.prepare_invoke();
     for q in queues {
-        invocation
-            .key(q.waiting())
-            .key(q.processing(instance))
-            .key(q.rate());
+        fetch_keys(&mut invocation, q, instance);
     }
-    taking_args(&mut invocation, n, max_attempts, rate);
+    taking_args(&mut invocation, n, limits.into(), rate, instance);
     let mut reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let (jobs, too_large) = taken(&mut reply, 2)?;
     Ok(Taken {
         limited: limited(&reply)?,
-        jobs: taken(&mut reply, 2)?,
+        jobs,
+        too_large,
     })
 }
 
-/// Waits up to `timeout` for a job on one queue and moves it into the
-/// instance's processing list (`BLMOVE`). Use a connection of its own: a
-/// blocked connection serves nothing else.
-pub async fn wait_for_job(
+fn fetch_keys(invocation: &mut redis::ScriptInvocation<'_>, q: &QueueKeys, instance: &str) {
+    invocation
+        .key(q.waiting())
+        .key(q.processing(instance))
+        .key(q.rate())
+        .key(q.dead())
+        .key(q.stats_dead());
+}
+
+/// Waits up to `timeout` for a job on one queue, then takes one as
+/// [`fetch`] does (stamped, a payload over the size limit dead-lettered),
+/// in one round trip. Use a connection of its own: a blocked connection
+/// serves nothing else.
+///
+/// The wait is `BLMOVE <q> <q> RIGHT RIGHT`, which moves the oldest job
+/// onto the end it came from (the list stays as it was) and so returns as
+/// soon as the queue has a job, with `CLIENT REPLY SKIP` before it: the
+/// server sends no reply to it, so the job's bytes never travel here
+/// however large they are. The taking script (`EVALSHA` of [`fetch`]'s),
+/// sent in the same write,
+/// runs once the wait is over (a job came, the wait timed out, or
+/// `CLIENT UNBLOCK` ended it) and its reply is the only one. A job the
+/// script takes is in the processing list at once, as with [`fetch`]; a
+/// job taken meanwhile by another worker only leaves the script nothing to
+/// take.
+///
+/// A Redis that refuses `CLIENT REPLY` answers with an error here (and two
+/// more replies follow on the connection): drop the connection and fetch
+/// by polling ([`reply_skip_refused`] tells that error apart).
+pub async fn wait_then_fetch(
     conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     timeout: Duration,
-) -> RedisResult<Option<Payload>> {
-    redis::cmd("BLMOVE")
+    limits: Limits,
+) -> RedisResult<Taken> {
+    let mut ids = String::with_capacity(32);
+    push_new_id(&mut ids);
+    let mut pipe = redis::pipe();
+    pipe.cmd("CLIENT").arg("REPLY").arg("SKIP");
+    pipe.cmd("BLMOVE")
+        .arg(queue.waiting())
+        .arg(queue.waiting())
+        .arg("RIGHT")
+        .arg("RIGHT")
+        .arg(timeout.as_secs_f64());
+    // EVALSHA: the round's fetch before the wait loaded the script on
+    // this node (should the cache have been flushed since, this wait takes
+    // nothing and loads it: the job stays in the queue for the next).
+    pipe.cmd("EVALSHA")
+        .arg(scripts::FETCH.get_hash())
+        .arg(5)
         .arg(queue.waiting())
         .arg(queue.processing(instance))
+        .arg(queue.rate())
+        .arg(queue.dead())
+        .arg(queue.stats_dead())
+        .arg(1)
+        .arg(limits.max_attempts)
+        .arg(ids)
+        .arg(0)
+        .arg(0)
+        .arg(limits.max_payload_bytes)
+        .arg(instance);
+    // Three commands, one reply: the script's.
+    let mut replies = conn.req_packed_commands(&pipe, 0, 1).await?;
+    let reply = replies
+        .pop()
+        .ok_or_else(|| malformed_reply("no reply to the wait"))?;
+    if let redis::Value::ServerError(e) = reply {
+        let e: redis::RedisError = e.into();
+        if e.code() == Some("NOSCRIPT") {
+            // Nothing was taken: load it for the next wait.
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(scripts::FETCH_SOURCE.as_str())
+                .query_async(conn)
+                .await?;
+            return Ok(Taken::default());
+        }
+        return Err(e);
+    }
+    let mut reply: Vec<redis::Value> = redis::from_redis_value(reply)?;
+    let (jobs, too_large) = taken(&mut reply, 2)?;
+    Ok(Taken {
+        limited: None,
+        jobs,
+        too_large,
+    })
+}
+
+/// Checks once, on a connection about to wait with [`wait_then_fetch`],
+/// that the server lets it block: `BLMOVE` on `<q>:wait-probe`, a key that
+/// is never written, for 10 ms. Needed because the wait's own `BLMOVE`
+/// answers nothing (`CLIENT REPLY SKIP`): refused there (an ACL without
+/// it), the wait would return at once, and the worker would spin.
+pub async fn probe_wait(conn: &mut impl Conn, queue: &QueueKeys) -> RedisResult<()> {
+    let probe = format!("{}:wait-probe", queue.name());
+    let _: Option<Vec<u8>> = redis::cmd("BLMOVE")
+        .arg(&probe)
+        .arg(&probe)
         .arg("RIGHT")
-        .arg("LEFT")
-        .arg(timeout.as_secs_f64())
+        .arg("RIGHT")
+        .arg(0.01)
         .query_async(conn)
-        .await
+        .await?;
+    Ok(())
+}
+
+/// Whether `error`, from [`wait_then_fetch`], is the server refusing
+/// `CLIENT REPLY` (an ACL without it, a proxy that does not pass it on).
+pub fn reply_skip_refused(error: &redis::RedisError) -> bool {
+    let text = error.to_string().to_ascii_lowercase();
+    error.code() == Some("NOPERM")
+        || (text.contains("client")
+            && (text.contains("reply") || text.contains("unknown") || text.contains("not allowed")))
 }
 
 /// Settles fresh payloads that the taking script's stamp did not settle
@@ -311,7 +475,7 @@ pub async fn settle(
     instance: &str,
     finished: &[Finished<'_>],
     take: usize,
-    max_attempts: u32,
+    limits: impl Into<Limits>,
     rate: Option<&RateLimit>,
 ) -> RedisResult<(Vec<bool>, Taken)> {
     let mut invocation = scripts::SETTLE.prepare_invoke();
@@ -328,7 +492,7 @@ pub async fn settle(
             .key(q.unique_expiry())
             .key(q.rate());
     }
-    taking_args(&mut invocation, take, max_attempts, rate);
+    taking_args(&mut invocation, take, limits.into(), rate, instance);
     for f in finished {
         let index = f.queue + 1;
         match (f.settlement, f.release) {
@@ -365,11 +529,13 @@ pub async fn settle(
             *k = false;
         }
     }
+    let (jobs, too_large) = taken(&mut reply, 3 + lost)?;
     Ok((
         kept,
         Taken {
             limited: limited(&reply)?,
-            jobs: taken(&mut reply, 3 + lost)?,
+            jobs,
+            too_large,
         },
     ))
 }

@@ -86,21 +86,32 @@ fn ending_script(body: &str) -> Script {
     registered(format!("{GUARD}{NOW_MS}{UNIQUE}{body}"))
 }
 
-fn taking_script(body: &str) -> Script {
-    registered(format!("{GUARD}{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}"))
+fn taking_source(body: &str) -> String {
+    format!("{GUARD}{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}")
 }
 
-/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (triples of queue,
-/// processing list and rate bucket, highest priority first), each moved
-/// atomically and stamped on the way (`stamp.lua`: see
-/// [`crate::job::Stamp`]), no more from a queue than its rate limit allows
-/// (`rate.lua`). ARGV: the count, the attempt limit, the ids for fresh jobs
-/// (32 hex digits each, concatenated), the limit's interval and tolerance
-/// in ms (interval 0: none). Returns one flat array: the queue the limit
-/// stopped and the ms until its next start (`0, -1` when no limit stopped
-/// it), then groups of a queue index (1-based) and a count, each followed
-/// by that many pairs of payload as held and stamp.
-pub static FETCH: LazyLock<Script> = LazyLock::new(|| taking_script(include_str!("lua/fetch.lua")));
+fn taking_script(body: &str) -> Script {
+    registered(taking_source(body))
+}
+
+/// The whole text of [`FETCH`].
+pub(crate) static FETCH_SOURCE: LazyLock<String> =
+    LazyLock::new(|| taking_source(include_str!("lua/fetch.lua")));
+
+/// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (five per queue:
+/// queue, processing list, rate bucket, dead list, stats:dead; highest
+/// priority first), each moved atomically and stamped on the way
+/// (`stamp.lua`: see [`crate::job::Stamp`]), no more from a queue than its
+/// rate limit allows (`rate.lua`); a payload over the size limit is
+/// dead-lettered as `too_large` instead, whole (`take.lua`). ARGV: the
+/// count, the attempt limit, the ids for fresh jobs (32 hex digits each,
+/// concatenated), the limit's interval and tolerance in ms (interval 0:
+/// none), the size limit in bytes (0: none), the instance. Returns one flat
+/// array: the queue the limit stopped and the ms until its next start
+/// (`0, -1` when no limit stopped it), then groups of a queue index
+/// (1-based) and a count, each followed by that many pairs of payload as
+/// held and stamp (a dead-lettered payload: its error and -2).
+pub static FETCH: LazyLock<Script> = LazyLock::new(|| registered(FETCH_SOURCE.clone()));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
 /// stamp. KEYS: processing, scheduled, dead, stats:dead, unique,
@@ -128,7 +139,8 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// with [`FETCH`] after them. KEYS: ten per queue, highest priority
 /// first: queue, processing, stats:processed, retry, stats:failed, dead,
 /// stats:dead, unique, unique:expiry, rate. ARGV: how many jobs to take,
-/// the attempt limit, the ids and the rate limit (as for [`FETCH`]), then
+/// the attempt limit, the ids, the rate limit, the size limit and the
+/// instance (as for [`FETCH`]), then
 /// per settlement a head, the kind and the queue's index (1-based, as in
 /// `A1`), the payload as held, and what the kind needs: `A` (done)
 /// nothing, `U` (done, freeing its unique key) the release token, `T`
@@ -210,6 +222,22 @@ pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("lua/fire.lua")
     ))
 });
+
+/// Reads a page of the dead list, each entry longer than a bound cut to
+/// its start and end with its digest. KEYS: dead. ARGV: first index (as
+/// `LRANGE`), count, the longest entry sent whole, preview bytes, tail
+/// bytes. Returns the list's
+/// length, then per entry its index from the oldest end, its length, the
+/// entry or its start, and for a cut one its end and SHA-1.
+pub static DEAD_PAGE: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/dead_page.lua")));
+
+/// Removes dead letters found by their digest, or (`Q`) moves the payload
+/// a too_large one keeps back onto the queue. KEYS: dead, queue. ARGV: the
+/// action, then triples of index from the oldest end, length, SHA-1.
+/// Returns per triple 1 done, 0 gone, -1 left (not a too_large entry).
+pub static DEAD_PICK: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("lua/dead_pick.lua")));
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,7 @@ fn letter(id: &str) -> String {
         worker: "w~1".into(),
         job: json!({"id": id, "task": "t", "attempt": 3, "error": "boom"}),
         encoding: None,
+        size: None,
     }
     .to_json()
 }

@@ -43,6 +43,16 @@ enum Op {
     FetchLimited(usize, &'static str),
     /// Settles as [`Op::Settle`], taking up to `n` jobs under a rate limit.
     SettleLimited(&'static [(char, &'static str)], usize, &'static str),
+    /// Takes up to `n` jobs with a payload size limit of `max` bytes.
+    FetchCapped(usize, u64),
+    /// Settles as [`Op::Settle`], taking up to `n` jobs with a payload size
+    /// limit of `max` bytes.
+    SettleCapped(&'static [(char, &'static str)], usize, u64),
+    /// Reads the dead list's oldest entry's place, length and digest, then
+    /// runs `dead_pick.lua` on it with the action (`R` or `Q`).
+    DeadPickOldest(&'static str),
+    /// Reads the two newest dead letters (`dead_page.lua`).
+    DeadPage,
 }
 
 struct Row {
@@ -58,6 +68,74 @@ struct Row {
 }
 
 const ROWS: &[Row] = &[
+    Row {
+        rule: "a fetch dead-letters a payload over the size limit whole, as too_large, and takes one at the limit",
+        given: &[&[
+            "LPUSH",
+            "<q>",
+            "0123456789abcdefghijk",
+            "0123456789abcdefghij",
+        ]],
+        op: Op::FetchCapped(2, 20),
+        reply: "[0123456789abcdefghij] too_large [payload of 21 bytes is over the limit of 20 bytes (--max-payload-bytes); it starts: 0123456789abcdefghijk]",
+        then: &[
+            // The state keeps the JSON escapes of the error's own quotes.
+            r"<q>:dead=[{reason:too_large,error:payload of 21 bytes is over the limit of 20 bytes (--max-payload-bytes); it starts: \0123456789abcdefghijk\,attempts:0,died_at:<now>,worker:w~1,size:21,encoding:raw,job:0123456789abcdefghijk}]",
+            "<q>:processing:w~1=[0123456789abcdefghij]",
+            "<q>:stats:dead=1",
+        ],
+    },
+    Row {
+        rule: "a settle takes no payload over the size limit either, and counts its attempt from the payload",
+        given: &[
+            &[
+                "LPUSH",
+                "<q>",
+                r#"{"attempt":3,"id":"i","data":"long enough"}"#,
+            ],
+            &["LPUSH", "<q>:processing:w~1", "a"],
+        ],
+        op: Op::SettleCapped(&[('A', "a")], 1, 20),
+        reply: "([true], []) too_large [payload of 43 bytes is over the limit of 20 bytes (--max-payload-bytes); it starts: {attempt:3,id:i,data:long enough}]",
+        then: &[
+            r"<q>:dead=[{reason:too_large,error:payload of 43 bytes is over the limit of 20 bytes (--max-payload-bytes); it starts: \{\\\attempt\\\:3,\\\id\\\:\\\i\\\,\\\data\\\:\\\long enough\\\}\,attempts:3,died_at:<now>,worker:w~1,size:43,encoding:raw,job:{attempt:3,id:i,data:long enough}}]",
+            "<q>:stats:dead=1",
+            "<q>:stats:processed=1",
+        ],
+    },
+    Row {
+        rule: "a too_large dead letter's payload goes back onto the queue exactly as it was taken",
+        given: &[&[
+            "LPUSH",
+            "<q>:dead",
+            r#"{"reason":"too_large","error":"e","attempts":0,"died_at":1,"worker":"w~1","size":7,"encoding":"raw","job":{"a":1}}"#,
+            "newer",
+        ]],
+        op: Op::DeadPickOldest("Q"),
+        reply: "[1]",
+        then: &["<q>=[{a:1}]", "<q>:dead=[newer]"],
+    },
+    Row {
+        rule: "a dead letter found by its digest is removed; one that is not too_large is not requeued",
+        given: &[&["LPUSH", "<q>:dead", "old", "newer"]],
+        op: Op::DeadPickOldest("R"),
+        reply: "[1]",
+        then: &["<q>:dead=[newer]"],
+    },
+    Row {
+        rule: "requeueing a dead letter that keeps no payload leaves it",
+        given: &[&["LPUSH", "<q>:dead", "old"]],
+        op: Op::DeadPickOldest("Q"),
+        reply: "[-1]",
+        then: &["<q>:dead=[old]"],
+    },
+    Row {
+        rule: "a page of the dead list reads short entries whole, newest first",
+        given: &[&["LPUSH", "<q>:dead", "a", "b", "c"]],
+        op: Op::DeadPage,
+        reply: "[(c, 1), (b, 1)]",
+        then: &["<q>:dead=[c, b, a]"],
+    },
     Row {
         rule: "a settle round trip completes, retries and buries in one script",
         given: &[&["LPUSH", "<q>:processing:w~1", "a", "t", "b"]],
@@ -749,6 +827,83 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 Err(e) => format!("{e:?}"),
             }
         }
+        Op::FetchCapped(n, max) => {
+            let limits = ops::Limits {
+                max_attempts: MAX_ATTEMPTS,
+                max_payload_bytes: max,
+            };
+            match ops::fetch(c, std::slice::from_ref(q), w, n, limits, None).await {
+                Ok(taken) => too_large_shown(
+                    format!("{:?}", taken.jobs.iter().map(shown).collect::<Vec<_>>()),
+                    &taken,
+                ),
+                Err(e) => format!("{e:?}"),
+            }
+        }
+        Op::SettleCapped(jobs, take, max) => {
+            let settlements: Vec<ops::Settlement> =
+                jobs.iter().map(|(kind, p)| settlement(*kind, p)).collect();
+            let finished: Vec<ops::Finished<'_>> = jobs
+                .iter()
+                .zip(&settlements)
+                .map(|((_, p), settlement)| ops::Finished {
+                    queue: 0,
+                    payload: p.as_bytes(),
+                    settlement,
+                    release: None,
+                })
+                .collect();
+            let limits = ops::Limits {
+                max_attempts: MAX_ATTEMPTS,
+                max_payload_bytes: max,
+            };
+            match ops::settle(c, std::slice::from_ref(q), w, &finished, take, limits, None).await {
+                Ok((kept, taken)) => too_large_shown(
+                    format!(
+                        "{:?}",
+                        (kept, taken.jobs.iter().map(shown).collect::<Vec<_>>())
+                    ),
+                    &taken,
+                ),
+                Err(e) => format!("{e:?}"),
+            }
+        }
+        Op::DeadPickOldest(action) => {
+            // The place, length and digest dead_page.lua gives a cut entry.
+            let found: redis::RedisResult<Vec<redis::Value>> = redis::cmd("EVAL")
+                .arg("local e = redis.call('LINDEX', KEYS[1], -1) return e and {#e, redis.sha1hex(e)} or {}")
+                .arg(1)
+                .arg(q.dead())
+                .query_async(c)
+                .await;
+            let (size, digest) = match found.as_deref() {
+                Ok([size, digest]) => (
+                    redis::from_redis_value_ref::<u64>(size).expect("length"),
+                    redis::from_redis_value_ref::<String>(digest).expect("digest"),
+                ),
+                // A wrong-typed dead list: the script is to refuse it.
+                _ => (0, String::new()),
+            };
+            let reply: redis::RedisResult<Vec<i64>> = workerpool_queue::scripts::DEAD_PICK
+                .key(q.dead())
+                .key(q.waiting())
+                .arg(action)
+                .arg(-1)
+                .arg(size)
+                .arg(digest)
+                .invoke_async(c)
+                .await;
+            format!("{reply:?}")
+        }
+        Op::DeadPage => format!(
+            "{:?}",
+            workerpool_queue::admin::dead_page(c, q, 0, 2)
+                .await
+                .map(|page| page
+                    .iter()
+                    .map(|e| (String::from_utf8_lossy(&e.raw).into_owned(), e.size))
+                    .collect::<Vec<_>>())
+        ),
         Op::SettleLimited(jobs, take, rate) => {
             let rate: RateLimit = rate.parse().expect("a row's rate limit parses");
             let settlements: Vec<ops::Settlement> =
@@ -847,6 +1002,15 @@ fn limited_shown(jobs: String, taken: &ops::Taken) -> String {
     }
 }
 
+/// A reply with the errors of the payloads dead-lettered as too large.
+fn too_large_shown(jobs: String, taken: &ops::Taken) -> String {
+    if taken.too_large.is_empty() {
+        return jobs;
+    }
+    let errors: Vec<&str> = taken.too_large.iter().map(|t| t.error.as_str()).collect();
+    format!("{jobs} too_large {errors:?}")
+}
+
 /// To the nearest 50 (ms): the rows' waits and buckets, which the time
 /// between a row's steps shifts by a few ms.
 fn round_50(ms: i64) -> i64 {
@@ -873,15 +1037,19 @@ fn shown(f: &ops::Fetched) -> String {
 fn normalized(text: &str) -> String {
     let mut out = String::new();
     let mut rest = text;
-    let next = |r: &str| match (r.find("id:"), r.find("enqueued_at:")) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+    let next = |r: &str| {
+        ["id:", "enqueued_at:", "died_at:"]
+            .iter()
+            .filter_map(|n| r.find(n))
+            .min()
     };
     while let Some(at) = next(rest) {
         let (head, tail) = rest.split_at(at);
         out.push_str(head);
         let (name, value) = if let Some(v) = tail.strip_prefix("id:") {
             ("id:", v)
+        } else if let Some(v) = tail.strip_prefix("died_at:") {
+            ("died_at:", v)
         } else {
             ("enqueued_at:", &tail["enqueued_at:".len()..])
         };
@@ -897,7 +1065,7 @@ fn normalized(text: &str) -> String {
                 out.push_str("<id>");
                 &value[32..]
             }
-            (_, Some(_)) if name == "enqueued_at:" => {
+            (_, Some(_)) if name != "id:" => {
                 out.push_str("<now>");
                 &value[13..]
             }

@@ -1222,3 +1222,55 @@ async fn through_redis_sentinel_the_dashboard_reads_the_new_primary_after_a_fail
     )
     .await;
 }
+#[tokio::test]
+async fn a_dead_letter_of_megabytes_shows_its_start_and_size_and_is_retried_whole() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    let mut c = redis.conn().await;
+    // A too_large dead letter as the taking script writes it.
+    let len = 5 * 1024 * 1024;
+    let head = r#"{"task":"big","data":""#;
+    let tail = r#"","id":"huge","enqueued_at":1767225600000}"#;
+    let job = format!("{head}{}{tail}", "x".repeat(len - head.len() - tail.len()));
+    let entry = format!(
+        r#"{{"reason":"too_large","error":"payload of {len} bytes is over the limit","attempts":0,"died_at":1700000000000,"worker":"w~1","size":{len},"encoding":"raw","job":{job}}}"#
+    );
+    let _: () = c.lpush(q.dead(), &entry).await.expect("dead");
+    let app = dashboard(&redis, &["emails"], writable()).await;
+
+    let listed = get(&app, "/api/queues/emails/dead").await;
+    assert!(listed.body.len() < 64 * 1024, "{} bytes", listed.body.len());
+    let listed = json(&listed);
+    let item = &listed["items"][0];
+    assert_eq!(item["id"], "huge");
+    assert_eq!(item["reason"], "too_large");
+    assert_eq!(item["bytes"], serde_json::json!(entry.len()));
+    assert!(
+        item["payload"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(r#"{"task":"big","data":"xxx"#) && p.len() < 1_000),
+        "{item}"
+    );
+    let page = get(&app, "/queues/emails/dead").await.body;
+    assert!(
+        page.contains(&format!("{} bytes", entry.len())),
+        "the size is shown"
+    );
+
+    let form = get(&app, "/queues/emails/dead").await.body;
+    let token = csrf(&form);
+    let done = post_form(
+        &app,
+        "/queues/emails/dead/retry",
+        &format!("id=huge&csrf={token}"),
+    )
+    .await;
+    assert!(
+        done.status.is_redirection() || done.status.is_success(),
+        "{}",
+        done.status
+    );
+    assert_eq!(c.llen::<_, u64>(q.dead()).await.expect("llen"), 0);
+    let back: String = c.lindex(q.waiting(), 0).await.expect("lindex");
+    assert!(back == job, "the job back on the queue, byte for byte");
+}

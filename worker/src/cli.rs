@@ -12,6 +12,10 @@ use crate::keys::QueueKeys;
 use crate::text::{self, CELL_CHARS, LINE_CHARS};
 use workerpool_queue::connection::{Connection, describe};
 
+/// Characters of a long dead letter's job that `dead list --json` shows
+/// (as `job`, with `"cut":true` and the entry's size in `entry_bytes`).
+const DEAD_JSON_PREVIEW_CHARS: usize = 1_000;
+
 /// Characters of a dead letter's error in the `dead list` table.
 const ERROR_CHARS: usize = 80;
 
@@ -692,9 +696,24 @@ fn render_dead(entries: &[admin::DeadEntry], now_ms: u64, json: bool) -> String 
     if json {
         let values: Vec<Value> = entries
             .iter()
-            .map(|e| {
-                serde_json::from_slice(&e.raw)
-                    .unwrap_or_else(|_| Value::from(text::escaped(&e.raw, usize::MAX)))
+            .map(|e| match (&e.cut, &e.letter) {
+                // Too long to print whole: the envelope, the job's start
+                // and the entry's size.
+                (Some(_), letter) => {
+                    let mut v = letter
+                        .as_ref()
+                        .and_then(|l| serde_json::to_value(l).ok())
+                        .unwrap_or_else(|| Value::Object(Default::default()));
+                    v["job"] = Value::from(text::escaped(
+                        e.job_start().unwrap_or(&e.raw),
+                        DEAD_JSON_PREVIEW_CHARS,
+                    ));
+                    v["entry_bytes"] = Value::from(e.size);
+                    v["cut"] = Value::from(true);
+                    v
+                }
+                (None, _) => serde_json::from_slice(&e.raw)
+                    .unwrap_or_else(|_| Value::from(text::escaped(&e.raw, usize::MAX))),
             })
             .collect();
         return Value::Array(values).to_string() + "\n";

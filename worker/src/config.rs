@@ -26,6 +26,9 @@ pub struct Config {
     pub concurrency: usize,
     /// Attempts before a job is dead-lettered.
     pub max_attempts: u32,
+    /// Payloads longer than this many bytes are dead-lettered as
+    /// `too_large` by the taking script and never reach this process.
+    pub max_payload_bytes: u64,
     /// Backoff before the second attempt; doubles per attempt.
     pub backoff_base: Duration,
     /// Upper bound of the backoff.
@@ -50,6 +53,10 @@ pub struct Config {
     pub require_noeviction: bool,
 }
 
+/// The largest `--max-payload-bytes`: Redis keeps no value longer than
+/// 512 MiB (`proto-max-bulk-len`).
+pub const MAX_PAYLOAD_BYTES_CEILING: u64 = 512 * 1024 * 1024;
+
 /// The prefix of the environment variables the worker reads its settings
 /// from (`WORKERPOOL_REDIS_URL`, ...). Handler processes do not get them.
 pub const ENV_PREFIX: &str = "WORKERPOOL_";
@@ -67,6 +74,7 @@ impl Config {
             queues,
             concurrency: 1,
             max_attempts: 5,
+            max_payload_bytes: workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             job_timeout: Duration::from_secs(600),
@@ -100,6 +108,12 @@ impl Config {
         }
         if self.max_attempts == 0 {
             return fail("--max-attempts must be at least 1".into());
+        }
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > MAX_PAYLOAD_BYTES_CEILING {
+            return fail(format!(
+                "--max-payload-bytes must be between 1 and {MAX_PAYLOAD_BYTES_CEILING} (Redis's own limit on a value, 512 MiB), got {}",
+                self.max_payload_bytes
+            ));
         }
         if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
             return fail("--backoff-base must be positive and no larger than --backoff-max".into());
@@ -320,6 +334,24 @@ pub struct Args {
     )]
     pub max_attempts: u32,
 
+    /// Longest payload, in bytes, a job may have (as it is taken, with the
+    /// worker's own fields of earlier attempts). A longer one is
+    /// dead-lettered with the reason too_large, whole, with its size and
+    /// start in the error, by the script that takes it: it never reaches
+    /// this process or its handler. The default, 16 MiB (16777216), keeps
+    /// the largest job within a few hundred megabytes of this process (a
+    /// job costs about 14 times its size at the peak) and is far below
+    /// Redis's 512 MiB; put large data elsewhere and a reference in the
+    /// job, and keep it within what an http handler's server accepts. Up
+    /// to 536870912.
+    #[arg(
+        long,
+        env = "WORKERPOOL_MAX_PAYLOAD_BYTES",
+        value_name = "BYTES",
+        default_value_t = workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES
+    )]
+    pub max_payload_bytes: u64,
+
     /// Backoff before the second attempt; doubles with each attempt, with
     /// full jitter.
     #[arg(long, env = "WORKERPOOL_BACKOFF_BASE", value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
@@ -452,6 +484,7 @@ impl Args {
             queues: self.queues,
             concurrency: self.concurrency,
             max_attempts: self.max_attempts,
+            max_payload_bytes: self.max_payload_bytes,
             backoff_base: self.backoff_base,
             backoff_max: self.backoff_max,
             job_timeout: self.job_timeout,
@@ -488,6 +521,25 @@ mod tests {
 
     fn error(args: &[&str]) -> String {
         parse(args).expect_err("must be refused").0
+    }
+
+    #[test]
+    fn the_payload_limit_defaults_to_16_mib_and_is_refused_outside_1_to_512_mib() {
+        let base = ["--redis-url=redis://h", "--queue=q", "--handler=noop"];
+        let (config, _) = parse(&base).expect("defaults");
+        assert_eq!(config.max_payload_bytes, 16 * 1024 * 1024);
+        fn with<'a>(base: &[&'a str], v: &'a str) -> Vec<&'a str> {
+            [base, &["--max-payload-bytes", v]].concat()
+        }
+        let (config, _) = parse(&with(&base, "1048576")).expect("a limit");
+        assert_eq!(config.max_payload_bytes, 1_048_576);
+        for bad in ["0", "536870913"] {
+            let e = error(&with(&base, bad));
+            assert!(
+                e.contains("--max-payload-bytes") && e.contains("536870912"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -842,26 +842,34 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         .concat(),
         &["+blmove", "+lrange", "+zrange", "+zrangebyscore"],
     );
-    let optional = ["+client|id", "+client|unblock", "+info"];
+    let optional = ["+client|id", "+client|unblock", "+client|reply", "+info"];
     let with = |set: &BTreeSet<String>, extra: &[&str]| -> BTreeSet<String> {
         let mut all = set.clone();
         all.extend(extra.iter().map(|e| e.to_string()));
         all
     };
     let read = union(
-        &["now", "snapshot"],
+        &["guard", "now", "snapshot", "dead_page"],
         &[
             "+exists", "+time", "+zrange", "+hgetall", "+lrange", "+llen",
         ],
     );
     let enqueue = union(&["guard", "now", "enqueue"], &["+time", "+lpush", "+zadd"]);
     let dead = union(
-        &["guard", "now", "resurrect", "purge", "remove"],
-        &["+exists", "+time", "+llen", "+lrange"],
+        &[
+            "guard",
+            "now",
+            "resurrect",
+            "purge",
+            "remove",
+            "dead_page",
+            "dead_pick",
+        ],
+        &["+exists", "+time", "+llen"],
     );
     let operator = union(
-        &["guard", "now", "snapshot", "enqueue", "fire"],
-        &["+lrange", "+hkeys", "+hdel", "+hget"],
+        &["guard", "now", "snapshot", "enqueue", "fire", "dead_page"],
+        &["+hkeys", "+hdel", "+hget"],
     );
     let cli: BTreeSet<String> = read.iter().chain(&enqueue).chain(&dead).cloned().collect();
     let dashboard: BTreeSet<String> = read.iter().chain(&dead).cloned().collect();

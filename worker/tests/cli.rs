@@ -73,6 +73,7 @@ fn letter(id: &str, reason: DeadReason, error: &str, died_at: u64) -> String {
         worker: "w~1".into(),
         job: json!({"task": "t", "id": id, "attempt": 3, "error": error}),
         encoding: None,
+        size: None,
     }
     .to_json()
 }
@@ -652,6 +653,7 @@ async fn dead_list_and_workers_show_control_and_bidi_characters_escaped() {
         worker: format!("w-{HOSTILE}"),
         job: json!({"id": id, "task": format!("task-{HOSTILE}")}),
         encoding: None,
+        size: None,
     }
     .to_json();
     let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");
@@ -729,6 +731,7 @@ async fn ids_and_tasks_of_70000_characters_are_shortened_in_tables_and_kept_in_j
         worker: "w~1".into(),
         job: json!({"id": id, "task": task}),
         encoding: None,
+        size: None,
     }
     .to_json();
     let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");
@@ -778,4 +781,85 @@ async fn ids_and_tasks_of_70000_characters_are_shortened_in_tables_and_kept_in_j
         None,
     ));
     assert_eq!(w[0]["instance"], json!(instance));
+}
+
+/// A too_large dead letter as the taking script writes it, keeping a job
+/// of `len` bytes whose id is written last.
+fn too_large_letter(id: &str, len: usize) -> (Vec<u8>, Vec<u8>) {
+    let head = r#"{"task":"big","data":""#;
+    let tail = format!(r#"","id":"{id}","enqueued_at":1767225600000}}"#);
+    let job = format!("{head}{}{tail}", "x".repeat(len - head.len() - tail.len())).into_bytes();
+    let mut entry = format!(
+        r#"{{"reason":"too_large","error":"payload of {len} bytes is over the limit of 1000 bytes (--max-payload-bytes); it starts: \"{{\\\"task\\\"\"","attempts":0,"died_at":1767225600000,"worker":"w~1","size":{len},"encoding":"raw","job":"#
+    )
+    .into_bytes();
+    entry.extend_from_slice(&job);
+    entry.push(b'}');
+    (entry, job)
+}
+
+#[tokio::test]
+async fn dead_list_reads_a_huge_dead_letter_as_its_start_and_size_and_retry_and_purge_still_find_it()
+ {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("huge");
+    let len = 5 * 1024 * 1024;
+    let (first, first_job) = too_large_letter("huge-1", len);
+    let (second, _) = too_large_letter("huge-2", len);
+    let _: () = c.lpush(q.dead(), &first).await.expect("lpush");
+    let _: () = c.lpush(q.dead(), &second).await.expect("lpush");
+    let url = redis.url();
+
+    let table = ok(workerpool(
+        &url,
+        &["dead", "list", "--queue", "huge", "--limit", "1"],
+        None,
+    ));
+    assert!(
+        table.contains("huge-2") && table.contains("too_large"),
+        "{table}"
+    );
+    assert!(!table.contains("huge-1"), "one entry: {table}");
+    assert!(
+        table.contains(&format!("payload of {len} bytes")),
+        "{table}"
+    );
+    let out = workerpool(&url, &["dead", "list", "--queue", "huge", "--json"], None);
+    assert!(
+        out.stdout.len() < 64 * 1024,
+        "{} bytes printed",
+        out.stdout.len()
+    );
+    let listed = json_of(out);
+    let entry = &listed[0];
+    assert_eq!(entry["reason"], "too_large");
+    assert_eq!(entry["cut"], true);
+    assert_eq!(entry["entry_bytes"], json!(second.len()));
+    assert_eq!(entry["size"], json!(len));
+    assert!(
+        entry["job"]
+            .as_str()
+            .is_some_and(|j| j.starts_with(r#"{"task":"big","data":"xxx"#)),
+        "{entry}"
+    );
+
+    let purged = ok(workerpool(
+        &url,
+        &["dead", "purge", "--queue", "huge", "--id", "huge-2"],
+        None,
+    ));
+    assert_eq!(purged, "purged 1 dead letter\n");
+    let retried = ok(workerpool(
+        &url,
+        &["dead", "retry", "--queue", "huge", "--id", "huge-1"],
+        None,
+    ));
+    assert!(retried.starts_with("retried 1 dead job"), "{retried}");
+    assert_eq!(dead_len(&mut c, &q.dead()).await, 0);
+    let back: Vec<u8> = c.lindex(q.waiting(), 0).await.expect("lindex");
+    assert!(
+        back == first_job,
+        "the job back on the queue, byte for byte"
+    );
 }

@@ -142,6 +142,9 @@ impl WorkerCommand {
         if let Some(rate) = &spec.worker.rate_limit {
             ours.push(("WORKERPOOL_RATE_LIMIT", rate.clone()));
         }
+        if let Some(bytes) = spec.worker.max_payload_bytes {
+            ours.push(("WORKERPOOL_MAX_PAYLOAD_BYTES", bytes.to_string()));
+        }
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {
@@ -597,7 +600,7 @@ spec:
         - {name: WORKERPOOL_CONCURRENCY, value: "99"}
         - name: TOKEN
           valueFrom: {secretKeyRef: {name: s, key: t}}
-  worker: {concurrency: 3, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s}
+  worker: {concurrency: 3, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s, maxPayloadBytes: 1048576}
   replicas: 2
   shutdown: {gracePeriodSeconds: 10}
 "#;
@@ -622,6 +625,7 @@ spec:
         assert_eq!(env["WORKERPOOL_REDIS_URL"], "redis://127.0.0.1:7000/0");
         assert_eq!(env["WORKERPOOL_SHUTDOWN_TIMEOUT"], "7500ms");
         assert_eq!(env["WORKERPOOL_RATE_LIMIT"], "20/s");
+        assert_eq!(env["WORKERPOOL_MAX_PAYLOAD_BYTES"], "1048576");
         assert!(!env.contains_key("TOKEN"));
         assert!(notes.iter().any(|n| n.contains("TOKEN")), "{notes:?}");
 

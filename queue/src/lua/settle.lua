@@ -7,7 +7,8 @@
 -- unique:expiry, rate.
 -- ARGV: how many jobs to take, the pool's attempt limit, one 32-digit
 -- hex id per job to take, concatenated, and the rate limit's interval and
--- tolerance in ms (as for fetch.lua), then per settlement a head, the
+-- tolerance in ms, the payload size limit in bytes (0: none) and the
+-- worker instance (as for fetch.lua), then per settlement a head, the
 -- kind followed by the queue's index (1-based, e.g. `A1`), the payload as
 -- the processing list holds it, and what the kind needs:
 --   `A` done: nothing more;
@@ -25,6 +26,7 @@
 local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_bytes, worker = tonumber(ARGV[6]), ARGV[7]
 local out = {0, -1, 0}
 local settlement = 0
 -- Counters add up per key and are written once per script, not per job.
@@ -41,7 +43,7 @@ end
 -- Every key a settlement or the taking may write is checked before the
 -- first write (guard.lua): a batch is settled whole or not at all.
 local kinds, bases = {}, {}
-local i = 6
+local i = 8
 while i <= #ARGV do
   local head = ARGV[i]
   local kind, base = kinds[head], bases[head]
@@ -74,9 +76,13 @@ if take > 0 then
     if interval > 0 then
       expect(KEYS[base + 10], 'string')
     end
+    if max_bytes > 0 then
+      expect(KEYS[base + 6], 'list')
+      expect(KEYS[base + 7], 'string')
+    end
   end
 end
-i = 6
+i = 8
 while i <= #ARGV do
   local head, payload = ARGV[i], ARGV[i + 1]
   local kind, base = kinds[head], bases[head]
@@ -115,8 +121,9 @@ local taken = 0
 for base = 0, #KEYS - 10, 10 do
   if take == 0 then break end
   local index = base / 10 + 1
-  local started, next_in = take_jobs(KEYS[base + 1], KEYS[base + 2], KEYS[base + 10], index,
-    take, out, taken, max_attempts, ids, interval, tolerance)
+  local started, next_in = take_jobs(KEYS[base + 1], KEYS[base + 2], KEYS[base + 10],
+    KEYS[base + 6], KEYS[base + 7], index, take, out, taken, max_attempts, ids, interval, tolerance,
+    max_bytes, worker)
   take, taken = take - started, taken + started
   if next_in and (out[2] < 0 or next_in < out[2]) then
     out[1], out[2] = index, next_in

@@ -3,10 +3,22 @@
 -- stats:processed, stats:failed, stats:dead, stats:recovered.
 -- ARGV: per queue, the processing-list and worker-hash key prefixes.
 -- Returns {now, per queue: {waiting, due retries, retries, due scheduled,
--- scheduled, dead, processed, failed, head payload or '', workers as
+-- scheduled, dead, processed, failed, head payload or '' (a head over 64
+-- KiB is not sent: `{"enqueued_at":N}` in its place, N found in its first
+-- 4 KiB or last 256 bytes, or ''), workers as
 -- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or '',
 -- handler_problem or ''}...,
 -- dead total, recovered total}}.
+-- The job at the head of a queue, or what a reader needs of a long one.
+local function head_of(queue)
+  local head = redis.call('LINDEX', queue, -1) or ''
+  if #head <= 65536 then
+    return head
+  end
+  local at = string.match(string.sub(head, 1, 4096), '"enqueued_at":(%d+)')
+    or string.match(string.sub(head, -256), '"enqueued_at":(%d+)')
+  return at and ('{"enqueued_at":' .. at .. '}') or ''
+end
 local out = {now}
 local per = 9
 for i = 1, #KEYS, per do
@@ -35,7 +47,7 @@ for i = 1, #KEYS, per do
     redis.call('LLEN', KEYS[i + 3]),
     tonumber(redis.call('GET', KEYS[i + 5]) or '0'),
     tonumber(redis.call('GET', KEYS[i + 6]) or '0'),
-    redis.call('LINDEX', KEYS[i], -1) or '',
+    head_of(KEYS[i]),
     w,
     tonumber(redis.call('GET', KEYS[i + 7]) or '0'),
     tonumber(redis.call('GET', KEYS[i + 8]) or '0'),

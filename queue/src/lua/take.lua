@@ -1,21 +1,54 @@
--- take_jobs(waiting, processing, bucket, index, want, out, taken,
--- max_attempts, ids, interval, tolerance): the taking half shared by
--- fetch.lua and settle.lua (a function they start with, after clock.lua,
--- stamp.lua and rate.lua). Moves up to `want` jobs from the queue
--- `waiting` into `processing`, stamped (stamp.lua, with the ids after the
--- `taken` jobs this script took before), no more than the rate bucket
--- `bucket` allows (rate.lua; interval 0: no limit). When it takes any, it
--- appends to the flat reply `out` the group `index, count`, then the
--- payload as held and the stamp of each job. Returns how many it took and,
--- when the limit stopped it with jobs left in the queue and more wanted,
--- the ms until the next start is allowed (else nil).
-local function take_jobs(waiting, processing, bucket, index, want, out, taken, max_attempts,
-                         ids, interval, tolerance)
+-- too_large(v, dead, dead_total, max_bytes, worker): dead-letters the
+-- payload `v`, longer than `max_bytes`, with the reason `too_large`, kept
+-- whole and byte for byte: the entry is the envelope's fields, then
+-- `"job":`, the payload exactly as it was taken and a closing brace, so
+-- the payload is the entry's last `size` bytes before that brace (and the
+-- entry is JSON whenever the payload is). The error gives the size and
+-- the payload's start, escaped (every byte outside printable ASCII as
+-- \xNN) and bounded. Returns the error. The payload never reaches the
+-- worker; its unique key, if it has one, is held until its hold runs out.
+local function too_large(v, dead, dead_total, max_bytes, worker)
+  local size = #v
+  local start = string.gsub(string.sub(v, 1, 80), '[%z\1-\31"\\\127-\255]', function(c)
+    if c == '"' or c == '\\' then
+      return '\\' .. c
+    end
+    return string.format('\\x%02x', string.byte(c))
+  end)
+  local message = 'payload of ' .. size .. ' bytes is over the limit of ' .. max_bytes
+    .. ' bytes (--max-payload-bytes); it starts: "' .. start .. (size > 80 and '…' or '') .. '"'
+  local attempts = tonumber(string.match(v, '^{"attempt":(%d%d?%d?%d?%d?%d?%d?%d?%d?),') or '0')
+  -- The message's own escapes: it is put into JSON as a string.
+  local json_error = string.gsub(message, '[\\"]', '\\%0')
+  redis.call('LPUSH', dead, '{"reason":"too_large","error":"' .. json_error .. '","attempts":'
+    .. string.format('%d', attempts) .. ',"died_at":' .. string.format('%d', now()) .. ',"worker":' .. cjson.encode(worker)
+    .. ',"size":' .. size .. ',"encoding":"raw","job":' .. v .. '}')
+  redis.call('INCR', dead_total)
+  return message
+end
+
+-- take_jobs(waiting, processing, bucket, dead, dead_total, index, want,
+-- out, taken, max_attempts, ids, interval, tolerance, max_bytes, worker):
+-- the taking half shared by fetch.lua and settle.lua (a function they
+-- start with, after clock.lua, stamp.lua and rate.lua). Moves up to `want`
+-- jobs from the queue `waiting` into `processing`, stamped (stamp.lua,
+-- with the ids after the `taken` jobs this script took before), no more
+-- than the rate bucket `bucket` allows (rate.lua; interval 0: no limit).
+-- A payload longer than `max_bytes` (0: no limit) goes to the dead list
+-- `dead` instead (too_large()), counted in `dead_total`. When it takes
+-- any, it appends to the flat reply `out` the group `index, count`, then
+-- the payload as held and the stamp of each job; a dead-lettered one has
+-- its error in place of the payload and the stamp -2. Returns how many it
+-- took (dead-lettered ones included) and, when the limit stopped it with
+-- jobs left in the queue and more wanted, the ms until the next start is
+-- allowed (else nil).
+local function take_jobs(waiting, processing, bucket, dead, dead_total, index, want, out, taken,
+                         max_attempts, ids, interval, tolerance, max_bytes, worker)
   local room, tat = want, 0
   if interval > 0 then
     room, tat = admissible(bucket, want, interval, tolerance)
   end
-  local started = 0
+  local started, refused = 0, 0
   -- One RPOP for the whole batch and one LPUSH of every stamped payload:
   -- two commands per take instead of two per job. RPOP with a count hands
   -- the oldest first, and pushing them in that order leaves the newest at
@@ -33,16 +66,24 @@ local function take_jobs(waiting, processing, bucket, index, want, out, taken, m
     local n = #out
     out[n + 1], out[n + 2] = index, started
     for j = 1, started do
-      local held, how = stamp(popped[j], max_attempts, ids, taken + j - 1)
-      popped[j] = held
-      out[n + 2 * j + 1], out[n + 2 * j + 2] = held, how
+      local v = popped[j]
+      if max_bytes > 0 and #v > max_bytes then
+        out[n + 2 * j + 1], out[n + 2 * j + 2] = too_large(v, dead, dead_total, max_bytes, worker), -2
+        refused = refused + 1
+      else
+        local held, how = stamp(v, max_attempts, ids, taken + j - 1)
+        popped[j - refused] = held
+        out[n + 2 * j + 1], out[n + 2 * j + 2] = held, how
+      end
     end
-    for from = 1, started, 1000 do
-      redis.call('LPUSH', processing, unpack(popped, from, math.min(from + 999, started)))
+    local held_n = started - refused
+    for from = 1, held_n, 1000 do
+      redis.call('LPUSH', processing, unpack(popped, from, math.min(from + 999, held_n)))
     end
   end
   if interval > 0 then
-    local next_in = spend(bucket, tat, started, interval, tolerance)
+    -- A job dead-lettered for its size never started: it spends nothing.
+    local next_in = spend(bucket, tat, started - refused, interval, tolerance)
     if started == room and started < want and redis.call('LLEN', waiting) > 0 then
       return started, next_in
     end

@@ -1,5 +1,8 @@
 //! Taking jobs while slots are free: a batch script when the queues have
-//! jobs, else a blocking wait on every queue at once (Sidekiq's fetch).
+//! jobs, else a blocking wait on every queue at once (Sidekiq's fetch),
+//! each wait followed by the same script in one round trip (see
+//! [`queue::wait_then_fetch`]), so no payload reaches the worker before
+//! the script has checked its size.
 //! With a rate limit the script is the only way in (a blocking move would
 //! bypass the bucket): an empty fetch polls again after [`RATE_POLL`], and
 //! one the limit stopped waits until the bucket allows the next start.
@@ -76,7 +79,7 @@ impl Worker {
             &self.queues,
             &self.instance,
             permits.len(),
-            self.config.max_attempts,
+            self.limits(),
             rate,
         )
         .await
@@ -91,14 +94,15 @@ impl Worker {
         self.redis.succeeded("connect");
         self.redis.succeeded("fetch");
         let pause = taken.limited.map(|limited| self.limited(limited));
-        if !taken.jobs.is_empty() {
+        self.log_too_large(&taken.too_large);
+        if !taken.jobs.is_empty() || !taken.too_large.is_empty() {
             self.metrics
                 .fetch_duration
                 .observe(started.elapsed().as_secs_f64());
             self.dispatch(taken.jobs, permits).await;
             return Ok(pause);
         }
-        if rate.is_some() {
+        if rate.is_some() || self.poll_only.load(Ordering::Relaxed) {
             return Ok(Some(pause.unwrap_or(RATE_POLL)));
         }
         permits.truncate(1);
@@ -143,12 +147,16 @@ impl Worker {
     ) -> Result<(Vec<Fetched>, Option<RedisError>), RedisFailure> {
         for (b, q) in blockers.iter_mut().zip(&self.queues) {
             if b.is_none() {
-                *b = Some(
-                    self.redis
-                        .blocking_conn(q)
-                        .await
-                        .map_err(|e| RedisFailure::new("connect", e))?,
-                );
+                let mut blocker = self
+                    .redis
+                    .blocking_conn(q)
+                    .await
+                    .map_err(|e| RedisFailure::new("connect", e))?;
+                // The wait's own BLMOVE answers nothing: see that it may block.
+                queue::probe_wait(&mut blocker.conn, q)
+                    .await
+                    .map_err(|e| RedisFailure::new("wait", e))?;
+                *b = Some(blocker);
             }
         }
         let ids: Vec<i64> = blockers.iter().flatten().filter_map(|b| b.id).collect();
@@ -160,7 +168,13 @@ impl Worker {
             .map(|(i, c)| {
                 let q = &self.queues[i];
                 let instance = self.instance.as_str();
-                async move { (i, queue::wait_for_job(c, q, instance, BLOCK).await) }
+                let limits = self.limits();
+                async move {
+                    (
+                        i,
+                        queue::wait_then_fetch(c, q, instance, BLOCK, limits).await,
+                    )
+                }
             })
             .collect();
         let mut arrived = Vec::new();
@@ -171,14 +185,27 @@ impl Worker {
             tokio::select! {
                 next = waits.next() => match next {
                     None => break,
-                    Some((i, Ok(Some(job)))) => {
-                        arrived.push(Fetched::untouched(i, job));
-                        if !unblocked && ids.len() > 1 {
+                    Some((i, Ok(mut taken))) => {
+                        // The script was given this one queue: index 0.
+                        taken.jobs.iter_mut().for_each(|j| j.queue = i);
+                        taken.too_large.iter_mut().for_each(|t| t.queue = i);
+                        self.log_too_large(&taken.too_large);
+                        let delivered = !taken.jobs.is_empty() || !taken.too_large.is_empty();
+                        arrived.extend(taken.jobs);
+                        if delivered && !unblocked && ids.len() > 1 {
                             unblocked = true;
                             self.unblock(&ids).await;
                         }
                     }
-                    Some((_, Ok(None))) => {}
+                    Some((i, Err(e))) if queue::reply_skip_refused(&e) => {
+                        // An optional command: the worker polls instead.
+                        // Refused at once, so nothing was taken; the two
+                        // replies that follow go with the connection.
+                        if !self.poll_only.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(error = %e, "the Redis user may not run CLIENT REPLY, which the blocking wait needs so that no job's bytes are sent before its size is checked: fetching by polling every 100ms instead; grant +client|reply to avoid it (docs/redis-acl.md)");
+                        }
+                        broken.push(i);
+                    }
                     Some((i, Err(e))) => {
                         self.suspect_lost_reply();
                         broken.push(i);

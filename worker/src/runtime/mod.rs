@@ -78,6 +78,9 @@ struct Worker {
     /// Set when a reply may have been lost after Redis moved jobs for us:
     /// the processing lists are then checked against the ledger.
     reconcile: AtomicBool,
+    /// Set when Redis refused the blocking wait's `CLIENT REPLY`: the
+    /// fetch loop then polls instead of blocking.
+    poll_only: AtomicBool,
     shutdown: Shutdown,
     /// Fires at the shutdown deadline: running attempts are abandoned.
     give_up: CancellationToken,
@@ -199,6 +202,7 @@ pub async fn run(
         health: health.clone(),
         clock_offset_ms: AtomicI64::new(0),
         reconcile: AtomicBool::new(false),
+        poll_only: AtomicBool::new(false),
         shutdown: shutdown.clone(),
         give_up: CancellationToken::new(),
         slots: Arc::new(Semaphore::new(config.concurrency)),

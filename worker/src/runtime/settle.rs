@@ -104,6 +104,7 @@ impl Worker {
                     worker: self.instance.clone(),
                     job: serde_json::Value::Object(job.fields().clone()),
                     encoding: None,
+                    size: None,
                 };
                 self.log_dead(qi, &letter);
                 let envelope = letter.to_json();
@@ -195,7 +196,7 @@ impl Worker {
                         &self.instance,
                         finished,
                         take,
-                        self.config.max_attempts,
+                        self.limits(),
                         self.config.rate_limit.as_ref(),
                     )
                     .await;
@@ -216,6 +217,7 @@ impl Worker {
                     let name = self.queues[limited.queue].name();
                     self.metrics.rate_limited.with_label_values(&[name]).inc();
                 }
+                self.log_too_large(&taken.too_large);
                 (kept.into_iter().map(Some).collect(), taken.jobs)
             }
             None => (vec![None; batch.len()], Vec::new()),
@@ -262,6 +264,28 @@ impl Worker {
             // Shutdown deadline while Redis was unreachable: the job stays in
             // the processing list and is recovered by the next incarnation.
             None => {}
+        }
+    }
+
+    /// Logs and counts the payloads a taking script dead-lettered for
+    /// their size.
+    pub(super) fn log_too_large(&self, refused: &[queue::TooLarge]) {
+        for r in refused {
+            let queue = self.queues[r.queue].name();
+            self.metrics
+                .dead_letters
+                .with_label_values(&[queue, DeadReason::TooLarge.as_str()])
+                .inc();
+            self.job_metrics[r.queue].dead.inc();
+            tracing::warn!(queue, reason = DeadReason::TooLarge.as_str(), error = %shown(&r.error), "job dead-lettered");
+        }
+    }
+
+    /// The limits the taking scripts enforce.
+    pub(super) fn limits(&self) -> queue::Limits {
+        queue::Limits {
+            max_attempts: self.config.max_attempts,
+            max_payload_bytes: self.config.max_payload_bytes,
         }
     }
 
