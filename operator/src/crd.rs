@@ -188,8 +188,8 @@ pub struct QueueSpec {
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || (has(self.key) ? self.key.matches('[{][^}]+[}]') : self.keys.all(k, k.matches('[{][^}]+[}]')))").message("spec.queue.redis.mode is Cluster: queue names need a hash tag so each queue's keys share one slot, for example {mail}, or {mail}:high and {mail}:low for several queues"))]
 #[x_kube(validation = Rule::new("!has(self.url) || self.url.matches('^rediss?([+]sentinel)?://')").message("spec.queue.redis.url must start with redis:// (or rediss:// for TLS): redis://[user:password@]host[:port][/db], for example redis://redis:6379/0; through Redis Sentinel redis+sentinel://host1:26379,host2:26379/<primary name>[/<db>] (rediss+sentinel:// for TLS)"))]
 #[x_kube(validation = Rule::new("!has(self.url) || !has(self.mode) || self.mode != 'Cluster' || !self.url.matches('^rediss?[+]sentinel://')").message("spec.queue.redis.mode is Cluster but spec.queue.redis.url is a redis+sentinel:// URL, which names a primary and its replicas, not a cluster: set mode to Auto or Standalone"))]
-#[x_kube(validation = Rule::new("!has(self.key) || !self.key.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires)(:|$)')").message(Message::Expression("'spec.queue.redis.key ' + self.key + ' would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats or fires; rename it, for example with - for :'".into())))]
-#[x_kube(validation = Rule::new("!has(self.keys) || self.keys.all(k, !k.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires)(:|$)'))").message("spec.queue.redis.keys: a name would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats or fires; rename it, for example with - for :"))]
+#[x_kube(validation = Rule::new("!has(self.key) || !self.key.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires|wait-probe)(:|$)')").message(Message::Expression("'spec.queue.redis.key ' + self.key + ' would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats, fires or wait-probe; rename it, for example with - for :'".into())))]
+#[x_kube(validation = Rule::new("!has(self.keys) || self.keys.all(k, !k.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires|wait-probe)(:|$)'))").message("spec.queue.redis.keys: a name would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats, fires or wait-probe; rename it, for example with - for :"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisQueue {
     /// Redis URL, `redis://[user:password@]host[:port][/db]`, `rediss://`
@@ -347,11 +347,8 @@ pub struct WorkerSettings {
     #[schemars(length(min = 3, max = 32))]
     pub rate_limit: Option<String>,
 
-    /// Longest payload, in bytes, a job may have; a longer one is
-    /// dead-lettered with the reason `too_large`, whole, by the script that
-    /// takes it, without reaching a worker (the workers'
-    /// `--max-payload-bytes`). Unset: the worker's default, 16 MiB
-    /// (16777216). At most 536870912, Redis's own limit on a value.
+    /// Longest job payload in bytes (`--max-payload-bytes`); a longer one
+    /// is dead-lettered whole as `too_large`. Unset: 16 MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 536870912))]
     pub max_payload_bytes: Option<i64>,

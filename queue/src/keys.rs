@@ -111,6 +111,13 @@ impl QueueKeys {
     pub fn fires(&self) -> String {
         format!("{}:fires", self.name)
     }
+
+    /// A list that is never written: a worker's first blocking wait on a
+    /// connection blocks on it for a moment, to learn that the server lets
+    /// it block (see `ops::probe_wait`).
+    pub fn wait_probe(&self) -> String {
+        format!("{}:wait-probe", self.name)
+    }
 }
 
 /// The words that follow a queue's name, after a colon, in the names of
@@ -118,7 +125,7 @@ impl QueueKeys {
 /// A queue name with one of them as a colon-separated part after its first
 /// is refused ([`check_name`]): it would be, or could become, a key of
 /// another queue.
-pub const KEY_PARTS: [&str; 10] = [
+pub const KEY_PARTS: [&str; 11] = [
     "processing",
     "retry",
     "scheduled",
@@ -129,6 +136,7 @@ pub const KEY_PARTS: [&str; 10] = [
     "rate",
     "stats",
     "fires",
+    "wait-probe",
 ];
 
 /// Why `name` cannot be a queue's name, if it cannot. Besides being
@@ -161,6 +169,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
         (keys.unique_expiry(), "the expiry set of unique keys"),
         (keys.rate(), "the rate-limit bucket"),
         (keys.fires(), "the hash of schedule fires"),
+        (keys.wait_probe(), "the probe list of blocking waits"),
         (keys.stats_processed(), "a counter"),
         (keys.stats_failed(), "a counter"),
         (keys.stats_dead(), "a counter"),

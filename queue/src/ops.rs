@@ -347,7 +347,7 @@ pub async fn wait_then_fetch(
 /// answers nothing (`CLIENT REPLY SKIP`): refused there (an ACL without
 /// it), the wait would return at once, and the worker would spin.
 pub async fn probe_wait(conn: &mut impl Conn, queue: &QueueKeys) -> RedisResult<()> {
-    let probe = format!("{}:wait-probe", queue.name());
+    let probe = queue.wait_probe();
     let _: Option<Vec<u8>> = redis::cmd("BLMOVE")
         .arg(&probe)
         .arg(&probe)

@@ -23,6 +23,7 @@ fn keys_of(q: &QueueKeys, instances: &[String]) -> Vec<String> {
         q.stats_dead(),
         q.stats_recovered(),
         q.fires(),
+        q.wait_probe(),
     ];
     for instance in instances {
         keys.push(q.processing(instance));
