@@ -55,7 +55,9 @@ job_file() {
 worker_rss() {
   local queue=$1 file=$2 env=$3
   local port_http=$((port + 1 + RANDOM % 1000))
-  env $env /usr/bin/time -v -o "$work/time.txt" "$WORKER" --redis-url "$url" --queue "$queue" \
+  local -a extra=()
+  [ -n "$env" ] && extra=("$env")
+  env "${extra[@]}" /usr/bin/time -v -o "$work/time.txt" "$WORKER" --redis-url "$url" --queue "$queue" \
     --handler noop --listen "127.0.0.1:$port_http" 2>"$work/worker.log" &
   local time_pid=$!
   sleep 1
