@@ -245,7 +245,9 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
     let k = &e2e.cluster;
     let ns = Namespace::create(k, "e2e-steps");
     let redis = Redis::start(k, &ns.name);
-    // One pod removed per 4 s at most: 3 -> 2 -> 1 -> 0.
+    // At most one pod removed per 4 s, counted as the HPA counts it: from
+    // the replicas at the start of the period (a scale-up within the
+    // period counts too).
     let pool = Pool::new("mail", &redis)
         .max(3)
         .per_replica(10)
@@ -294,9 +296,6 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
             if to > from { "ScaledUp" } else { "ScaledDown" },
             "{steps:#?}"
         );
-        if to < from {
-            assert_eq!(from - to, 1, "one pod per period: {steps:#?}");
-        }
         assert!(note.contains(": "), "each step says why: {note}");
         at = *to;
     }
@@ -306,7 +305,9 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
         .map(|s| (s.1, s.2))
         .collect();
     assert_eq!(downs.last(), Some(&(1, 0)), "{steps:#?}");
-    assert!(downs.len() >= 3, "3 -> 2 -> 1 -> 0: {steps:#?}");
+    // Down in steps: the backlog target, then the last replica kept until
+    // the pool has been idle long enough, then zero.
+    assert!(downs.len() >= 2, "a scale-down in steps: {steps:#?}");
     let to_zero = &steps.last().expect("a last step").3;
     assert!(to_zero.contains("scaling to zero"), "{to_zero}");
     // `kubectl describe` shows each of them.
