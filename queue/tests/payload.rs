@@ -338,3 +338,28 @@ async fn a_snapshot_reads_the_age_of_a_large_job_at_the_head_without_its_bytes()
     );
     assert_eq!(read.queues[0].waiting, 1);
 }
+
+#[tokio::test]
+async fn a_counter_another_program_wrote_stops_the_take_before_any_job_moves() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("counted");
+    let over = job_of(LIMIT as usize + 1, "over");
+    let small = job_of(100, "small");
+    // The one over the limit first, then one that would go to processing:
+    // an INCR refused after the take would leave the small one in no key.
+    let _: () = c.lpush(q.waiting(), &over).await.expect("lpush");
+    let _: () = c.lpush(q.waiting(), &small).await.expect("lpush");
+    let _: () = c.set(q.stats_dead(), "not a number").await.expect("set");
+    let error = ops::fetch(&mut c, std::slice::from_ref(&q), "w~1", 2, limits(), None)
+        .await
+        .expect_err("the counter is refused");
+    assert!(
+        error.to_string().contains(&q.stats_dead()),
+        "the error names the key: {error}"
+    );
+    let waiting: Vec<Vec<u8>> = c.lrange(q.waiting(), 0, -1).await.expect("lrange");
+    assert_eq!(waiting, [small, over], "nothing moved");
+    let dead: u64 = c.llen(q.dead()).await.expect("llen");
+    assert_eq!(dead, 0);
+}

@@ -4,7 +4,7 @@
 local processing, processed, unique, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local payload = ARGV[1]
 expect(processing, 'list')
-expect(processed, 'string')
+expect_counter(processed)
 if ARGV[2] ~= '' then
   expect(unique, 'hash')
   expect(expiry, 'zset')

@@ -6,8 +6,8 @@ local processing, dead, failed, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local payload, envelope = ARGV[1], ARGV[2]
 expect(processing, 'list')
 expect(dead, 'list')
-expect(failed, 'string')
-expect(dead_total, 'string')
+expect_counter(failed)
+expect_counter(dead_total)
 if ARGV[3] ~= '' then
   expect(KEYS[5], 'hash')
   expect(KEYS[6], 'zset')

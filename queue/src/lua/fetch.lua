@@ -29,7 +29,7 @@ for i = 1, #KEYS, 5 do
   end
   if max_bytes > 0 then
     expect(KEYS[i + 3], 'list')
-    expect(KEYS[i + 4], 'string')
+    expect_counter(KEYS[i + 4])
   end
 end
 local out = {0, -1}

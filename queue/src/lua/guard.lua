@@ -21,3 +21,23 @@ local function expect(key, want)
   end
   checked[key] = true
 end
+
+-- expect_counter(key): as expect(key, 'string'), and the value, when there
+-- is one, is an integer INCR can add to. A counter written by another
+-- program ('abc', '1.5') would otherwise stop a script at its INCR, after
+-- it had moved jobs: checked here, before the first write, it stops the
+-- script having changed nothing.
+local counters = {}
+local function expect_counter(key)
+  if counters[key] then
+    return
+  end
+  expect(key, 'string')
+  local v = redis.call('GET', key)
+  if v and not string.match(v, '^%-?%d+$') then
+    error({err = 'WRONGTYPE key ' .. key .. ' holds ' .. string.format('%q', string.sub(v, 1, 40))
+      .. ' where the queue contract keeps an integer counter; nothing was changed. Another '
+      .. 'program wrote this key: rename or remove it'})
+  end
+  counters[key] = true
+end

@@ -13,7 +13,7 @@ expect(workers, 'zset')
 expect(processing, 'list')
 expect(queue, 'list')
 expect(details, 'hash')
-expect(recovered, 'string')
+expect_counter(recovered)
 -- The worker's own declared window decides (its hash's dead_after_ms,
 -- there while the worker is within twice that window of its last beat),
 -- not the reaper's: workers of one queue may be set differently.

@@ -52,14 +52,14 @@ while i <= #ARGV do
     kinds[head], bases[head] = kind, base
     expect(KEYS[base + 2], 'list')
     if kind == 65 or kind == 85 then -- A, U
-      expect(KEYS[base + 3], 'string')
+      expect_counter(KEYS[base + 3])
     elseif kind == 84 then -- T
       expect(KEYS[base + 4], 'zset')
-      expect(KEYS[base + 5], 'string')
+      expect_counter(KEYS[base + 5])
     else -- B
       expect(KEYS[base + 6], 'list')
-      expect(KEYS[base + 5], 'string')
-      expect(KEYS[base + 7], 'string')
+      expect_counter(KEYS[base + 5])
+      expect_counter(KEYS[base + 7])
     end
   end
   local step = kind == 65 and 2 or kind == 85 and 3 or 4
@@ -78,7 +78,7 @@ if take > 0 then
     end
     if max_bytes > 0 then
       expect(KEYS[base + 6], 'list')
-      expect(KEYS[base + 7], 'string')
+      expect_counter(KEYS[base + 7])
     end
   end
 end

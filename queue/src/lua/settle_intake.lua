@@ -16,7 +16,7 @@ for i = 1, #ARGV, 4 do
     expect(scheduled, 'zset')
   elseif action == 'D' then
     expect(dead, 'list')
-    expect(dead_total, 'string')
+    expect_counter(dead_total)
     if ARGV[i + 3] ~= '' then
       expect(KEYS[5], 'hash')
       expect(KEYS[6], 'zset')
