@@ -1458,9 +1458,7 @@ fn jobs_dead_lettered_lately_show_in_ready_and_jobs_failing_with_one_event() {
 async fn a_rise_of_dead_letters_since_the_last_look_is_failing_with_the_newest_error() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
-    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(service, "default"), Metrics::new(), None);
-    let endpoint = Endpoint::new(redis.url(), Tls::default()).expect("url");
+    let (ctx, endpoint, _api) = context_on(&redis);
     let q = QueueKeys::new("mail");
     let letter = |error: &str| {
         json!({"reason": "exhausted", "error": error, "attempts": 5, "died_at": 1, "worker": "w", "job": {"id": "j"}}).to_string()
@@ -1498,9 +1496,7 @@ async fn a_rise_of_dead_letters_since_the_last_look_is_failing_with_the_newest_e
 async fn jobs_that_died_lately_before_the_first_look_are_failing_on_it() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
-    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Context::new(Client::new(service, "default"), Metrics::new(), None);
-    let endpoint = Endpoint::new(redis.url(), Tls::default()).expect("url");
+    let (ctx, endpoint, _api) = context_on(&redis);
     let q = QueueKeys::new("mail");
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
     let now_ms = secs * 1000 + micros / 1000;
@@ -1534,6 +1530,15 @@ async fn jobs_that_died_lately_before_the_first_look_are_failing_on_it() {
         failing_now(&ctx, &endpoint, &q).await.map(|f| f.count),
         Some(2)
     );
+}
+
+/// A context whose API server is never asked (the mock's handle, kept
+/// alive by the caller), and the endpoint of `redis`.
+fn context_on(redis: &TestRedis) -> (Context, Endpoint, Handle<Request<Body>, Response<Body>>) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Context::new(Client::new(service, "default"), Metrics::new(), None);
+    let endpoint = Endpoint::new(redis.url(), Tls::default()).expect("url");
+    (ctx, endpoint, handle)
 }
 
 /// The pool's failing jobs as the next look sees them.

@@ -38,8 +38,9 @@ for i = 2, #ARGV, 3 do
     local job_size = tonumber(string.match(head,
       '^{"reason":"too_large",.*,"size":(%d+),"encoding":"raw","job":'))
     if job_size and job_size < #found then
-      redis.call('LREM', dead, '-1', found)
+      -- Write first, remove last (both keys' types were checked above).
       redis.call('LPUSH', queue, string.sub(found, #found - job_size, #found - 1))
+      redis.call('LREM', dead, '-1', found)
       out[#out + 1] = 1
     else
       out[#out + 1] = -1
