@@ -95,10 +95,10 @@ impl History {
         }
         let sample = Sample {
             at_ms: now_ms,
-            waiting: s.waiting,
-            in_flight: s.in_flight,
-            processed: s.processed_total,
-            failed: s.failed_total,
+            waiting: s.counts.waiting,
+            in_flight: s.counts.in_flight,
+            processed: s.counts.processed_total,
+            failed: s.counts.failed_total,
         };
         match samples.kept.back() {
             Some(kept) if now_ms - kept.at_ms < self.min_gap_ms => {
@@ -174,12 +174,14 @@ mod tests {
     use super::*;
 
     fn summary(processed: u64, waiting: u64) -> QueueSummary {
-        QueueSummary {
-            name: "q".into(),
-            processed_total: processed,
-            waiting,
-            ..QueueSummary::default()
-        }
+        QueueSummary::new(
+            "q",
+            workerpool_queue::snapshot::Counts {
+                processed_total: processed,
+                waiting,
+                ..Default::default()
+            },
+        )
     }
 
     #[test]

@@ -137,21 +137,21 @@ pub fn overview(ctx: &Ctx<'_>, o: &Overview) -> String {
             r#"<tr data-queue="{name}"><td><a href="{href}">{name}</a>{limit}</td>{cells}</tr>"#,
             name = escape(&q.name),
             href = escape(&queue_href(&q.name)),
-            limit = q.rate_limit.as_deref().map_or(String::new(), |l| format!(
+            limit = q.counts.rate_limit.as_deref().map_or(String::new(), |l| format!(
                 r#" <span class="rate-limit" title="at most this many jobs start">rate limit {}</span>"#,
                 escape(l)
             )),
             cells = [
-                ("waiting", num(q.waiting)),
-                ("in_flight", num(q.in_flight)),
-                ("retries_due", num(q.retries_due)),
-                ("retries_scheduled", num(q.retries_scheduled)),
-                ("scheduled", num(q.scheduled)),
-                ("dead", num(q.dead)),
+                ("waiting", num(q.counts.waiting)),
+                ("in_flight", num(q.counts.in_flight)),
+                ("retries_due", num(q.counts.retries_due)),
+                ("retries_scheduled", num(q.counts.retries_scheduled)),
+                ("scheduled", num(q.counts.scheduled)),
+                ("dead", num(q.counts.dead)),
                 ("processed_per_second", rate(q.processed_per_second)),
                 ("failed_per_second", rate(q.failed_per_second)),
                 ("oldest_job_age_seconds", seconds(q.oldest_job_age_seconds)),
-                ("workers", workers_count(q.workers_live, q.workers_lost)),
+                ("workers", workers_count(q.counts.workers_live, q.counts.workers_lost)),
             ]
             .iter()
             .map(|(f, v)| format!(r#"<td class="num" data-field="{f}">{}</td>"#, escape(v)))
@@ -214,21 +214,21 @@ pub fn queue(ctx: &Ctx<'_>, d: &QueueDetail, notice: Option<&str>) -> String {
     }
     let _ = write!(b, r#"<dl class="counts" data-queue="{name}">"#);
     for (field, label, value) in [
-        ("waiting", "waiting", num(s.waiting)),
-        ("in_flight", "in flight", num(s.in_flight)),
+        ("waiting", "waiting", num(s.counts.waiting)),
+        ("in_flight", "in flight", num(s.counts.in_flight)),
         (
             "held_by_lost_workers",
             "held by lost workers",
-            num(s.held_by_lost_workers),
+            num(s.counts.held_by_lost_workers),
         ),
-        ("retries_due", "retries due", num(s.retries_due)),
+        ("retries_due", "retries due", num(s.counts.retries_due)),
         (
             "retries_scheduled",
             "retries later",
-            num(s.retries_scheduled),
+            num(s.counts.retries_scheduled),
         ),
-        ("scheduled", "scheduled", num(s.scheduled)),
-        ("dead", "dead", num(s.dead)),
+        ("scheduled", "scheduled", num(s.counts.scheduled)),
+        ("dead", "dead", num(s.counts.dead)),
         (
             "processed_per_second",
             "processed/s",
@@ -240,8 +240,12 @@ pub fn queue(ctx: &Ctx<'_>, d: &QueueDetail, notice: Option<&str>) -> String {
             "oldest job",
             seconds(s.oldest_job_age_seconds),
         ),
-        ("processed_total", "processed total", num(s.processed_total)),
-        ("failed_total", "failed total", num(s.failed_total)),
+        (
+            "processed_total",
+            "processed total",
+            num(s.counts.processed_total),
+        ),
+        ("failed_total", "failed total", num(s.counts.failed_total)),
     ] {
         let _ = write!(
             b,
@@ -644,6 +648,7 @@ pub fn utc(ms: u64) -> String {
 mod tests {
     use super::*;
     use crate::model::{QueueSummary, Series};
+    use workerpool_queue::snapshot::Counts;
 
     const CTX: Ctx<'static> = Ctx {
         redis: "redis://:***@host:6379/0",
@@ -668,11 +673,13 @@ mod tests {
         let page = overview(
             &CTX,
             &Overview {
-                queues: vec![QueueSummary {
-                    name: "<b>q\"".into(),
-                    waiting: 1_234_567,
-                    ..QueueSummary::default()
-                }],
+                queues: vec![QueueSummary::new(
+                    "<b>q\"",
+                    Counts {
+                        waiting: 1_234_567,
+                        ..Counts::default()
+                    },
+                )],
                 ..Overview::default()
             },
         );
@@ -688,11 +695,13 @@ mod tests {
             overview(
                 &CTX,
                 &Overview {
-                    queues: vec![QueueSummary {
-                        name: "calls".into(),
-                        rate_limit: rate_limit.map(str::to_string),
-                        ..QueueSummary::default()
-                    }],
+                    queues: vec![QueueSummary::new(
+                        "calls",
+                        Counts {
+                            rate_limit: rate_limit.map(str::to_string),
+                            ..Counts::default()
+                        },
+                    )],
                     ..Overview::default()
                 },
             )

@@ -252,11 +252,9 @@ impl State {
         let mut conn = self.conn.clone();
         // One queue per read: queues of different hash tags live on
         // different nodes of a cluster.
-        let read = workerpool_queue::snapshot::read(&mut conn, std::slice::from_ref(q)).await?;
-        let now = read.server_time_ms;
-        let figures = read.queues.into_iter().next().unwrap_or_default();
-        let mut s = QueueSummary::from_figures(&figures, now);
-        s.name = q.name().to_string();
+        let counts = workerpool_queue::snapshot::counts(&mut conn, q).await?;
+        let now = counts.taken_at_ms;
+        let mut s = QueueSummary::new(q.name(), counts);
         let mut history = self.history();
         history.record(&s, now);
         (s.processed_per_second, s.failed_per_second) = history.rates(q.name());
@@ -329,10 +327,10 @@ impl State {
     ) -> RedisResult<ListPage> {
         let per_page = per_page.clamp(1, MAX_PER_PAGE);
         let total = match kind {
-            ListKind::Waiting => summary.waiting,
-            ListKind::Scheduled => summary.scheduled,
-            ListKind::Retries => summary.retries_due + summary.retries_scheduled,
-            ListKind::Dead => summary.dead,
+            ListKind::Waiting => summary.counts.waiting,
+            ListKind::Scheduled => summary.counts.scheduled,
+            ListKind::Retries => summary.counts.retries_due + summary.counts.retries_scheduled,
+            ListKind::Dead => summary.counts.dead,
         };
         let pages = total.div_ceil(per_page).max(1);
         let page = page.clamp(1, pages);

@@ -4,75 +4,43 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use workerpool_queue::admin::{DeadEntry, Snapshot, WorkerInfo};
+use workerpool_queue::admin::{DeadEntry, WorkerInfo};
 use workerpool_queue::job::field;
-use workerpool_queue::snapshot::QueueFigures;
+use workerpool_queue::snapshot::Counts;
 
 /// Characters of a payload shown in a list; the JSON API gives the same.
 pub const PAYLOAD_PREVIEW_CHARS: usize = 300;
 
-/// One queue's counts at one instant, with its rates.
+/// One queue's counts at one instant, with its rates: the queue crate's
+/// [`Counts`] under their own names, and what the dashboard adds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct QueueSummary {
     /// The queue's name.
     pub name: String,
-    /// Jobs in the waiting list.
-    pub waiting: u64,
-    /// Jobs held by live workers.
-    pub in_flight: u64,
-    /// Jobs held by workers taken for lost, waiting to be returned.
-    pub held_by_lost_workers: u64,
-    /// Failed jobs whose next attempt is due.
-    pub retries_due: u64,
-    /// Failed jobs waiting for their backoff.
-    pub retries_scheduled: u64,
-    /// Delayed jobs (`run_at` ahead), due or not.
-    pub scheduled: u64,
-    /// Dead letters.
-    pub dead: u64,
-    /// Workers that beat within their window.
-    pub workers_live: u64,
-    /// Registered workers silent past their window.
-    pub workers_lost: u64,
-    /// Jobs completed, ever.
-    pub processed_total: u64,
-    /// Failed attempts, ever.
-    pub failed_total: u64,
-    /// Jobs dead-lettered, ever.
-    pub dead_total: u64,
+    /// What the queue holds and has done.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Jobs that can run now: waiting, plus due retries and due delayed
+    /// jobs ([`Counts::backlog`]).
+    pub backlog: u64,
     /// Completions per second over the last sampling interval.
     pub processed_per_second: Option<f64>,
     /// Failed attempts per second over the last sampling interval.
     pub failed_per_second: Option<f64>,
     /// Age of the job at the head of the queue, when it carries `enqueued_at`.
     pub oldest_job_age_seconds: Option<f64>,
-    /// The rate limit the live workers run with (`20/s`), when they have one.
-    pub rate_limit: Option<String>,
 }
 
 impl QueueSummary {
-    /// The summary of `f` read at `now_ms` (Redis clock).
-    pub fn from_figures(f: &QueueFigures, now_ms: u64) -> Self {
-        let c = Snapshot::from_figures(f, now_ms);
+    /// The summary of queue `name`'s `counts`, without rates.
+    pub fn new(name: impl Into<String>, counts: Counts) -> Self {
         QueueSummary {
-            name: f.name.clone(),
-            waiting: c.backlog,
-            in_flight: c.in_flight,
-            held_by_lost_workers: c.held_by_lost_workers,
-            retries_due: c.retries_due,
-            retries_scheduled: c.retries_scheduled,
-            scheduled: c.scheduled,
-            dead: c.dead,
-            workers_live: c.workers_live,
-            workers_lost: c.workers_lost,
-            processed_total: c.processed_total,
-            failed_total: c.failed_total,
-            dead_total: c.dead_total,
-            oldest_job_age_seconds: f
-                .oldest_enqueued_at_ms
-                .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0),
-            rate_limit: c.rate_limit,
-            ..QueueSummary::default()
+            name: name.into(),
+            backlog: counts.backlog(),
+            oldest_job_age_seconds: counts.oldest_job_age_seconds(),
+            counts,
+            processed_per_second: None,
+            failed_per_second: None,
         }
     }
 }
@@ -367,7 +335,7 @@ pub fn preview(raw: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use workerpool_queue::snapshot::WorkerFigures;
+    use workerpool_queue::snapshot::{QueueFigures, WorkerFigures};
 
     #[test]
     fn a_summary_counts_live_and_lost_workers_apart() {
@@ -397,12 +365,39 @@ mod tests {
             ],
             ..QueueFigures::default()
         };
-        let s = QueueSummary::from_figures(&f, 11_000);
-        assert_eq!((s.workers_live, s.in_flight), (1, 3));
-        assert_eq!((s.workers_lost, s.held_by_lost_workers), (1, 1));
-        assert_eq!((s.retries_due, s.retries_scheduled), (2, 3));
+        let s = QueueSummary::new("q", f.counts(11_000));
+        let c = &s.counts;
+        assert_eq!((c.workers_live, c.in_flight), (1, 3));
+        assert_eq!((c.workers_lost, c.held_by_lost_workers), (1, 1));
+        assert_eq!((c.retries_due, c.retries_scheduled), (2, 3));
+        assert_eq!(s.backlog, 7 + 2, "the list and the due retries");
         assert_eq!(s.oldest_job_age_seconds, Some(10.0));
-        assert_eq!(s.rate_limit.as_deref(), Some("20/s"), "a live worker's");
+        assert_eq!(c.rate_limit.as_deref(), Some("20/s"), "a live worker's");
+        // The JSON keeps the dashboard's field names, flat.
+        let v = serde_json::to_value(&s).expect("serializes");
+        for key in [
+            "name",
+            "waiting",
+            "in_flight",
+            "held_by_lost_workers",
+            "retries_due",
+            "retries_scheduled",
+            "scheduled",
+            "dead",
+            "workers_live",
+            "workers_lost",
+            "processed_total",
+            "failed_total",
+            "dead_total",
+            "processed_per_second",
+            "failed_per_second",
+            "oldest_job_age_seconds",
+            "rate_limit",
+            "backlog",
+        ] {
+            assert!(v.get(key).is_some(), "{key} in {v}");
+        }
+        assert_eq!(v["waiting"], 7);
     }
 
     #[test]

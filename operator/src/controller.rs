@@ -574,7 +574,11 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
             .as_ref()
             .ok()
             .map(|snap| {
-                Observation::from_snapshot(snap, observed.counts.current, observed.counts.ready)
+                Observation::from_counts(
+                    &snap.counts(),
+                    observed.counts.current,
+                    observed.counts.ready,
+                )
             })
             .as_ref(),
         observed.counts.current,
@@ -1173,10 +1177,11 @@ fn status(
                 "QueueRead",
                 format!("read {} queue(s)", s.queues.len()),
             ));
+            let c = s.counts();
             (
-                s.backlog() as i64,
-                s.in_flight() as i64,
-                s.oldest_job_age_seconds(),
+                c.backlog() as i64,
+                c.held() as i64,
+                c.oldest_job_age_seconds(),
             )
         }
         Err(p) => {

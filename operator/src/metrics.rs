@@ -222,22 +222,21 @@ impl Metrics {
         let Some(snap) = queue else {
             return;
         };
+        let counts = snap.counts();
         self.backlog
             .with_label_values(&labels)
-            .set(saturating(snap.backlog()));
+            .set(saturating(counts.backlog()));
         self.in_flight
             .with_label_values(&labels)
-            .set(saturating(snap.in_flight()));
+            .set(saturating(counts.held()));
         self.dead_letters
             .with_label_values(&labels)
-            .set(saturating(snap.queues.iter().map(|q| q.dead).sum()));
+            .set(saturating(counts.dead));
         // An empty queue's oldest job is 0 s old; jobs waiting without an
         // `enqueued_at` have no known age, and the series goes.
-        match snap.oldest_job_age_seconds() {
+        match counts.oldest_job_age_seconds() {
             Some(age) => self.oldest_job_age.with_label_values(&labels).set(age),
-            None if snap.queues.iter().all(|q| q.waiting == 0) => {
-                self.oldest_job_age.with_label_values(&labels).set(0.0)
-            }
+            None if counts.waiting == 0 => self.oldest_job_age.with_label_values(&labels).set(0.0),
             None => {
                 let _ = self.oldest_job_age.remove_label_values(&labels);
             }

@@ -1,11 +1,14 @@
-//! A read of everything a queue's readers need — backlog, retries, in-flight
-//! jobs per worker, counters, the oldest waiting job — in one round trip.
-//! The operator polls this for scaling; the CLI shows it.
+//! A read of everything a queue's readers need — the list, retries,
+//! delayed jobs, in-flight jobs per worker, counters, the oldest waiting
+//! job — in one round trip ([`read`], giving [`QueueFigures`] per queue),
+//! and the one vocabulary they are counted in ([`Counts`]). The operator
+//! polls this for scaling; the CLI, the dashboard and local mode show it.
 
 use std::sync::LazyLock;
 
 use crate::connection::Conn;
 use redis::{RedisResult, Script, Value};
+use serde::Serialize;
 
 use crate::job::field;
 use crate::keys::QueueKeys;
@@ -50,7 +53,7 @@ impl WorkerFigures {
 pub struct QueueFigures {
     /// The queue's name.
     pub name: String,
-    /// Jobs waiting in the list.
+    /// Jobs in the list.
     pub waiting: u64,
     /// Failed jobs whose next attempt is due.
     pub due_retries: u64,
@@ -77,14 +80,35 @@ pub struct QueueFigures {
 }
 
 impl QueueFigures {
-    /// Jobs ready to run: waiting plus due retries and due delayed jobs.
-    pub fn backlog(&self) -> u64 {
-        self.waiting + self.due_retries + self.due_scheduled
-    }
-
-    /// Jobs held by workers (including workers not yet found lost).
-    pub fn in_flight(&self) -> u64 {
-        self.workers.iter().map(|w| w.in_flight).sum()
+    /// The queue's [`Counts`] at `now_ms` (Redis clock): its workers split
+    /// into live and lost by their own windows, with the jobs they hold.
+    pub fn counts(&self, now_ms: u64) -> Counts {
+        let mut c = Counts {
+            waiting: self.waiting,
+            retries_due: self.due_retries,
+            retries_scheduled: self.retries.saturating_sub(self.due_retries),
+            scheduled_due: self.due_scheduled,
+            scheduled: self.scheduled,
+            dead: self.dead,
+            processed_total: self.processed,
+            failed_total: self.failed,
+            dead_total: self.dead_total,
+            recovered_total: self.recovered_total,
+            oldest_enqueued_at_ms: self.oldest_enqueued_at_ms,
+            taken_at_ms: now_ms,
+            rate_limit: self.rate_limit(now_ms).map(str::to_string),
+            ..Counts::default()
+        };
+        for w in &self.workers {
+            if w.alive(now_ms) {
+                c.workers_live += 1;
+                c.in_flight += w.in_flight;
+            } else {
+                c.workers_lost += 1;
+                c.held_by_lost_workers += w.in_flight;
+            }
+        }
+        c
     }
 
     /// The rate limit the queue's live workers at `now_ms` run with
@@ -94,6 +118,138 @@ impl QueueFigures {
             .iter()
             .filter(|w| w.alive(now_ms))
             .find_map(|w| w.rate_limit.as_deref())
+    }
+}
+
+/// What one queue (or several, added up) holds and has done at one
+/// instant: the one vocabulary of the queue's figures that the CLI, the
+/// dashboard, local mode, the metrics and the scaling engine all read
+/// (`docs/queue-contract.md`, "Reading a queue").
+///
+/// - **waiting**: jobs in the list `<q>`, nothing else.
+/// - **backlog** ([`Counts::backlog`]): everything that can run now, the
+///   list plus the retries and delayed jobs that are due and not yet
+///   moved back to it (the WorkerPool's `targetBacklogPerReplica` and
+///   `status.backlog`).
+/// - **in flight**: jobs in the processing lists of live workers;
+///   **held by lost workers**: in those of workers silent past their
+///   window, until a reaper returns them.
+///
+/// Serialized (`workerpool stats --json`) with these field names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Jobs in the list.
+    pub waiting: u64,
+    /// Jobs held by live workers.
+    pub in_flight: u64,
+    /// Jobs held by workers taken for lost, until a reaper returns them.
+    pub held_by_lost_workers: u64,
+    /// Failed jobs whose next attempt is due (moved to the list within a
+    /// second).
+    pub retries_due: u64,
+    /// Failed jobs waiting for their backoff to pass (not due).
+    pub retries_scheduled: u64,
+    /// Of [`Counts::scheduled`], the delayed jobs whose `run_at` has come.
+    pub scheduled_due: u64,
+    /// Delayed jobs, due or not.
+    pub scheduled: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Workers that beat within their window.
+    pub workers_live: u64,
+    /// Registered workers silent past their window.
+    pub workers_lost: u64,
+    /// Jobs completed, ever.
+    pub processed_total: u64,
+    /// Failed attempts, ever.
+    pub failed_total: u64,
+    /// Jobs dead-lettered, ever.
+    pub dead_total: u64,
+    /// Jobs returned from lost workers, ever.
+    pub recovered_total: u64,
+    /// `enqueued_at` of the oldest job at the head of a list, when it has
+    /// one.
+    pub oldest_enqueued_at_ms: Option<u64>,
+    /// The Redis server's clock when it was read, unix ms.
+    pub taken_at_ms: u64,
+    /// The rate limit the live workers run with (`20/s`), when they have one.
+    pub rate_limit: Option<String>,
+}
+
+impl Counts {
+    /// Jobs that can run now: waiting, plus due retries and due delayed
+    /// jobs.
+    pub fn backlog(&self) -> u64 {
+        self.waiting + self.due()
+    }
+
+    /// Of the backlog, the due retries and due delayed jobs not yet moved
+    /// to the list.
+    pub fn due(&self) -> u64 {
+        self.retries_due + self.scheduled_due
+    }
+
+    /// Jobs in processing lists, of live and lost workers alike.
+    pub fn held(&self) -> u64 {
+        self.in_flight + self.held_by_lost_workers
+    }
+
+    /// Age in seconds of the oldest waiting job that carries `enqueued_at`.
+    pub fn oldest_job_age_seconds(&self) -> Option<f64> {
+        self.oldest_enqueued_at_ms
+            .map(|t| self.taken_at_ms.saturating_sub(t) as f64 / 1000.0)
+    }
+}
+
+/// Two queues' counts, read at the same instant, as one: every number
+/// added, the oldest job the older, the first rate limit kept.
+impl std::ops::Add<&Counts> for Counts {
+    type Output = Counts;
+
+    fn add(mut self, other: &Counts) -> Counts {
+        // Destructured whole, so that a new count cannot be left out here.
+        let Counts {
+            waiting,
+            in_flight,
+            held_by_lost_workers,
+            retries_due,
+            retries_scheduled,
+            scheduled_due,
+            scheduled,
+            dead,
+            workers_live,
+            workers_lost,
+            processed_total,
+            failed_total,
+            dead_total,
+            recovered_total,
+            oldest_enqueued_at_ms,
+            taken_at_ms,
+            rate_limit,
+        } = other;
+        self.waiting += waiting;
+        self.in_flight += in_flight;
+        self.held_by_lost_workers += held_by_lost_workers;
+        self.retries_due += retries_due;
+        self.retries_scheduled += retries_scheduled;
+        self.scheduled_due += scheduled_due;
+        self.scheduled += scheduled;
+        self.dead += dead;
+        self.workers_live += workers_live;
+        self.workers_lost += workers_lost;
+        self.processed_total += processed_total;
+        self.failed_total += failed_total;
+        self.dead_total += dead_total;
+        self.recovered_total += recovered_total;
+        self.oldest_enqueued_at_ms = match (self.oldest_enqueued_at_ms, *oldest_enqueued_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.taken_at_ms = self.taken_at_ms.max(*taken_at_ms);
+        if self.rate_limit.is_none() {
+            self.rate_limit.clone_from(rate_limit);
+        }
+        self
     }
 }
 
@@ -107,36 +263,15 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Backlog over all queues.
-    pub fn backlog(&self) -> u64 {
-        self.queues.iter().map(QueueFigures::backlog).sum()
-    }
-
-    /// Jobs running over all queues.
-    pub fn in_flight(&self) -> u64 {
-        self.queues.iter().map(QueueFigures::in_flight).sum()
-    }
-
-    /// Due retries and delayed jobs over all queues.
-    pub fn due_retries(&self) -> u64 {
-        self.queues
-            .iter()
-            .map(|q| q.due_retries + q.due_scheduled)
-            .sum()
-    }
-
-    /// Completed jobs over all queues (monotonic).
-    pub fn processed(&self) -> u64 {
-        self.queues.iter().map(|q| q.processed).sum()
-    }
-
-    /// Age in seconds of the oldest waiting job that carries `enqueued_at`.
-    pub fn oldest_job_age_seconds(&self) -> Option<f64> {
-        self.queues
-            .iter()
-            .filter_map(|q| q.oldest_enqueued_at_ms)
-            .min()
-            .map(|t| self.server_time_ms.saturating_sub(t) as f64 / 1000.0)
+    /// The [`Counts`] of every queue read, added up.
+    pub fn counts(&self) -> Counts {
+        self.queues.iter().fold(
+            Counts {
+                taken_at_ms: self.server_time_ms,
+                ..Counts::default()
+            },
+            |sum, q| sum + &q.counts(self.server_time_ms),
+        )
     }
 
     /// The live workers (at the snapshot's instant) whose handler cannot
@@ -165,6 +300,11 @@ impl Snapshot {
         }
         out
     }
+}
+
+/// The [`Counts`] of one queue, read in one round trip.
+pub async fn counts(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<Counts> {
+    Ok(read(conn, std::slice::from_ref(q)).await?.counts())
 }
 
 /// Reads `queues` in one round trip.
@@ -254,4 +394,88 @@ fn int(v: &Value) -> Option<u64> {
 
 fn string(v: &Value) -> Option<String> {
     redis::from_redis_value_ref::<String>(v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn worker() -> impl Strategy<Value = WorkerFigures> {
+        (0u64..20_000, 0u64..50, prop::option::of(0u64..15_000)).prop_map(
+            |(last_beat_ms, in_flight, dead_after_ms)| WorkerFigures {
+                instance: format!("pod-{last_beat_ms}~1"),
+                last_beat_ms,
+                in_flight,
+                dead_after_ms,
+                rate_limit: None,
+                handler_problem: None,
+            },
+        )
+    }
+
+    fn queue() -> impl Strategy<Value = QueueFigures> {
+        (
+            (0u64..1_000, 0u64..100, 0u64..100, 0u64..100),
+            (0u64..100, 0u64..100, 0u64..1_000),
+            prop::option::of(0u64..20_000),
+            prop::collection::vec(worker(), 0..4),
+        )
+            .prop_map(
+                |(
+                    (waiting, due_retries, later_retries, due_scheduled),
+                    (later_scheduled, dead, processed),
+                    oldest,
+                    workers,
+                )| QueueFigures {
+                    name: "q".into(),
+                    waiting,
+                    due_retries,
+                    retries: due_retries + later_retries,
+                    due_scheduled,
+                    scheduled: due_scheduled + later_scheduled,
+                    dead,
+                    processed,
+                    oldest_enqueued_at_ms: oldest,
+                    workers,
+                    ..QueueFigures::default()
+                },
+            )
+    }
+
+    proptest! {
+        /// The counts of several queues are the sums of each queue's; every
+        /// job a worker holds is in flight or held by a lost worker, once;
+        /// the backlog is the list plus what is due, never more.
+        #[test]
+        fn counts_add_up_over_queues(queues in prop::collection::vec(queue(), 0..5)) {
+            let now = 20_000;
+            let snap = Snapshot { server_time_ms: now, queues: queues.clone() };
+            let all = snap.counts();
+            let each: Vec<Counts> = queues.iter().map(|q| q.counts(now)).collect();
+            let sum = |f: fn(&Counts) -> u64| each.iter().map(f).sum::<u64>();
+            prop_assert_eq!(all.backlog(), sum(Counts::backlog));
+            prop_assert_eq!(all.waiting, queues.iter().map(|q| q.waiting).sum::<u64>());
+            prop_assert_eq!(
+                all.held(),
+                queues.iter().flat_map(|q| &q.workers).map(|w| w.in_flight).sum::<u64>()
+            );
+            prop_assert_eq!(
+                all.workers_live + all.workers_lost,
+                queues.iter().map(|q| q.workers.len() as u64).sum::<u64>()
+            );
+            prop_assert_eq!(all.processed_total, sum(|c| c.processed_total));
+            prop_assert_eq!(all.dead, sum(|c| c.dead));
+            for (q, c) in queues.iter().zip(&each) {
+                prop_assert_eq!(c.backlog(), q.waiting + q.due_retries + q.due_scheduled);
+                prop_assert_eq!(c.retries_due + c.retries_scheduled, q.retries);
+                prop_assert!(c.scheduled_due <= c.scheduled);
+            }
+            prop_assert_eq!(
+                all.oldest_enqueued_at_ms,
+                queues.iter().filter_map(|q| q.oldest_enqueued_at_ms).min()
+            );
+            prop_assert_eq!(all.taken_at_ms, now);
+        }
+    }
 }

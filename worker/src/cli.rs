@@ -7,8 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value, json};
 
-use crate::admin::{self, Snapshot, WorkerInfo};
+use crate::admin::{self, WorkerInfo};
 use crate::keys::QueueKeys;
+use crate::snapshot::{self, Counts};
 use crate::text::{self, CELL_CHARS, LINE_CHARS};
 use workerpool_queue::connection::{Connection, describe};
 
@@ -308,12 +309,12 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
             no_rate,
         } => {
             let (mut c, q) = connect(&target, true).await?;
-            let first = admin::snapshot(&mut c, &q).await?;
+            let first = snapshot::counts(&mut c, &q).await?;
             if no_rate {
                 return Ok(render_stats(&q, &first, None, json));
             }
             tokio::time::sleep(interval).await;
-            let second = admin::snapshot(&mut c, &q).await?;
+            let second = snapshot::counts(&mut c, &q).await?;
             let rates = Rates::between(&first, &second);
             Ok(render_stats(&q, &second, Some(rates), json))
         }
@@ -602,7 +603,7 @@ pub struct Rates {
 }
 
 impl Rates {
-    fn between(a: &Snapshot, b: &Snapshot) -> Self {
+    fn between(a: &Counts, b: &Counts) -> Self {
         let secs = (b.taken_at_ms.saturating_sub(a.taken_at_ms) as f64 / 1000.0).max(0.001);
         let per_sec = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
         Self {
@@ -612,11 +613,12 @@ impl Rates {
     }
 }
 
-fn render_stats(q: &QueueKeys, s: &Snapshot, rates: Option<Rates>, json: bool) -> String {
+fn render_stats(q: &QueueKeys, s: &Counts, rates: Option<Rates>, json: bool) -> String {
     if json {
-        let mut v = serde_json::to_value(s).expect("a snapshot always serializes");
+        let mut v = serde_json::to_value(s).expect("counts always serialize");
         if let Value::Object(fields) = &mut v {
             fields.insert("queue".into(), Value::from(q.name()));
+            fields.insert("backlog".into(), Value::from(s.backlog()));
             let (p, f) = rates.map_or((Value::Null, Value::Null), |r| {
                 (Value::from(r.processed), Value::from(r.failed))
             });
@@ -627,7 +629,8 @@ fn render_stats(q: &QueueKeys, s: &Snapshot, rates: Option<Rates>, json: bool) -
     }
     let rate = |r: Option<f64>| r.map_or_else(|| "n/a".to_string(), |r| format!("{r:.1}/s"));
     let rows = vec![
-        vec!["backlog".into(), s.backlog.to_string()],
+        vec!["waiting".into(), s.waiting.to_string()],
+        vec!["backlog".into(), s.backlog().to_string()],
         vec!["in flight".into(), s.in_flight.to_string()],
         vec![
             "held by lost workers".into(),
@@ -636,6 +639,7 @@ fn render_stats(q: &QueueKeys, s: &Snapshot, rates: Option<Rates>, json: bool) -
         vec!["retries due".into(), s.retries_due.to_string()],
         vec!["retries scheduled".into(), s.retries_scheduled.to_string()],
         vec!["delayed".into(), s.scheduled.to_string()],
+        vec!["delayed due".into(), s.scheduled_due.to_string()],
         vec!["dead".into(), s.dead.to_string()],
         vec!["workers live".into(), s.workers_live.to_string()],
         vec!["workers lost".into(), s.workers_lost.to_string()],
@@ -850,9 +854,9 @@ mod tests {
     #[test]
     fn stats_show_the_rate_limit_only_when_the_workers_have_one() {
         let q = QueueKeys::new("calls");
-        let limited = Snapshot {
+        let limited = Counts {
             rate_limit: Some("20/s".into()),
-            ..Snapshot::default()
+            ..Counts::default()
         };
         let text = render_stats(&q, &limited, None, false);
         assert!(
@@ -862,7 +866,7 @@ mod tests {
         );
         let json = render_stats(&q, &limited, None, true);
         assert!(json.contains(r#""rate_limit":"20/s""#), "{json}");
-        let plain = render_stats(&q, &Snapshot::default(), None, false);
+        let plain = render_stats(&q, &Counts::default(), None, false);
         assert!(!plain.contains("rate limit"), "{plain}");
     }
 }

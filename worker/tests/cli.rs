@@ -272,12 +272,14 @@ async fn stats_reports_every_count_of_a_seeded_queue() {
         None,
     ));
     for (field, expected) in [
-        ("backlog", json!(3)),
+        ("waiting", json!(3)),
+        ("backlog", json!(4)),
         ("in_flight", json!(2)),
         ("held_by_lost_workers", json!(1)),
         ("retries_due", json!(1)),
         ("retries_scheduled", json!(1)),
         ("scheduled", json!(1)),
+        ("scheduled_due", json!(0)),
         ("dead", json!(2)),
         ("workers_live", json!(1)),
         ("workers_lost", json!(1)),
@@ -294,7 +296,8 @@ async fn stats_reports_every_count_of_a_seeded_queue() {
         &["stats", "--queue", "seeded", "--interval", "100ms"],
         None,
     ));
-    assert!(table.contains("backlog"), "{table}");
+    assert!(table.contains("waiting               3"), "{table}");
+    assert!(table.contains("backlog               4"), "{table}");
     assert!(table.contains("processed rate        0.0/s"), "{table}");
 }
 

@@ -54,7 +54,7 @@ async fn two_workers_together_start_no_more_jobs_than_the_rate_limit_and_run_eac
     })
     .await;
     // Both register their limit, which `workerpool stats` and the dashboard show.
-    let stats = workerpool_worker::admin::snapshot(&mut c, &q)
+    let stats = workerpool_queue::snapshot::counts(&mut c, &q)
         .await
         .expect("snapshot");
     assert_eq!(stats.rate_limit.as_deref(), Some("20/s"));

@@ -92,7 +92,21 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
         ),
         (3, 1, 2, 1, 2, 1, 40, 3)
     );
-    assert_eq!((h.backlog(), h.in_flight()), (5, 3));
+    let hc = h.counts(s.server_time_ms);
+    assert_eq!(
+        (
+            hc.backlog(),
+            hc.in_flight,
+            hc.held_by_lost_workers,
+            hc.held()
+        ),
+        (5, 2, 1, 3),
+        "pod-b's job is held by a lost worker"
+    );
+    assert_eq!(
+        (hc.retries_due, hc.retries_scheduled, hc.scheduled_due),
+        (1, 1, 1)
+    );
     assert_eq!((h.dead_total, h.recovered_total), (4, 6));
     let alive: Vec<(&str, bool)> = h
         .workers
@@ -100,12 +114,21 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
         .map(|w| (w.instance.as_str(), w.alive(s.server_time_ms)))
         .collect();
     assert_eq!(alive, [("pod-a~1", true), ("pod-b~1", false)]);
-    assert_eq!(s.queues[1].backlog(), 2);
+    assert_eq!(s.queues[1].counts(s.server_time_ms).backlog(), 2);
+    let all = s.counts();
     assert_eq!(
-        (s.backlog(), s.in_flight(), s.processed(), s.due_retries()),
-        (7, 4, 42, 2)
+        (
+            all.waiting,
+            all.backlog(),
+            all.held(),
+            all.processed_total,
+            all.due()
+        ),
+        (5, 7, 4, 42, 2)
     );
-    let age = s.oldest_job_age_seconds().expect("age");
+    // pod-a has no details hash on `low`: lost there, live on `high`.
+    assert_eq!((all.workers_live, all.workers_lost), (1, 2));
+    let age = all.oldest_job_age_seconds().expect("age");
     assert!((89.0..100.0).contains(&age), "{age}");
     let by_pod: Vec<(String, u64)> = s.in_flight_by_worker_id().into_iter().collect();
     assert_eq!(by_pod, [("pod-a".to_string(), 3), ("pod-b".to_string(), 1)]);
@@ -137,7 +160,8 @@ async fn an_unknown_queue_reads_as_empty() {
     let s = snapshot::read(&mut c, &[QueueKeys::new("nothing-here")])
         .await
         .expect("snapshot");
-    assert_eq!((s.backlog(), s.in_flight(), s.processed()), (0, 0, 0));
-    assert!(s.oldest_job_age_seconds().is_none());
+    let c = s.counts();
+    assert_eq!((c.backlog(), c.held(), c.processed_total), (0, 0, 0));
+    assert!(c.oldest_job_age_seconds().is_none());
     assert!(s.server_time_ms > 0);
 }

@@ -26,7 +26,7 @@ use workerpool_queue::snapshot::{self, Snapshot};
 
 use crate::scaling::{self, Engine, Observation};
 use actuator::{Actuator, WorkerCommand};
-use view::{Frame, QueueFigures, Summary, View};
+use view::{Frame, QueueLine, Summary, View};
 
 /// How often the view and the actuator refresh (the engine decides every
 /// `pollIntervalSeconds`, on the refresh that comes closest).
@@ -184,7 +184,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             url: shown_url.clone(),
             source,
         })?;
-    let baseline = Totals::of(&first);
+    let baseline = first.counts();
     let evicting = match queues.first() {
         Some(q) => redis.eviction_warning(q).await,
         None => None,
@@ -290,7 +290,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
                     .filter(|id| registered.contains_key(*id))
                     .count();
                 let ready = i32::try_from(ready).unwrap_or(i32::MAX);
-                Observation::from_snapshot(snap, current, ready)
+                Observation::from_counts(&snap.counts(), current, ready)
             });
             let decided_at = started.elapsed();
             let verdict = scaling::decide(
@@ -339,13 +339,13 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             format!("{}: {}", decided.1, decided.2),
         );
         let queue = reading.as_ref().map(|snap| {
-            let totals = Totals::of(snap);
-            QueueFigures {
-                backlog: snap.backlog(),
-                in_flight: snap.in_flight(),
-                done: totals.processed.saturating_sub(baseline.processed),
-                dead: totals.dead,
-                jobs_per_second: rate.update(started.elapsed(), totals.processed),
+            let counts = snap.counts();
+            QueueLine {
+                done: counts
+                    .processed_total
+                    .saturating_sub(baseline.processed_total),
+                jobs_per_second: rate.update(started.elapsed(), counts.processed_total),
+                counts,
             }
         });
         view.frame(Frame {
@@ -391,15 +391,13 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     while let Ok(line) = log_rx.try_recv() {
         view.worker_output(&line.id, &line.line);
     }
-    let end = redis.read(&queues).await.ok();
+    let end = redis.read(&queues).await.ok().map(|s| s.counts());
     let summary = Summary {
         done: end
             .as_ref()
-            .map(|s| Totals::of(s).processed.saturating_sub(baseline.processed)),
-        dead: end
-            .as_ref()
-            .map(|s| Totals::of(s).dead.saturating_sub(baseline.dead)),
-        left: end.as_ref().map(|s| s.backlog() + s.in_flight()),
+            .map(|c| c.processed_total.saturating_sub(baseline.processed_total)),
+        dead: end.as_ref().map(|c| c.dead.saturating_sub(baseline.dead)),
+        left: end.as_ref().map(|c| c.backlog() + c.held()),
         peak_workers: peak,
         wall: started.elapsed(),
     };
@@ -533,22 +531,6 @@ impl Redis {
             .await
             .unwrap_or_default()
             .warning()
-    }
-}
-
-/// Counters summed over the pool's queues.
-#[derive(Debug, Clone, Copy)]
-struct Totals {
-    processed: u64,
-    dead: u64,
-}
-
-impl Totals {
-    fn of(snap: &Snapshot) -> Self {
-        Self {
-            processed: snap.processed(),
-            dead: snap.queues.iter().map(|q| q.dead).sum(),
-        }
     }
 }
 

@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::time::Duration;
 
+use workerpool_queue::snapshot::Counts;
+
 /// Lines of notes and worker output kept under the table.
 const RECENT: usize = 8;
 
@@ -16,8 +18,8 @@ const RECENT: usize = 8;
 pub struct Frame {
     /// Time since local mode started.
     pub elapsed: Duration,
-    /// Queue figures, or why they could not be read.
-    pub queue: Result<QueueFigures, String>,
+    /// What the queue looks like, or why it could not be read.
+    pub queue: Result<QueueLine, String>,
     /// Worker processes alive and not stopping.
     pub running: usize,
     /// Worker processes stopping after SIGTERM.
@@ -30,17 +32,13 @@ pub struct Frame {
     pub reason_message: String,
 }
 
-/// What the queue looks like.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct QueueFigures {
-    /// Jobs waiting (including due retries).
-    pub backlog: u64,
-    /// Jobs running.
-    pub in_flight: u64,
+/// What the queue looks like: its counts, and what local mode adds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueLine {
+    /// The pool's queues' counts, added up.
+    pub counts: Counts,
     /// Jobs completed since local mode started.
     pub done: u64,
-    /// Dead letters in the queue(s).
-    pub dead: u64,
     /// Jobs completed per second, over the last few seconds.
     pub jobs_per_second: Option<f64>,
 }
@@ -199,12 +197,12 @@ pub fn table(header: &str, frame: Option<&Frame>, recent: &VecDeque<String>) -> 
         );
         let (backlog, in_flight, rate, done, dead) = match &f.queue {
             Ok(q) => (
-                q.backlog.to_string(),
-                q.in_flight.to_string(),
+                q.counts.backlog().to_string(),
+                q.counts.held().to_string(),
                 q.jobs_per_second
                     .map_or_else(|| "-".to_string(), |r| format!("{r:.1}")),
                 q.done.to_string(),
-                q.dead.to_string(),
+                q.counts.dead.to_string(),
             ),
             Err(_) => ("?".into(), "?".into(), "?".into(), "?".into(), "?".into()),
         };
@@ -249,7 +247,14 @@ pub fn plain_line(f: &Frame) -> String {
             let _ = write!(
                 s,
                 " backlog={} in_flight={} running={} draining={} desired={} reason={} jobs_per_s={rate} done={} dead={}",
-                q.backlog, q.in_flight, f.running, f.draining, f.desired, f.reason, q.done, q.dead
+                q.counts.backlog(),
+                q.counts.held(),
+                f.running,
+                f.draining,
+                f.desired,
+                f.reason,
+                q.done,
+                q.counts.dead
             );
         }
         Err(_) => {
@@ -270,11 +275,15 @@ mod tests {
     fn frame(backlog: u64) -> Frame {
         Frame {
             elapsed: Duration::from_millis(12_300),
-            queue: Ok(QueueFigures {
-                backlog,
-                in_flight: 16,
+            queue: Ok(QueueLine {
+                counts: Counts {
+                    waiting: backlog.saturating_sub(2),
+                    retries_due: backlog.min(2),
+                    in_flight: 16,
+                    dead: 1,
+                    ..Counts::default()
+                },
                 done: 800,
-                dead: 1,
                 jobs_per_second: Some(38.46),
             }),
             running: 4,

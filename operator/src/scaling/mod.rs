@@ -265,19 +265,21 @@ pub struct Observation {
 }
 
 impl Observation {
-    /// What a queue snapshot says, with the workload's current and ready replicas: the
-    /// one translation the controller and local mode share.
-    pub fn from_snapshot(
-        snapshot: &workerpool_queue::snapshot::Snapshot,
+    /// What the queue's counts say, with the workload's current and ready
+    /// replicas: the one translation the controller and local mode share.
+    /// Jobs held by lost workers count as in flight: they come back to the
+    /// list only when a live worker reaps them.
+    pub fn from_counts(
+        counts: &workerpool_queue::snapshot::Counts,
         current_replicas: i32,
         ready_replicas: i32,
     ) -> Self {
         Observation {
-            backlog: snapshot.backlog(),
-            in_flight: snapshot.in_flight(),
-            due_retries: snapshot.due_retries(),
-            oldest_job_age_seconds: snapshot.oldest_job_age_seconds(),
-            processed_total: snapshot.processed(),
+            backlog: counts.backlog(),
+            in_flight: counts.held(),
+            due_retries: counts.due(),
+            oldest_job_age_seconds: counts.oldest_job_age_seconds(),
+            processed_total: counts.processed_total,
             current_replicas,
             ready_replicas,
         }

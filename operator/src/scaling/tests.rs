@@ -343,7 +343,7 @@ fn observed(waiting: u64, due: u64) -> Observation {
             ..Default::default()
         }],
     };
-    Observation::from_snapshot(&snapshot, 0, 0)
+    Observation::from_counts(&snapshot.counts(), 0, 0)
 }
 
 #[test]
