@@ -13,9 +13,26 @@ use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 use workerpool_tests::TestRedis;
 
-use super::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Client;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use workerpool_queue::connection::{Endpoint, Tls};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::memory::Memory;
+use workerpool_queue::snapshot::{self, QueueFigures, Snapshot, WorkerFigures};
+
+use super::endpoint::unreachable_problem;
+use super::observe::{Counts, Failing, Observed};
+use super::plan::{Plan, plan};
+use super::status::{shown_rate, status_patch, status_write, transitions};
+use super::{Context, DELETION_COST, Error, QueueProblem, error_policy, reconcile, retry_delay};
+use crate::crd::{WorkerPool, WorkerPoolStatus};
+use crate::deployment;
+use crate::metrics::Metrics;
 use crate::rbac;
-use workerpool_queue::snapshot::{QueueFigures, WorkerFigures};
+use crate::scaling::Verdict;
 
 struct ApiServer {
     handle: Handle<Request<Body>, Response<Body>>,
