@@ -1,17 +1,15 @@
 //! Carries out a plan: deletion costs, the Deployment, events, status.
 
-use std::time::Duration;
-
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::observe::Observed;
-use super::plan::{Plan, fingerprint, metadata_holds};
+use super::plan::Plan;
 use super::pods::{list_pods, mark_idle_pods};
-use super::status::{log_transitions, status_patch, status_write};
-use super::{Context, Error, MANAGER, lock, pool_key};
+use super::status::{log_transitions, status_patch};
+use super::{Context, Error, MANAGER, pool_key};
 use crate::crd::WorkerPool;
 use crate::events::{EventType, Note};
 use crate::metrics::Replicas;
@@ -22,7 +20,6 @@ pub(super) async fn apply(
     ctx: &Context,
     observed: Observed,
     plan: Plan,
-    decided_at: Duration,
 ) -> Result<Action, Error> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
@@ -52,20 +49,8 @@ pub(super) async fn apply(
         };
         mark_idle_pods(pool, ctx, snap, pods).await?;
     }
-    // Applied before and unchanged since (its generation moves with any
-    // edit of its spec, ours or anyone else's; an edit of its metadata
-    // shows in the labels, annotations and owner it must have): applying
-    // it again would change nothing, and with thousands of pools every
-    // write counts for the API server.
     let key = pool_key(pool);
-    let sent = fingerprint(&plan.deployment);
-    let unchanged = sent.is_some_and(|sent| {
-        observed.existing.as_ref().is_some_and(|live| {
-            lock(&ctx.applied).get(&key) == Some(&(sent, live.metadata.generation))
-                && metadata_holds(&plan.deployment, live)
-        })
-    });
-    if !unchanged {
+    if plan.send_deployment {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
         let live = deployments
             .patch(
@@ -75,10 +60,10 @@ pub(super) async fn apply(
             )
             .await
             .map_err(Error::ApplyDeployment)?;
-        match sent {
-            Some(sent) => lock(&ctx.applied).insert(key.clone(), (sent, live.metadata.generation)),
-            None => lock(&ctx.applied).remove(&key),
-        };
+        let applied = plan
+            .fingerprint
+            .map(|sent| (sent, live.metadata.generation));
+        ctx.pool(&key, |m| m.applied = applied);
     }
     // The scale event counts for the rate policies only now that it was
     // applied: a refused apply changed nothing.
@@ -94,21 +79,15 @@ pub(super) async fn apply(
         );
     }
     log_transitions(&key, pool.status.as_ref(), &plan.status);
-    if let Some((from, to)) = plan.scale
-        && let Some(engine) = lock(&ctx.engines).get_mut(&key)
-    {
-        engine.applied(decided_at, from, to);
+    if let Some((from, to)) = plan.scale {
+        ctx.pool(&key, |m| m.engine.applied(plan.decided_at, from, to));
     }
     let reference = pool.object_ref(&());
     for (type_, reason, note) in plan.events {
         publish(ctx, &reference, type_, &reason, note).await;
     }
-    match plan.announced {
-        Some(reason) => lock(&ctx.announced).insert(key.clone(), reason),
-        None => lock(&ctx.announced).remove(&key),
-    };
-    let written = lock(&ctx.status_written).get(&key).copied();
-    if status_write(pool.status.as_ref(), &plan.status, written, ctx.now()) {
+    ctx.pool(&key, |m| m.announced = plan.announced);
+    if plan.write_status {
         let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
         pools
             .patch_status(
@@ -118,7 +97,8 @@ pub(super) async fn apply(
             )
             .await
             .map_err(Error::PatchStatus)?;
-        lock(&ctx.status_written).insert(key.clone(), ctx.now());
+        let now = ctx.now();
+        ctx.pool(&key, |m| m.status_written = Some(now));
     }
     tracing::debug!(
         pool = %key,

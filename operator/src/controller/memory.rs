@@ -1,4 +1,5 @@
-//! What the operator remembers between reconciles: the shared context.
+//! What the operator remembers between reconciles: one [`PoolMemory`] per
+//! pool, and per Redis its connection and memory settings.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,6 +15,28 @@ use crate::events::Recorder;
 use crate::metrics::Metrics;
 use crate::scaling::Engine;
 
+/// What the operator remembers of one pool between its reconciles.
+#[derive(Debug, Default)]
+pub(super) struct PoolMemory {
+    /// The scaling engine's state.
+    pub(super) engine: Engine,
+    /// Consecutive failed reconciles, for the retry backoff.
+    pub(super) failures: u32,
+    /// The workload problem last announced with an event: the pool's
+    /// status says it too, but may lag behind a reconcile.
+    pub(super) announced: Option<String>,
+    /// The Deployment last applied: a hash of what was sent and the
+    /// generation the API server gave it. While both still hold, applying
+    /// it again would change nothing.
+    pub(super) applied: Option<(u64, Option<i64>)>,
+    /// When the status was last written ([`Context::now`]).
+    pub(super) status_written: Option<Duration>,
+    /// The evictions the pool's Redis had counted at the last look.
+    pub(super) evicted_seen: Option<u64>,
+    /// The dead letters as last seen: the total, and the last rise.
+    pub(super) dead_seen: Option<DeadSeen>,
+}
+
 /// Shared state of all reconciles.
 pub struct Context {
     /// The Kubernetes client.
@@ -22,27 +45,13 @@ pub struct Context {
     pub recorder: Recorder,
     /// Operator metrics.
     pub metrics: Metrics,
-    pub(super) engines: Mutex<HashMap<String, Engine>>,
+    /// Each pool's memory, by `namespace/name`.
+    pools: Mutex<HashMap<String, PoolMemory>>,
     pub(super) redis: Mutex<HashMap<Endpoint, Connection>>,
-    /// Consecutive failed reconciles per pool, for the retry backoff.
-    pub(super) failures: Mutex<HashMap<String, u32>>,
-    /// The workload problem last announced with an event, per pool: the
-    /// pool's status says it too, but may lag behind a reconcile.
-    pub(super) announced: Mutex<HashMap<String, String>>,
-    /// The Deployment last applied per pool: a hash of what was sent and
-    /// the generation the API server gave it. While both still hold,
-    /// applying it again would change nothing.
-    pub(super) applied: Mutex<HashMap<String, (u64, Option<i64>)>>,
-    /// When each pool's status was last written ([`Context::now`]).
-    pub(super) status_written: Mutex<HashMap<String, Duration>>,
     /// The memory settings of each Redis, and when they were read
-    /// ([`Context::now`]): read again every [`MEMORY_EVERY`].
+    /// ([`Context::now`]): read again every [`super::observe::MEMORY_EVERY`].
     pub(super) memory: Mutex<HashMap<Endpoint, (Duration, Memory)>>,
-    /// The evictions each pool's Redis had counted at the pool's last look.
-    pub(super) evicted_seen: Mutex<HashMap<String, u64>>,
-    /// Each pool's dead letters as last seen: the total, and the last rise.
-    pub(super) dead_seen: Mutex<HashMap<String, DeadSeen>>,
-    pub(super) started: Instant,
+    started: Instant,
 }
 
 impl std::fmt::Debug for Context {
@@ -58,15 +67,9 @@ impl Context {
             recorder: Recorder::new(client.clone(), MANAGER, instance),
             client,
             metrics,
-            engines: Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
             redis: Mutex::new(HashMap::new()),
-            failures: Mutex::new(HashMap::new()),
-            announced: Mutex::new(HashMap::new()),
-            applied: Mutex::new(HashMap::new()),
-            status_written: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
-            evicted_seen: Mutex::new(HashMap::new()),
-            dead_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
         }
     }
@@ -75,15 +78,18 @@ impl Context {
         self.started.elapsed()
     }
 
-    /// Forgets a deleted pool's engine state.
+    /// Runs `f` on the memory of pool `key` (a new pool's is empty).
+    pub(super) fn pool<R>(&self, key: &str, f: impl FnOnce(&mut PoolMemory) -> R) -> R {
+        let mut pools = lock(&self.pools);
+        if let Some(memory) = pools.get_mut(key) {
+            return f(memory);
+        }
+        f(pools.entry(key.to_string()).or_default())
+    }
+
+    /// Forgets a deleted pool: its memory and its metrics.
     pub fn forget(&self, key: &str) {
-        lock(&self.engines).remove(key);
-        lock(&self.failures).remove(key);
-        lock(&self.announced).remove(key);
-        lock(&self.applied).remove(key);
-        lock(&self.status_written).remove(key);
-        lock(&self.evicted_seen).remove(key);
-        lock(&self.dead_seen).remove(key);
+        lock(&self.pools).remove(key);
         if let Some((namespace, pool)) = key.split_once('/') {
             self.metrics.forget_pool(namespace, pool);
         }

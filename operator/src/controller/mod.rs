@@ -2,9 +2,17 @@
 //! (Redis cannot be watched, so the periodic requeue is the trigger; edits
 //! to the pool or its Deployment trigger one too).
 //!
-//! A reconcile reads the queue in one round trip, asks the scaling engine
-//! for a size, marks idle pods cheap to delete before a scale-down, applies
-//! the Deployment server-side, and writes status and events.
+//! A reconcile runs its steps in order:
+//! - `observe` reads the Deployment, the pods while workers are missing,
+//!   the queue in one round trip, and the Redis's memory settings and dead
+//!   letters; it writes nothing to Redis or the cluster;
+//! - `fires` enqueues the schedules' due fires, before the queue is read
+//!   so that a pool at zero wakes for its job in the same reconcile;
+//! - `plan` is pure: from what was observed, the engine's verdict, the
+//!   pool's `PoolMemory` and the clocks passed in, it decides the
+//!   Deployment, the events, the status, and which writes to skip;
+//! - `apply` carries the plan out (deletion costs, the Deployment applied
+//!   server-side, events, status) and decides nothing.
 
 mod apply;
 mod endpoint;
@@ -23,10 +31,10 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use apply::apply;
+use endpoint::redis_endpoint;
 pub use error::{Error, QueueProblem};
 pub use memory::Context;
-use observe::observe;
-use plan::plan;
+use plan::{Clock, plan};
 pub use pods::DELETION_COST;
 
 use crate::crd::WorkerPool;
@@ -46,7 +54,7 @@ pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Actio
     ctx.metrics
         .observe_reconcile(started.elapsed(), result.as_ref().err().map(Error::label));
     if result.is_ok() {
-        lock(&ctx.failures).remove(&pool_key(&pool));
+        ctx.pool(&pool_key(&pool), |m| m.failures = 0);
     }
     result
 }
@@ -68,32 +76,38 @@ pub fn retry_delay(failures: u32) -> Duration {
 
 async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Error> {
     let key = pool_key(pool);
-    let observed = observe(pool, ctx).await?;
-    let decided_at = ctx.now();
-    let verdict = scaling::decide(
-        lock(&ctx.engines)
-            .entry(key.clone())
-            .or_default()
-            .with_workers(scaling::Workers::new(
+    let workload = observe::workload(pool, ctx).await?;
+    let endpoint = redis_endpoint(pool, &ctx.client).await;
+    // Fires before the queue is read, so that a pool at zero wakes for its
+    // job now.
+    let fires = fires::fire(pool, ctx, endpoint.as_ref().ok()).await;
+    let observed = observe::queue(pool, ctx, workload, endpoint.as_ref()).await;
+    let clock = Clock {
+        now: ctx.now(),
+        wall: jiff::Timestamp::now(),
+    };
+    let plan = ctx.pool(&key, |memory| {
+        let verdict = scaling::decide(
+            memory.engine.with_workers(scaling::Workers::new(
                 pool.spec.worker.rate_limit.as_deref(),
                 pool.spec.worker.concurrency,
             )),
-        pool.spec.scaling.as_ref(),
-        pool.spec.replicas,
-        observed
-            .reading
-            .as_ref()
-            .ok()
-            .map(|snap| {
-                Observation::from_snapshot(snap, observed.counts.current, observed.counts.ready)
-            })
-            .as_ref(),
-        observed.counts.current,
-        decided_at,
-    );
-    let announced = lock(&ctx.announced).get(&key).cloned();
-    let plan = plan(pool, &observed, &verdict, announced.as_deref())?;
-    apply(pool, ctx, observed, plan, decided_at).await
+            pool.spec.scaling.as_ref(),
+            pool.spec.replicas,
+            observed
+                .reading
+                .as_ref()
+                .ok()
+                .map(|snap| {
+                    Observation::from_snapshot(snap, observed.counts.current, observed.counts.ready)
+                })
+                .as_ref(),
+            observed.counts.current,
+            clock.now,
+        );
+        plan(pool, &observed, &fires, &verdict, memory, clock)
+    })?;
+    apply(pool, ctx, observed, plan).await
 }
 
 /// What to do after a failed reconcile: log, count, retry soon.
@@ -103,12 +117,10 @@ pub fn error_policy(pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> 
         .reconcile_errors
         .with_label_values(&[error.label()])
         .inc();
-    let failures = {
-        let mut all = lock(&ctx.failures);
-        let n = all.entry(pool_key(&pool)).or_default();
-        *n = n.saturating_add(1);
-        *n
-    };
+    let failures = ctx.pool(&pool_key(&pool), |m| {
+        m.failures = m.failures.saturating_add(1);
+        m.failures
+    });
     Action::requeue(retry_delay(failures))
 }
 

@@ -12,9 +12,9 @@ use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::memory::Memory;
 use workerpool_queue::snapshot::{self, Snapshot};
 
-use super::endpoint::{redis_endpoint, unreachable_problem};
+use super::endpoint::unreachable_problem;
 use super::pods::list_pods;
-use super::{Context, Error, QueueProblem, fires, lock, pool_key};
+use super::{Context, Error, QueueProblem, lock, pool_key};
 use crate::crd::WorkerPool;
 
 impl Context {
@@ -77,7 +77,7 @@ impl Context {
                 m
             }
         };
-        let before = lock(&self.evicted_seen).insert(key.to_string(), memory.evicted_keys);
+        let before = self.pool(key, |m| m.evicted_seen.replace(memory.evicted_keys));
         let evicted = before.map_or(0, |b| memory.evicted_keys.saturating_sub(b));
         Some((memory, evicted))
     }
@@ -123,7 +123,7 @@ impl Context {
     ) -> Option<Failing> {
         let total: u64 = snap.queues.iter().map(|q| q.dead_total).sum();
         let now = self.now();
-        let before = lock(&self.dead_seen).get(key).cloned();
+        let before = self.pool(key, |m| m.dead_seen.clone());
         let mut seen = before.clone().unwrap_or_default();
         seen.total = total;
         match &before {
@@ -158,7 +158,7 @@ impl Context {
                 count: *count,
                 latest: latest.clone(),
             });
-        lock(&self.dead_seen).insert(key.to_string(), seen);
+        self.pool(key, |m| m.dead_seen = Some(seen));
         failing
     }
 
@@ -221,6 +221,7 @@ impl Recent {
 }
 
 /// What one reconcile read: the Deployment, the pods (only while workers
+/// What one reconcile read: the Deployment, the pods (only while workers
 /// are missing or about to be removed), and the queue.
 pub(super) struct Observed {
     pub(super) existing: Option<Deployment>,
@@ -232,11 +233,17 @@ pub(super) struct Observed {
     /// Jobs dead-lettered lately (`None`: none, or the queue not read).
     pub(super) failing: Option<Failing>,
     pub(super) counts: Counts,
-    pub(super) fires: fires::Fires,
 }
 
-/// Reads the Deployment, the pods when workers are missing, and the queue.
-pub(super) async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed, Error> {
+/// The pool's Deployment and, while workers are missing, its pods.
+pub(super) struct Workload {
+    existing: Option<Deployment>,
+    pods: Option<Vec<Pod>>,
+    counts: Counts,
+}
+
+/// Reads the Deployment, and the pods when workers are missing.
+pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workload, Error> {
     let deployments: Api<Deployment> =
         Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let existing = deployments
@@ -258,36 +265,9 @@ pub(super) async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed
     } else {
         None
     };
-    let queues = pool.spec.queue.redis.queue_keys();
-    let (reading, memory, fires) = match redis_endpoint(pool, &ctx.client).await {
-        Ok(endpoint) => {
-            // Fires first, so that a pool at zero wakes for its job now.
-            let fires = fires::fire(pool, ctx, Some(&endpoint)).await;
-            let reading = ctx.read_queue(&endpoint, &queues).await;
-            let memory = match (&reading, queues.first()) {
-                (Ok(_), Some(q)) => ctx.memory(&pool_key(pool), &endpoint, q).await,
-                _ => None,
-            };
-            let failing = match &reading {
-                Ok(snap) => ctx.failing(&pool_key(pool), &endpoint, snap).await,
-                Err(_) => None,
-            };
-            (reading, (memory, failing), fires)
-        }
-        Err(problem) => (
-            Err(problem),
-            (None, None),
-            fires::fire(pool, ctx, None).await,
-        ),
-    };
-    let (memory, failing) = memory;
-    Ok(Observed {
+    Ok(Workload {
         existing,
         pods,
-        reading,
-        memory,
-        failing,
-        fires,
         counts: Counts {
             desired: 0,
             replicas,
@@ -295,6 +275,42 @@ pub(super) async fn observe(pool: &WorkerPool, ctx: &Context) -> Result<Observed
             current,
         },
     })
+}
+
+/// Reads the queue at `endpoint`, the memory settings of its Redis and its
+/// dead letters, beside the `workload`; `endpoint` is the problem when the
+/// spec names no Redis that can be used.
+pub(super) async fn queue(
+    pool: &WorkerPool,
+    ctx: &Context,
+    workload: Workload,
+    endpoint: Result<&Endpoint, &QueueProblem>,
+) -> Observed {
+    let key = pool_key(pool);
+    let queues = pool.spec.queue.redis.queue_keys();
+    let (reading, memory, failing) = match endpoint {
+        Ok(endpoint) => {
+            let reading = ctx.read_queue(endpoint, &queues).await;
+            let memory = match (&reading, queues.first()) {
+                (Ok(_), Some(q)) => ctx.memory(&key, endpoint, q).await,
+                _ => None,
+            };
+            let failing = match &reading {
+                Ok(snap) => ctx.failing(&key, endpoint, snap).await,
+                Err(_) => None,
+            };
+            (reading, memory, failing)
+        }
+        Err(problem) => (Err(problem.clone()), None, None),
+    };
+    Observed {
+        existing: workload.existing,
+        pods: workload.pods,
+        reading,
+        memory,
+        failing,
+        counts: workload.counts,
+    }
 }
 
 /// Worker counts of one reconcile.

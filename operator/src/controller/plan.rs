@@ -2,14 +2,17 @@
 
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::EventType;
 use workerpool_queue::memory::Memory;
 
 use super::Error;
+use super::fires::Fires;
+use super::memory::PoolMemory;
 use super::observe::{Counts, FAILING_FOR, Failing, Observed};
-use super::status::status;
+use super::status::{status, status_write};
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
 use crate::scaling::Verdict;
@@ -20,6 +23,10 @@ use crate::workload;
 pub(super) struct Plan {
     /// The Deployment to apply.
     pub(super) deployment: Deployment,
+    /// Whether to send it: not while the one last applied holds unchanged.
+    pub(super) send_deployment: bool,
+    /// The hash of what is sent, remembered once the API server took it.
+    pub(super) fingerprint: Option<u64>,
     /// Mark idle pods cheapest to delete before the apply (a scale-down).
     pub(super) mark_idle: bool,
     /// The replica change the apply makes (from, to), if any: the engine
@@ -31,15 +38,29 @@ pub(super) struct Plan {
     pub(super) events: Vec<(EventType, String, String)>,
     /// The workload problem to remember as announced (None: forget it).
     pub(super) announced: Option<String>,
-    /// The status to write.
+    /// The status.
     pub(super) status: WorkerPoolStatus,
+    /// Whether to write it ([`status_write`]).
+    pub(super) write_status: bool,
+    /// When the engine decided ([`Clock::now`]): the time of the scale it
+    /// records once applied.
+    pub(super) decided_at: Duration,
     /// When to look again.
     pub(super) requeue: Duration,
 }
 
+/// The clocks a plan reads, read once by the reconcile.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Clock {
+    /// The operator's monotonic time ([`super::Context::now`]).
+    pub(super) now: Duration,
+    /// The wall clock, for the times the status shows.
+    pub(super) wall: Timestamp,
+}
+
 /// A hash of what an apply sends; `None` when it does not serialize (it
 /// is then applied on every look, and the apply reports why it fails).
-pub(super) fn fingerprint(deployment: &Deployment) -> Option<u64> {
+fn fingerprint(deployment: &Deployment) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let text = serde_json::to_string(deployment).ok()?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -49,7 +70,7 @@ pub(super) fn fingerprint(deployment: &Deployment) -> Option<u64> {
 
 /// Whether `live` still has the labels, annotations and owners of
 /// `sent`: edits of its metadata do not move its generation.
-pub(super) fn metadata_holds(sent: &Deployment, live: &Deployment) -> bool {
+fn metadata_holds(sent: &Deployment, live: &Deployment) -> bool {
     let subset = |want: &Option<std::collections::BTreeMap<String, String>>,
                   have: &Option<std::collections::BTreeMap<String, String>>| {
         want.iter()
@@ -71,9 +92,12 @@ pub(super) fn metadata_holds(sent: &Deployment, live: &Deployment) -> bool {
 pub(super) fn plan(
     pool: &WorkerPool,
     observed: &Observed,
+    fires: &Fires,
     verdict: &Verdict,
-    announced: Option<&str>,
+    memory: &PoolMemory,
+    clock: Clock,
 ) -> Result<Plan, Error> {
+    let announced = memory.announced.as_deref();
     let Counts { current, ready, .. } = observed.counts;
     let desired = verdict.desired;
     let counts = Counts {
@@ -155,20 +179,43 @@ pub(super) fn plan(
         observed.failing.as_ref(),
         verdict,
         problem.as_ref(),
+        clock.wall,
     );
     let poll = pool
         .spec
         .scaling
         .as_ref()
         .map_or(30, |s| s.poll_interval_seconds.max(1));
-    let requeue = observed.fires.fold(
+    let requeue = fires.fold(
         pool,
         &mut status,
         &mut events,
         Duration::from_secs(poll as u64),
     );
+    // Applied before and unchanged since (its generation moves with any
+    // edit of its spec, ours or anyone else's; an edit of its metadata
+    // shows in the labels, annotations and owner it must have): applying
+    // it again would change nothing, and with thousands of pools every
+    // write counts for the API server.
+    let sent = fingerprint(&deployment);
+    let unchanged = sent.is_some_and(|sent| {
+        observed.existing.as_ref().is_some_and(|live| {
+            memory.applied == Some((sent, live.metadata.generation))
+                && metadata_holds(&deployment, live)
+        })
+    });
+    let write_status = status_write(
+        pool.status.as_ref(),
+        &status,
+        memory.status_written,
+        clock.now,
+    );
     Ok(Plan {
         deployment,
+        send_deployment: !unchanged,
+        fingerprint: sent,
+        write_status,
+        decided_at: clock.now,
         mark_idle: observed.reading.is_ok() && desired < current,
         scale: (desired != current).then_some((current, desired)),
         scale_note: verdict.message(),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -91,6 +92,7 @@ pub(super) fn status(
     failing: Option<&Failing>,
     verdict: &Verdict,
     problem: Option<&workload::Problem>,
+    now: Timestamp,
 ) -> WorkerPoolStatus {
     let Counts {
         desired,
@@ -105,7 +107,7 @@ pub(super) fn status(
         let previous = old.conditions.iter().find(|c| c.type_ == type_);
         let since = match previous {
             Some(p) if p.status == status => p.last_transition_time.clone(),
-            _ => Time(k8s_openapi::jiff::Timestamp::now()),
+            _ => Time(now),
         };
         Condition {
             type_: type_.into(),
@@ -251,7 +253,7 @@ pub(super) fn status(
                 .map(|t| shown_rate(t * f64::from(ready.max(1))))
         }),
         last_scale_time: if desired != current {
-            Some(Time(k8s_openapi::jiff::Timestamp::now()))
+            Some(Time(now))
         } else {
             old.last_scale_time
         },

@@ -24,8 +24,10 @@ use workerpool_queue::memory::Memory;
 use workerpool_queue::snapshot::{self, QueueFigures, Snapshot, WorkerFigures};
 
 use super::endpoint::unreachable_problem;
+use super::fires::Fires;
+use super::memory::PoolMemory;
 use super::observe::{Counts, Failing, Observed};
-use super::plan::{Plan, plan};
+use super::plan::{Clock, Plan, plan};
 use super::status::{shown_rate, status_patch, status_write, transitions};
 use super::{Context, DELETION_COST, Error, QueueProblem, error_policy, reconcile, retry_delay};
 use crate::crd::{WorkerPool, WorkerPoolStatus};
@@ -680,7 +682,29 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
         existing,
         memory: None,
         failing: None,
-        fires: Default::default(),
+    }
+}
+
+/// The plan for what a reconcile `seen`, with `announced` the workload
+/// problem last announced.
+fn plan_for(
+    p: &WorkerPool,
+    seen: &Observed,
+    verdict: &Verdict,
+    announced: Option<&str>,
+) -> Result<Plan, Error> {
+    let memory = PoolMemory {
+        announced: announced.map(str::to_string),
+        ..PoolMemory::default()
+    };
+    plan(p, seen, &Fires::default(), verdict, &memory, clock(100))
+}
+
+/// The clocks at `secs` into the operator's run.
+fn clock(secs: u64) -> Clock {
+    Clock {
+        now: Duration::from_secs(secs),
+        wall: jiff::Timestamp::from_second(1_800_000_000 + secs as i64).expect("a time"),
     }
 }
 
@@ -696,7 +720,7 @@ fn a_planned_scale_down_marks_idle_pods_first_and_says_why_in_one_event() {
     let p = pool(
         json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
     );
-    let plan = plan(
+    let plan = plan_for(
         &p,
         &observed(Some(existing_deployment(3, 3)), true),
         &manual(1),
@@ -730,8 +754,57 @@ fn a_planned_scale_down_marks_idle_pods_first_and_says_why_in_one_event() {
     );
 }
 
+#[test]
+fn the_plan_decides_from_the_pools_memory_and_its_clock_which_writes_to_skip() {
+    let mut p = pool(
+        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
+    );
+    let first = |p: &WorkerPool, seen: &Observed, memory: &PoolMemory, at: u64| {
+        plan(p, seen, &Fires::default(), &manual(1), memory, clock(at)).expect("plan")
+    };
+    let fresh = first(
+        &p,
+        &observed(Some(existing_deployment(1, 1)), true),
+        &PoolMemory::default(),
+        100,
+    );
+    assert!(fresh.send_deployment, "never applied");
+    assert!(fresh.write_status, "a first status");
+    assert_eq!(fresh.decided_at, Duration::from_secs(100));
+    assert!(
+        fresh
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.last_transition_time == Time(clock(100).wall)),
+        "the wall clock passed in: {:?}",
+        fresh.status.conditions
+    );
+    // Applied as planned (generation 4) and the status written: the next
+    // look sends neither again.
+    let mut live = serde_json::to_value(&fresh.deployment).expect("json");
+    live["metadata"]["generation"] = json!(4);
+    live["status"] = json!({"replicas": 1, "readyReplicas": 1});
+    p.status = Some(fresh.status.clone());
+    let memory = PoolMemory {
+        applied: fresh.fingerprint.map(|sent| (sent, Some(4))),
+        status_written: Some(Duration::from_secs(100)),
+        ..PoolMemory::default()
+    };
+    let again = first(&p, &observed(Some(live.clone()), true), &memory, 110);
+    assert!(!again.send_deployment, "unchanged since applied");
+    assert!(!again.write_status, "unchanged since written");
+    // Edited by someone else (a new generation): sent again.
+    live["metadata"]["generation"] = json!(5);
+    let edited = first(&p, &observed(Some(live.clone()), true), &memory, 110);
+    assert!(edited.send_deployment);
+    // Forgotten (a restarted operator): sent again.
+    let forgot = first(&p, &observed(Some(live), true), &PoolMemory::default(), 110);
+    assert!(forgot.send_deployment);
+}
+
 fn plan_of_unreadable(p: &WorkerPool) -> Plan {
-    plan(
+    plan_for(
         p,
         &observed(Some(existing_deployment(3, 3)), false),
         &manual(1),
@@ -749,7 +822,7 @@ fn a_workload_failure_is_announced_once_and_remembered() {
     refused["status"]["conditions"] = json!([{"type": "ReplicaFailure", "status": "True",
         "reason": "FailedCreate", "message": "exceeded quota: no-pods"}]);
     let seen = observed(Some(refused), true);
-    let first = plan(&p, &seen, &manual(1), None).expect("plan");
+    let first = plan_for(&p, &seen, &manual(1), None).expect("plan");
     assert_eq!(
         first
             .events
@@ -772,9 +845,9 @@ fn a_workload_failure_is_announced_once_and_remembered() {
             "0 of 1 workers ready: exceeded quota: no-pods"
         )
     );
-    let again = plan(&p, &seen, &manual(1), Some("FailedCreate")).expect("plan");
+    let again = plan_for(&p, &seen, &manual(1), Some("FailedCreate")).expect("plan");
     assert!(again.events.is_empty(), "{:?}", again.events);
-    let healthy = plan(
+    let healthy = plan_for(
         &p,
         &observed(Some(existing_deployment(1, 1)), true),
         &manual(1),
@@ -813,7 +886,7 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
             ..QueueFigures::default()
         }],
     });
-    let planned = plan(&p, &seen, &manual(2), None).expect("plan");
+    let planned = plan_for(&p, &seen, &manual(2), None).expect("plan");
     let ready = planned
         .status
         .conditions
@@ -837,12 +910,12 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
     assert_eq!(warnings, ["HandlerFailing"]);
     assert_eq!(planned.announced.as_deref(), Some("HandlerFailing"));
     // Said once: no second event while it lasts.
-    let again = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    let again = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert!(again.events.is_empty(), "{:?}", again.events);
     // Even with every pod counted ready, a worker that says its handler
     // cannot run is the pool's problem.
     seen.counts.ready = 2;
-    let counted = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    let counted = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert!(
         counted
             .status
@@ -854,7 +927,7 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
     if let Ok(s) = &mut seen.reading {
         s.queues[0].workers[0].handler_problem = None;
     }
-    let healthy = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    let healthy = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert_eq!(healthy.announced, None);
     assert!(
         healthy
@@ -1392,12 +1465,12 @@ fn keys_evicted_since_the_last_look_are_a_warning_event_and_noeviction_none() {
     let verdict = manual(1);
     let mut seen = observed(Some(existing_deployment(1, 1)), true);
     seen.memory = Some((memory("volatile-lru"), 12));
-    let events = plan(&p, &seen, &verdict, None).expect("plan").events;
+    let events = plan_for(&p, &seen, &verdict, None).expect("plan").events;
     let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
     assert_eq!(reasons, ["VolatileEviction", "KeysEvicted"]);
     assert!(events[1].2.contains("evicted 12 keys"), "{}", events[1].2);
     seen.memory = Some((memory("noeviction"), 0));
-    let planned = plan(&p, &seen, &verdict, None).expect("plan");
+    let planned = plan_for(&p, &seen, &verdict, None).expect("plan");
     assert!(planned.events.is_empty(), "{:?}", planned.events);
     let safe = planned
         .status
@@ -1421,7 +1494,7 @@ fn jobs_dead_lettered_lately_show_in_ready_and_jobs_failing_with_one_event() {
         count: 3,
         latest: "exhausted: handler process exited during the job (exit status: 2)".into(),
     });
-    let planned = plan(&p, &seen, &manual(1), None).expect("plan");
+    let planned = plan_for(&p, &seen, &manual(1), None).expect("plan");
     let failing: Vec<_> = planned
         .events
         .iter()
@@ -1449,11 +1522,11 @@ fn jobs_dead_lettered_lately_show_in_ready_and_jobs_failing_with_one_event() {
     );
     // Already said: no second event while it lasts.
     p.status = Some(planned.status.clone());
-    let again = plan(&p, &seen, &manual(1), None).expect("plan");
+    let again = plan_for(&p, &seen, &manual(1), None).expect("plan");
     assert!(again.events.iter().all(|(_, r, _)| r != "JobsFailing"));
     // Over: the condition clears and Ready is the workers' again.
     seen.failing = None;
-    let over = plan(&p, &seen, &manual(1), None).expect("plan");
+    let over = plan_for(&p, &seen, &manual(1), None).expect("plan");
     assert_eq!(
         find(&over.status, "JobsFailing"),
         Some(("False".into(), "NoDeadLetters".into()))
