@@ -367,8 +367,15 @@ async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
             "no {line} in\n{metrics}"
         );
     }
+    let remembered = |ctx: &Context| {
+        ctx.pool("jobs/mail", |m| {
+            (m.applied.is_some(), m.status_written.is_some())
+        })
+    };
+    assert_eq!(remembered(&ctx), (true, true));
     ctx.forget("jobs/mail");
     assert!(!ctx.metrics.render().contains(r#"pool="mail""#));
+    assert_eq!(remembered(&ctx), (false, false), "the pool's memory goes");
 }
 
 #[tokio::test]
