@@ -174,9 +174,7 @@ pub(super) fn plan(
     let mut status = status(
         pool,
         counts,
-        &observed.reading,
-        observed.memory.as_ref().map(|(m, _)| m),
-        observed.failing.as_ref(),
+        observed,
         verdict,
         problem.as_ref(),
         clock.wall,

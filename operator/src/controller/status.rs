@@ -3,20 +3,16 @@
 
 use std::time::Duration;
 
-use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
-use workerpool_queue::memory::Memory;
-use workerpool_queue::snapshot::Snapshot;
-
-use super::QueueProblem;
-use super::observe::{Counts, FAILING_FOR, Failing};
+use super::observe::{Counts, FAILING_FOR, Observed};
 use super::plan::failing_note;
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
 use crate::scaling::Verdict;
 use crate::workload;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
 
 /// How often a status that differs from the one written only in its rates
 /// (`arrivalRate`, `throughput`) is written: after a burst the smoothed
@@ -84,16 +80,19 @@ pub(super) fn shown_rate(rate: f64) -> f64 {
     (rate * scale).round() / scale
 }
 
+/// The status of `pool` after what was `observed`, with the worker
+/// `counts`, the engine's `verdict` and the workload's `problem`, at `now`.
 pub(super) fn status(
     pool: &WorkerPool,
     counts: Counts,
-    reading: &Result<Snapshot, QueueProblem>,
-    memory: Option<&Memory>,
-    failing: Option<&Failing>,
+    observed: &Observed,
     verdict: &Verdict,
     problem: Option<&workload::Problem>,
     now: Timestamp,
 ) -> WorkerPoolStatus {
+    let reading = &observed.reading;
+    let memory = observed.memory.as_ref().map(|(m, _)| m);
+    let failing = observed.failing.as_ref();
     let Counts {
         desired,
         replicas,
