@@ -13,9 +13,28 @@ use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 use workerpool_tests::TestRedis;
 
-use super::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Client;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use workerpool_queue::connection::{Endpoint, Tls};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::memory::Memory;
+use workerpool_queue::snapshot::{self, QueueFigures, Snapshot, WorkerFigures};
+
+use super::endpoint::unreachable_problem;
+use super::fires::Fires;
+use super::memory::PoolMemory;
+use super::observe::{Counts, Failing, Observed};
+use super::plan::{Clock, Plan, plan};
+use super::status::{shown_rate, status_patch, status_write, transitions};
+use super::{Context, DELETION_COST, Error, QueueProblem, error_policy, reconcile, retry_delay};
+use crate::crd::{WorkerPool, WorkerPoolStatus};
+use crate::deployment;
+use crate::metrics::Metrics;
 use crate::rbac;
-use workerpool_queue::snapshot::{QueueFigures, WorkerFigures};
+use crate::scaling::Verdict;
 
 struct ApiServer {
     handle: Handle<Request<Body>, Response<Body>>,
@@ -70,6 +89,75 @@ impl ApiServer {
         (body, send)
     }
 
+    /// Takes the next request as [`ApiServer::expect`] does and answers it
+    /// with `status` and what `answer` makes of its body; returns the body.
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        status: StatusCode,
+        answer: impl FnOnce(&Value) -> Value,
+    ) -> Value {
+        let (body, send) = self.expect(method, path).await;
+        reply(send, status, &answer(&body));
+        body
+    }
+
+    /// A GET of `path`, answered with `object` (`None`: not found).
+    async fn get(&mut self, path: &str, object: Option<Value>) {
+        let (_, send) = self.expect("GET", path).await;
+        match object {
+            Some(object) => reply(send, StatusCode::OK, &object),
+            None => not_found(send),
+        }
+    }
+
+    /// The Deployment applied, and taken as sent; returns what was sent.
+    async fn apply(&mut self) -> Value {
+        self.exchange("PATCH", DEPLOYMENT, StatusCode::OK, Value::clone)
+            .await
+    }
+
+    /// An event recorded; returns it.
+    async fn event(&mut self) -> Value {
+        self.exchange("POST", EVENTS, StatusCode::CREATED, Value::clone)
+            .await
+    }
+
+    /// The status written; returns the patch.
+    async fn status(&mut self) -> Value {
+        self.exchange("PATCH", STATUS, StatusCode::OK, pool_object)
+            .await
+    }
+
+    /// The conversation of most reconciles: the Deployment read (`None`:
+    /// not found) and applied, `events` events recorded, the status
+    /// written. Returns what was sent.
+    async fn round(&mut self, existing: Option<Value>, events: usize) -> Round {
+        self.get(DEPLOYMENT, existing).await;
+        let applied = self.apply().await;
+        let mut recorded = Vec::new();
+        for _ in 0..events {
+            recorded.push(self.event().await);
+        }
+        let status = self.status().await;
+        Round {
+            applied,
+            events: recorded,
+            status,
+        }
+    }
+
+    /// Awaits the reconcile, then asserts that it asked nothing more.
+    async fn finish(
+        self,
+        task: tokio::task::JoinHandle<Result<Action, Error>>,
+    ) -> Result<Action, Error> {
+        let result = task.await.expect("task");
+        self.done().await;
+        result
+    }
+
     async fn done(mut self) {
         let extra =
             tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await;
@@ -81,6 +169,13 @@ impl ApiServer {
             );
         }
     }
+}
+
+/// What one reconcile sent in a [`ApiServer::round`].
+struct Round {
+    applied: Value,
+    events: Vec<Value>,
+    status: Value,
 }
 
 fn reply(send: SendResponse<Response<Body>>, status: StatusCode, body: &Value) {
@@ -101,6 +196,10 @@ fn not_found(send: SendResponse<Response<Body>>) {
     );
 }
 
+fn forbidden() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"})
+}
+
 fn pool(spec: Value) -> WorkerPool {
     serde_json::from_value(json!({
         "apiVersion": "workerpool.dev/v1alpha1",
@@ -119,6 +218,11 @@ fn pool_object(patch: &Value) -> Value {
         "spec": {"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1},
         "status": patch["status"],
     })
+}
+
+/// The spec of a pool of `replicas` workers on the queue `mail` at `url`.
+fn fixed(url: &str, replicas: i32) -> Value {
+    json!({"queue": {"redis": {"url": url, "key": "mail"}}, "template": template(), "replicas": replicas})
 }
 
 fn template() -> Value {
@@ -150,6 +254,7 @@ fn start(
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/jobs/deployments/mail";
 const STATUS: &str = "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/mail/status";
+const PODS: &str = "/api/v1/namespaces/jobs/pods";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/jobs/events";
 
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
@@ -174,18 +279,14 @@ async fn push(redis: &TestRedis, queue: &str, n: usize) {
 #[tokio::test]
 async fn a_new_pool_gets_exactly_its_built_deployment_and_a_status() {
     let redis = TestRedis::start();
-    let p = pool(
-        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 2}),
-    );
+    let p = pool(fixed(&redis.url(), 2));
     let expected = serde_json::to_value(deployment::build(&p, 2).expect("build")).expect("json");
     let (task, mut api, _) = start(p);
 
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    not_found(send);
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let Round {
+        applied, status, ..
+    } = api.round(None, 0).await;
     assert_eq!(applied, expected);
-    reply(send, StatusCode::OK, &applied);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     assert_eq!(status["status"]["desiredReplicas"], json!(2));
     assert_eq!(
         status["status"]["selector"],
@@ -200,7 +301,6 @@ async fn a_new_pool_gets_exactly_its_built_deployment_and_a_status() {
         condition(&status, "ScalingActive")["reason"],
         json!("ManualReplicas")
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
 
     let action = task.await.expect("task").expect("reconcile");
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
@@ -218,12 +318,13 @@ async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
     }));
     let (task, mut api, ctx) = start(p);
 
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let Round {
+        applied,
+        events,
+        status,
+    } = api.round(Some(existing_deployment(1, 1)), 1).await;
+    let event = &events[0];
     assert_eq!(applied["spec"]["replicas"], json!(3), "ceil(12 / 5)");
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
         (json!("Normal"), json!("ScaledUp"))
@@ -236,8 +337,6 @@ async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
         "{event}"
     );
     assert_eq!(event["regarding"]["name"], json!("mail"));
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     let s = &status["status"];
     assert_eq!(
         (
@@ -249,7 +348,6 @@ async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
     );
     assert_eq!(condition(&status, "ScalingActive")["status"], json!("True"));
     assert!(s["lastScaleTime"].is_string());
-    reply(send, StatusCode::OK, &pool_object(&status));
 
     assert_eq!(
         task.await.expect("task").expect("reconcile"),
@@ -269,8 +367,15 @@ async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
             "no {line} in\n{metrics}"
         );
     }
+    let remembered = |ctx: &Context| {
+        ctx.pool("jobs/mail", |m| {
+            (m.applied.is_some(), m.status_written.is_some())
+        })
+    };
+    assert_eq!(remembered(&ctx), (true, true));
     ctx.forget("jobs/mail");
     assert!(!ctx.metrics.render().contains(r#"pool="mail""#));
+    assert_eq!(remembered(&ctx), (false, false), "the pool's memory goes");
 }
 
 #[tokio::test]
@@ -298,39 +403,35 @@ async fn before_a_scale_down_idle_pods_are_marked_cheapest_to_delete() {
     }));
     let (task, mut api, _) = start(p);
 
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(3, 3));
-    let (_, send) = api.expect("GET", "/api/v1/namespaces/jobs/pods").await;
+    api.get(DEPLOYMENT, Some(existing_deployment(3, 3))).await;
     let pod = |name: &str, cost: Option<&str>| {
         let annotations = cost.map_or(json!({}), |c| json!({DELETION_COST: c}));
         json!({"metadata": {"name": name, "namespace": "jobs", "annotations": annotations}})
     };
-    reply(
-        send,
-        StatusCode::OK,
-        &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod("mail-a", None), pod("mail-b", Some("0")), pod("mail-c", Some("5"))]}),
-    );
+    api.get(
+        PODS,
+        Some(
+            json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod("mail-a", None), pod("mail-b", Some("0")), pod("mail-c", Some("5"))]}),
+        ),
+    )
+    .await;
     for (name, cost) in [("mail-a", "2"), ("mail-c", "0")] {
-        let (patch, send) = api
-            .expect("PATCH", &format!("/api/v1/namespaces/jobs/pods/{name}"))
+        let path = format!("{PODS}/{name}");
+        let patch = api
+            .exchange("PATCH", &path, StatusCode::OK, |_| pod(name, Some(cost)))
             .await;
         assert_eq!(
             patch,
             json!({"metadata": {"annotations": {DELETION_COST: cost}}})
         );
-        reply(send, StatusCode::OK, &pod(name, Some(cost)));
     }
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let applied = api.apply().await;
     assert_eq!(applied["spec"]["replicas"], json!(1));
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
+    let event = api.event().await;
     assert_eq!(event["reason"], json!("ScaledDown"));
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let status = api.status().await;
     assert_eq!(status["status"]["inFlight"], json!(2));
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[tokio::test]
@@ -342,13 +443,10 @@ async fn a_missing_secret_shows_in_conditions_and_an_event_and_the_fallback_appl
     }));
     let (task, mut api, _) = start(p);
 
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    not_found(send);
-    let (_, send) = api
-        .expect("GET", "/api/v1/namespaces/jobs/secrets/redis-url")
+    api.get(DEPLOYMENT, None).await;
+    api.get("/api/v1/namespaces/jobs/secrets/redis-url", None)
         .await;
-    not_found(send);
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let applied = api.apply().await;
     assert_eq!(
         applied["spec"]["replicas"],
         json!(2),
@@ -356,14 +454,12 @@ async fn a_missing_secret_shows_in_conditions_and_an_event_and_the_fallback_appl
     );
     let env = &applied["spec"]["template"]["spec"]["containers"][0]["env"][0];
     assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], json!("redis-url"));
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
+    let event = api.event().await;
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
         (json!("Warning"), json!("SecretNotFound"))
     );
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let status = api.status().await;
     let queue = condition(&status, "QueueReachable");
     assert_eq!(
         (queue["status"].clone(), queue["reason"].clone()),
@@ -379,7 +475,6 @@ async fn a_missing_secret_shows_in_conditions_and_an_event_and_the_fallback_appl
         condition(&status, "ScalingActive")["reason"],
         json!("Fallback")
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
     assert!(
         task.await.expect("task").is_ok(),
         "the controller keeps running"
@@ -395,19 +490,18 @@ async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
         "scaling": {},
     }));
     let (task, mut api, ctx) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(4, 4));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let Round {
+        applied,
+        events,
+        status,
+    } = api.round(Some(existing_deployment(4, 4)), 1).await;
+    let event = &events[0];
     assert_eq!(
         applied["spec"]["replicas"],
         json!(4),
         "metrics unavailable: hold"
     );
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
     assert_eq!(event["reason"], json!("InvalidRedisURL"));
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     assert_eq!(
         condition(&status, "QueueReachable")["reason"],
         json!("InvalidRedisURL")
@@ -416,9 +510,7 @@ async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
         condition(&status, "ScalingActive")["reason"],
         json!("MetricsUnavailable")
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
     let metrics = ctx.metrics.render();
     for line in [
         r#"workerpool_pool_queue_up{namespace="jobs",pool="mail"} 0"#,
@@ -434,24 +526,15 @@ async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
 #[tokio::test]
 async fn a_failed_apply_is_an_error_named_for_the_operation() {
     let redis = TestRedis::start();
-    let p = pool(
-        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let p = pool(fixed(&redis.url(), 1));
     let (task, mut api, ctx) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    not_found(send);
-    let (_, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(
-        send,
-        StatusCode::FORBIDDEN,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"}),
-    );
+    api.get(DEPLOYMENT, None).await;
+    api.exchange("PATCH", DEPLOYMENT, StatusCode::FORBIDDEN, |_| forbidden())
+        .await;
     let err = task.await.expect("task").expect_err("apply failed");
     assert_eq!(err.label(), "apply_deployment");
     // Failed reconciles of a pool back off: 5 s, 10 s, 20 s ... up to 5 minutes.
-    let p = Arc::new(pool(
-        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
-    ));
+    let p = Arc::new(pool(fixed("redis://r", 1)));
     let delays: Vec<Action> = (0..3)
         .map(|_| error_policy(p.clone(), &err, ctx.clone()))
         .collect();
@@ -479,35 +562,34 @@ async fn a_refused_apply_does_not_count_against_the_scale_up_policy() {
                         "behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 2, "periodSeconds": 600}]}}},
         }))
     };
-    let forbidden = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "forbidden"});
     let (task, mut api, ctx) = start(p());
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    let applied = api
+        .exchange("PATCH", DEPLOYMENT, StatusCode::FORBIDDEN, |_| forbidden())
+        .await;
     assert_eq!(applied["spec"]["replicas"], json!(3), "1 + 2 pods");
-    reply(send, StatusCode::FORBIDDEN, &forbidden);
     let err = task.await.expect("task").expect_err("apply refused");
     assert_eq!(err.label(), "apply_deployment");
 
     // The next poll, same engine: the refused scale-up changed nothing, so the
     // policy still allows its 2 pods.
     let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    let applied = api
+        .exchange("PATCH", DEPLOYMENT, StatusCode::OK, |sent| {
+            let mut live = sent.clone();
+            live["metadata"]["generation"] = json!(2);
+            live
+        })
+        .await;
     assert_eq!(
         applied["spec"]["replicas"],
         json!(3),
         "a refused apply is no scale event"
     );
-    let mut live = applied.clone();
-    live["metadata"]["generation"] = json!(2);
-    reply(send, StatusCode::OK, &live);
-    let (event, send) = api.expect("POST", EVENTS).await;
+    let event = api.event().await;
     assert_eq!(event["reason"], json!("ScaledUp"));
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
-    reply(send, StatusCode::OK, &pool_object(&status));
+    api.status().await;
     task.await.expect("task").expect("reconcile");
 
     // This one was applied: the period's 2 pods are used up. The
@@ -521,48 +603,43 @@ async fn a_refused_apply_does_not_count_against_the_scale_up_policy() {
         d
     };
     let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &at(2));
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    api.get(DEPLOYMENT, Some(at(2))).await;
+    let status = api.status().await;
     assert_eq!(status["status"]["reason"], json!("ScaleUpLimit"));
-    reply(send, StatusCode::OK, &pool_object(&status));
     task.await.expect("task").expect("reconcile");
 
     // Someone edited it (a new generation): applied again.
     let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &at(3));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    api.get(DEPLOYMENT, Some(at(3))).await;
+    let applied = api
+        .exchange("PATCH", DEPLOYMENT, StatusCode::OK, |_| at(3))
+        .await;
     assert_eq!(applied["spec"]["replicas"], json!(3));
-    reply(send, StatusCode::OK, &at(3));
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let status = api.status().await;
     assert_eq!(status["status"]["reason"], json!("ScaleUpLimit"));
-    reply(send, StatusCode::OK, &pool_object(&status));
     task.await.expect("task").expect("reconcile");
 
     // Someone changed its pool label (the generation stays): applied
     // again, the label back.
     let task = tokio::spawn(reconcile(Arc::new(p()), ctx.clone()));
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
     let mut relabelled = at(3);
     relabelled["metadata"]["labels"]["workerpool.dev/pool"] = json!("other");
-    reply(send, StatusCode::OK, &relabelled);
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    api.get(DEPLOYMENT, Some(relabelled)).await;
+    let applied = api
+        .exchange("PATCH", DEPLOYMENT, StatusCode::OK, |_| at(3))
+        .await;
     assert_eq!(
         applied["metadata"]["labels"]["workerpool.dev/pool"],
         json!("mail")
     );
-    reply(send, StatusCode::OK, &at(3));
-    let (status, send) = api.expect("PATCH", STATUS).await;
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.status().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[tokio::test]
 async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_event() {
     let redis = TestRedis::start();
-    let spec = json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1});
+    let spec = fixed(&redis.url(), 1);
     let refused = || {
         let mut d = existing_deployment(1, 0);
         d["status"]["conditions"] = json!([{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
@@ -571,13 +648,10 @@ async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_even
     };
     let empty_pods = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
     let (task, mut api, _) = start(pool(spec.clone()));
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &refused());
-    let (_, send) = api.expect("GET", "/api/v1/namespaces/jobs/pods").await;
-    reply(send, StatusCode::OK, &empty_pods);
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
+    api.get(DEPLOYMENT, Some(refused())).await;
+    api.get(PODS, Some(empty_pods.clone())).await;
+    api.apply().await;
+    let event = api.event().await;
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
         (json!("Warning"), json!("FailedCreate"))
@@ -588,8 +662,7 @@ async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_even
             .expect("note")
             .contains("violates PodSecurity")
     );
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let status = api.status().await;
     let ready = condition(&status, "Ready").clone();
     assert_eq!(
         (ready["status"].clone(), ready["reason"].clone()),
@@ -600,39 +673,25 @@ async fn pods_the_api_server_refuses_show_in_ready_with_its_message_and_one_even
         message.starts_with("0 of 1 workers ready: pods \"mail-x\" is forbidden"),
         "{message}"
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 
     // The next poll finds the same failure: no second event, and the
     // status, unchanged, is not written again.
     let mut again = pool(spec);
     again.status = serde_json::from_value(status["status"].clone()).expect("status");
     let (task, mut api, _) = start(again);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &refused());
-    let (_, send) = api.expect("GET", "/api/v1/namespaces/jobs/pods").await;
-    reply(send, StatusCode::OK, &empty_pods);
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.get(DEPLOYMENT, Some(refused())).await;
+    api.get(PODS, Some(empty_pods)).await;
+    api.apply().await;
+    api.finish(task).await.expect("reconcile");
 
     // Fixed: the condition clears by itself.
-    let mut fixed = pool(
-        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let mut fixed = pool(fixed(&redis.url(), 1));
     fixed.status = serde_json::from_value(status["status"].clone()).expect("status");
     let (task, mut api, _) = start(fixed);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let Round { status, .. } = api.round(Some(existing_deployment(1, 1)), 0).await;
     assert_eq!(condition(&status, "Ready")["reason"], json!("WorkersReady"));
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 /// What a reconcile observed, without an API server or Redis.
@@ -663,7 +722,29 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
         existing,
         memory: None,
         failing: None,
-        fires: Default::default(),
+    }
+}
+
+/// The plan for what a reconcile `seen`, with `announced` the workload
+/// problem last announced.
+fn plan_for(
+    p: &WorkerPool,
+    seen: &Observed,
+    verdict: &Verdict,
+    announced: Option<&str>,
+) -> Result<Plan, Error> {
+    let memory = PoolMemory {
+        announced: announced.map(str::to_string),
+        ..PoolMemory::default()
+    };
+    plan(p, seen, &Fires::default(), verdict, &memory, clock(100))
+}
+
+/// The clocks at `secs` into the operator's run.
+fn clock(secs: u64) -> Clock {
+    Clock {
+        now: Duration::from_secs(secs),
+        wall: jiff::Timestamp::from_second(1_800_000_000 + secs as i64).expect("a time"),
     }
 }
 
@@ -676,10 +757,8 @@ fn manual(n: i32) -> Verdict {
 
 #[test]
 fn a_planned_scale_down_marks_idle_pods_first_and_says_why_in_one_event() {
-    let p = pool(
-        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
-    let plan = plan(
+    let p = pool(fixed("redis://r", 1));
+    let plan = plan_for(
         &p,
         &observed(Some(existing_deployment(3, 3)), true),
         &manual(1),
@@ -713,8 +792,55 @@ fn a_planned_scale_down_marks_idle_pods_first_and_says_why_in_one_event() {
     );
 }
 
+#[test]
+fn the_plan_decides_from_the_pools_memory_and_its_clock_which_writes_to_skip() {
+    let mut p = pool(fixed("redis://r", 1));
+    let first = |p: &WorkerPool, seen: &Observed, memory: &PoolMemory, at: u64| {
+        plan(p, seen, &Fires::default(), &manual(1), memory, clock(at)).expect("plan")
+    };
+    let fresh = first(
+        &p,
+        &observed(Some(existing_deployment(1, 1)), true),
+        &PoolMemory::default(),
+        100,
+    );
+    assert!(fresh.send_deployment, "never applied");
+    assert!(fresh.write_status, "a first status");
+    assert_eq!(fresh.decided_at, Duration::from_secs(100));
+    assert!(
+        fresh
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.last_transition_time == Time(clock(100).wall)),
+        "the wall clock passed in: {:?}",
+        fresh.status.conditions
+    );
+    // Applied as planned (generation 4) and the status written: the next
+    // look sends neither again.
+    let mut live = serde_json::to_value(&fresh.deployment).expect("json");
+    live["metadata"]["generation"] = json!(4);
+    live["status"] = json!({"replicas": 1, "readyReplicas": 1});
+    p.status = Some(fresh.status.clone());
+    let memory = PoolMemory {
+        applied: fresh.fingerprint.map(|sent| (sent, Some(4))),
+        status_written: Some(Duration::from_secs(100)),
+        ..PoolMemory::default()
+    };
+    let again = first(&p, &observed(Some(live.clone()), true), &memory, 110);
+    assert!(!again.send_deployment, "unchanged since applied");
+    assert!(!again.write_status, "unchanged since written");
+    // Edited by someone else (a new generation): sent again.
+    live["metadata"]["generation"] = json!(5);
+    let edited = first(&p, &observed(Some(live.clone()), true), &memory, 110);
+    assert!(edited.send_deployment);
+    // Forgotten (a restarted operator): sent again.
+    let forgot = first(&p, &observed(Some(live), true), &PoolMemory::default(), 110);
+    assert!(forgot.send_deployment);
+}
+
 fn plan_of_unreadable(p: &WorkerPool) -> Plan {
-    plan(
+    plan_for(
         p,
         &observed(Some(existing_deployment(3, 3)), false),
         &manual(1),
@@ -725,14 +851,12 @@ fn plan_of_unreadable(p: &WorkerPool) -> Plan {
 
 #[test]
 fn a_workload_failure_is_announced_once_and_remembered() {
-    let p = pool(
-        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let p = pool(fixed("redis://r", 1));
     let mut refused = existing_deployment(1, 0);
     refused["status"]["conditions"] = json!([{"type": "ReplicaFailure", "status": "True",
         "reason": "FailedCreate", "message": "exceeded quota: no-pods"}]);
     let seen = observed(Some(refused), true);
-    let first = plan(&p, &seen, &manual(1), None).expect("plan");
+    let first = plan_for(&p, &seen, &manual(1), None).expect("plan");
     assert_eq!(
         first
             .events
@@ -755,9 +879,9 @@ fn a_workload_failure_is_announced_once_and_remembered() {
             "0 of 1 workers ready: exceeded quota: no-pods"
         )
     );
-    let again = plan(&p, &seen, &manual(1), Some("FailedCreate")).expect("plan");
+    let again = plan_for(&p, &seen, &manual(1), Some("FailedCreate")).expect("plan");
     assert!(again.events.is_empty(), "{:?}", again.events);
-    let healthy = plan(
+    let healthy = plan_for(
         &p,
         &observed(Some(existing_deployment(1, 1)), true),
         &manual(1),
@@ -769,9 +893,7 @@ fn a_workload_failure_is_announced_once_and_remembered() {
 
 #[test]
 fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event() {
-    let p = pool(
-        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 2}),
-    );
+    let p = pool(fixed("redis://r", 2));
     let worker = |instance: &str, problem: Option<&str>, beat: u64| WorkerFigures {
         instance: instance.into(),
         last_beat_ms: beat,
@@ -796,7 +918,7 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
             ..QueueFigures::default()
         }],
     });
-    let planned = plan(&p, &seen, &manual(2), None).expect("plan");
+    let planned = plan_for(&p, &seen, &manual(2), None).expect("plan");
     let ready = planned
         .status
         .conditions
@@ -820,12 +942,12 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
     assert_eq!(warnings, ["HandlerFailing"]);
     assert_eq!(planned.announced.as_deref(), Some("HandlerFailing"));
     // Said once: no second event while it lasts.
-    let again = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    let again = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert!(again.events.is_empty(), "{:?}", again.events);
     // Even with every pod counted ready, a worker that says its handler
     // cannot run is the pool's problem.
     seen.counts.ready = 2;
-    let counted = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    let counted = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert!(
         counted
             .status
@@ -837,7 +959,7 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
     if let Ok(s) = &mut seen.reading {
         s.queues[0].workers[0].handler_problem = None;
     }
-    let healthy = plan(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
+    let healthy = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert_eq!(healthy.announced, None);
     assert!(
         healthy
@@ -899,17 +1021,10 @@ async fn a_password_in_the_url_reaches_no_status_event_or_metric() {
             "scaling": {},
         }));
         let (task, mut api, ctx) = start(p);
-        let (_, send) = api.expect("GET", DEPLOYMENT).await;
-        reply(send, StatusCode::OK, &existing_deployment(1, 1));
-        let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-        reply(send, StatusCode::OK, &applied);
-        let (event, send) = api.expect("POST", EVENTS).await;
+        let Round { status, events, .. } = api.round(Some(existing_deployment(1, 1)), 1).await;
+        let event = &events[0];
         assert_eq!(event["reason"], json!("RedisUnreachable"));
-        reply(send, StatusCode::CREATED, &event);
-        let (status, send) = api.expect("PATCH", STATUS).await;
-        reply(send, StatusCode::OK, &pool_object(&status));
-        task.await.expect("task").expect("reconcile");
-        api.done().await;
+        api.finish(task).await.expect("reconcile");
         for (what, text) in [
             ("event", event.to_string()),
             ("status", status.to_string()),
@@ -933,24 +1048,16 @@ async fn a_pool_behind_redis_sentinel_reads_its_queue_on_the_primary_the_sentine
             .await
             .expect("lpush");
     }
-    let p = pool(
-        json!({"queue": {"redis": {"url": setup.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let p = pool(fixed(&setup.url(), 1));
     let (task, mut api, _) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let Round { status, .. } = api.round(Some(existing_deployment(1, 1)), 0).await;
     assert_eq!(
         condition(&status, "QueueReachable")["status"],
         json!("True"),
         "{status}"
     );
     assert_eq!(status["status"]["backlog"], json!(7), "{status}");
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[tokio::test]
@@ -963,15 +1070,14 @@ async fn on_a_redis_cluster_queue_names_without_one_slot_show_how_to_name_them()
         "scaling": {},
     }));
     let (task, mut api, _) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(2, 2));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let Round {
+        applied,
+        events,
+        status,
+    } = api.round(Some(existing_deployment(2, 2)), 1).await;
+    let event = &events[0];
     assert_eq!(applied["spec"]["replicas"], json!(2), "unreadable: hold");
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
     assert_eq!(event["reason"], json!("QueueNamesSpanSlots"));
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     let queue = condition(&status, "QueueReachable");
     assert_eq!(queue["status"], json!("False"));
     assert_eq!(queue["reason"], json!("QueueNamesSpanSlots"));
@@ -981,9 +1087,7 @@ async fn on_a_redis_cluster_queue_names_without_one_slot_show_how_to_name_them()
             && message.contains("{mail}:high, {mail}:low"),
         "{message}"
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 
     // Named with one hash tag, the same pool reads its queues through a
     // node that does not own their slot.
@@ -1000,26 +1104,20 @@ async fn on_a_redis_cluster_queue_names_without_one_slot_show_how_to_name_them()
         "scaling": {"targetBacklogPerReplica": 10, "maxReplicas": 10},
     }));
     let (task, mut api, _) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let Round {
+        applied, status, ..
+    } = api.round(Some(existing_deployment(1, 1)), 1).await;
     assert_eq!(
         applied["spec"]["replicas"],
         json!(3),
         "30 waiting at 10 each"
     );
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     assert_eq!(
         condition(&status, "QueueReachable")["status"],
         json!("True")
     );
     assert_eq!(status["status"]["backlog"], json!(30), "{status}");
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[tokio::test]
@@ -1059,11 +1157,8 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
     }
     let (task, mut api, _) = start(p);
 
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
+    let Round { status, events, .. } = api.round(Some(existing_deployment(1, 1)), 1).await;
+    let event = &events[0];
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
         (json!("Warning"), json!("InvalidSchedule"))
@@ -1075,8 +1170,6 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
         ),
         "{note}"
     );
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     let valid = condition(&status, "SchedulesValid");
     assert_eq!(
         (valid["status"].clone(), valid["reason"].clone()),
@@ -1094,7 +1187,6 @@ async fn a_due_schedule_enqueues_its_fire_and_a_bad_one_is_named_in_a_condition_
     assert_eq!(schedules[1], json!({"name": "bad"}));
     // The fire went into the queue before it was read.
     assert_eq!(status["status"]["backlog"], json!(1));
-    reply(send, StatusCode::OK, &pool_object(&status));
 
     // Woken for the next fire (ten seconds after this one), not a poll
     // later.
@@ -1185,19 +1277,18 @@ async fn a_pool_whose_redis_cannot_be_read_holds_min_replicas_and_says_so_in_its
         "scaling": {"minReplicas": 1, "maxReplicas": 5},
     }));
     let (task, mut api, _) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    not_found(send);
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
+    let Round {
+        applied,
+        events,
+        status,
+    } = api.round(None, 1).await;
+    let event = &events[0];
     assert_eq!(
         applied["spec"]["replicas"],
         json!(1),
         "minReplicas holds while the queue cannot be read"
     );
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
     assert_eq!(event["reason"], json!("RedisUnreachable"));
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     let ready = condition(&status, "Ready");
     assert_eq!(
         (ready["status"].clone(), ready["reason"].clone()),
@@ -1216,28 +1307,20 @@ async fn a_pool_whose_redis_cannot_be_read_holds_min_replicas_and_says_so_in_its
         condition(&status, "ScalingLimited")["reason"],
         json!("MinReplicas")
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[tokio::test]
 async fn a_drained_queue_clears_the_oldest_jobs_age_from_the_status() {
     let redis = TestRedis::start();
-    let mut p = pool(
-        json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let mut p = pool(fixed(&redis.url(), 1));
     p.status = Some(WorkerPoolStatus {
         backlog: 3,
         oldest_job_age_seconds: Some(5.912),
         ..WorkerPoolStatus::default()
     });
     let (task, mut api, _) = start(p);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    let (status, send) = api.expect("PATCH", STATUS).await;
+    let Round { status, .. } = api.round(Some(existing_deployment(1, 1)), 0).await;
     assert_eq!(status["status"]["backlog"], json!(0));
     assert!(
         status["status"]
@@ -1245,9 +1328,7 @@ async fn a_drained_queue_clears_the_oldest_jobs_age_from_the_status() {
             .is_some_and(|s| s.get("oldestJobAgeSeconds") == Some(&Value::Null)),
         "sent as null, which a merge patch removes: {status}"
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[test]
@@ -1322,13 +1403,10 @@ async fn an_evicting_redis_shows_as_queue_safe_false_with_one_warning_and_a_gaug
         .query_async(&mut c)
         .await
         .expect("config set");
-    let spec = json!({"queue": {"redis": {"url": redis.url(), "key": "mail"}}, "template": template(), "replicas": 1});
+    let spec = fixed(&redis.url(), 1);
     let (task, mut api, ctx) = start(pool(spec.clone()));
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
-    let (event, send) = api.expect("POST", EVENTS).await;
+    let Round { events, status, .. } = api.round(Some(existing_deployment(1, 1)), 1).await;
+    let event = &events[0];
     assert_eq!(event["reason"], json!("EvictionPolicy"));
     assert_eq!(event["type"], json!("Warning"));
     let note = event["note"].as_str().expect("note");
@@ -1336,16 +1414,12 @@ async fn an_evicting_redis_shows_as_queue_safe_false_with_one_warning_and_a_gaug
         note.contains("allkeys-lru") && note.contains("noeviction"),
         "{note}"
     );
-    reply(send, StatusCode::CREATED, &event);
-    let (status, send) = api.expect("PATCH", STATUS).await;
     let safe = condition(&status, "QueueSafe").clone();
     assert_eq!(
         (safe["status"].clone(), safe["reason"].clone()),
         (json!("False"), json!("EvictionPolicy"))
     );
-    reply(send, StatusCode::OK, &pool_object(&status));
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
     assert!(
         ctx.metrics
             .render()
@@ -1356,31 +1430,26 @@ async fn an_evicting_redis_shows_as_queue_safe_false_with_one_warning_and_a_gaug
     let mut seen = pool(spec);
     seen.status = Some(serde_json::from_value(status["status"].clone()).expect("status"));
     let (task, mut api, _) = start(seen);
-    let (_, send) = api.expect("GET", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &existing_deployment(1, 1));
-    let (applied, send) = api.expect("PATCH", DEPLOYMENT).await;
-    reply(send, StatusCode::OK, &applied);
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    api.apply().await;
     // No event, and the status already says it all: nothing more is sent.
-    task.await.expect("task").expect("reconcile");
-    api.done().await;
+    api.finish(task).await.expect("reconcile");
 }
 
 #[test]
 fn keys_evicted_since_the_last_look_are_a_warning_event_and_noeviction_none() {
-    let p = pool(
-        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let p = pool(fixed("redis://r", 1));
     let memory =
         |policy: &str| Memory::parse(&format!("maxmemory_policy:{policy}\nmaxmemory:100\n"));
     let verdict = manual(1);
     let mut seen = observed(Some(existing_deployment(1, 1)), true);
     seen.memory = Some((memory("volatile-lru"), 12));
-    let events = plan(&p, &seen, &verdict, None).expect("plan").events;
+    let events = plan_for(&p, &seen, &verdict, None).expect("plan").events;
     let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
     assert_eq!(reasons, ["VolatileEviction", "KeysEvicted"]);
     assert!(events[1].2.contains("evicted 12 keys"), "{}", events[1].2);
     seen.memory = Some((memory("noeviction"), 0));
-    let planned = plan(&p, &seen, &verdict, None).expect("plan");
+    let planned = plan_for(&p, &seen, &verdict, None).expect("plan");
     assert!(planned.events.is_empty(), "{:?}", planned.events);
     let safe = planned
         .status
@@ -1396,15 +1465,13 @@ fn keys_evicted_since_the_last_look_are_a_warning_event_and_noeviction_none() {
 
 #[test]
 fn jobs_dead_lettered_lately_show_in_ready_and_jobs_failing_with_one_event() {
-    let mut p = pool(
-        json!({"queue": {"redis": {"url": "redis://r", "key": "mail"}}, "template": template(), "replicas": 1}),
-    );
+    let mut p = pool(fixed("redis://r", 1));
     let mut seen = observed(Some(existing_deployment(1, 1)), true);
     seen.failing = Some(Failing {
         count: 3,
         latest: "exhausted: handler process exited during the job (exit status: 2)".into(),
     });
-    let planned = plan(&p, &seen, &manual(1), None).expect("plan");
+    let planned = plan_for(&p, &seen, &manual(1), None).expect("plan");
     let failing: Vec<_> = planned
         .events
         .iter()
@@ -1432,11 +1499,11 @@ fn jobs_dead_lettered_lately_show_in_ready_and_jobs_failing_with_one_event() {
     );
     // Already said: no second event while it lasts.
     p.status = Some(planned.status.clone());
-    let again = plan(&p, &seen, &manual(1), None).expect("plan");
+    let again = plan_for(&p, &seen, &manual(1), None).expect("plan");
     assert!(again.events.iter().all(|(_, r, _)| r != "JobsFailing"));
     // Over: the condition clears and Ready is the workers' again.
     seen.failing = None;
-    let over = plan(&p, &seen, &manual(1), None).expect("plan");
+    let over = plan_for(&p, &seen, &manual(1), None).expect("plan");
     assert_eq!(
         find(&over.status, "JobsFailing"),
         Some(("False".into(), "NoDeadLetters".into()))

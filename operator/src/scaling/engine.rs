@@ -1,0 +1,562 @@
+//! The engine: one tick turns an observation into a decision.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use workerpool_queue::rate::RateLimit;
+
+use super::behavior::to_i32;
+use super::{
+    Behavior, Limit, Normalized, Normalizer, Observation, RateCap, RateEstimator, Reason, Rule,
+    ScalingSpec, StartupEstimator,
+};
+
+/// What the workers' settings tell the engine: the queue's rate limit (if
+/// any) and the jobs each worker runs at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workers {
+    /// At most this many job starts per period across the pool.
+    pub rate_limit: Option<RateLimit>,
+    /// Jobs one worker runs at once.
+    pub concurrency: i32,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers {
+            rate_limit: None,
+            concurrency: 1,
+        }
+    }
+}
+
+impl Workers {
+    /// From `spec.worker`: its `rateLimit` as written (one that does not
+    /// parse, which the CRD's rule refuses, counts as none) and its
+    /// `concurrency`.
+    pub fn new(rate_limit: Option<&str>, concurrency: i32) -> Self {
+        Workers {
+            rate_limit: rate_limit.and_then(|r| r.parse().ok()),
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// The most workers the rate limit keeps busy when one job takes
+    /// `job_seconds`: by Little's law `J = rate × job_seconds` jobs run at
+    /// once at the limit, on average. Job durations vary, so the count in
+    /// flight does too (about `√J` around `J`, as in an M/G/∞ queue); a
+    /// pool sized for the mean alone would often have no free slot when the
+    /// limit allows a start, and a start missed is lost. So the cap is
+    /// `ceil((J + √J) / concurrency) + 1` (the square-root staffing rule,
+    /// plus one for the burst and the estimate's error). `None` without a
+    /// limit.
+    pub fn busy_at_limit(&self, job_seconds: f64) -> Option<i32> {
+        let rate = self.rate_limit?.per_second();
+        let jobs = rate * job_seconds.max(0.0);
+        let busy = (jobs + jobs.sqrt()) / f64::from(self.concurrency.max(1));
+        Some(ceil(busy).saturating_add(1))
+    }
+}
+
+/// What each target proposed at one tick (None when it was not in force).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Proposals {
+    /// The backlog target's proposal.
+    pub backlog: i32,
+    /// The drain target's proposal, once throughput is known.
+    pub drain: Option<i32>,
+    /// The wait target's proposal, when set and the age is known.
+    pub wait: Option<i32>,
+}
+
+/// The engine's answer for one tick.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// Replicas to run.
+    pub desired: i32,
+    /// Why.
+    pub reason: Reason,
+    /// The recommendation before stabilization, policies and bounds (what the
+    /// stabilization windows remember).
+    pub recommendation: i32,
+    /// Each target's proposal.
+    pub proposals: Proposals,
+    /// Smoothed arrivals per second, once known.
+    pub arrival_rate: Option<f64>,
+    /// Smoothed jobs per second one saturated replica completes, once known.
+    pub per_replica_throughput: Option<f64>,
+}
+
+/// How many workers a pool runs now, and why: the one decision the
+/// controller and local mode both apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// Replicas to run.
+    pub desired: i32,
+    /// The engine's decision; `None` when `spec.replicas` fixes the size.
+    pub decision: Option<Decision>,
+}
+
+/// The manual-size rule's code, beside the engine's rule codes.
+pub const MANUAL_REPLICAS: &str = "ManualReplicas";
+
+impl Verdict {
+    /// The CamelCase code of the rule that decided.
+    pub fn code(&self) -> &'static str {
+        self.decision
+            .as_ref()
+            .map_or(MANUAL_REPLICAS, |d| d.reason.code())
+    }
+
+    /// The reason as a sentence.
+    pub fn message(&self) -> String {
+        match &self.decision {
+            Some(d) => d.reason.message(),
+            None => format!("spec.replicas fixes the pool at {}", self.desired),
+        }
+    }
+}
+
+/// Decides a pool's size the one way both actuators share: scaled on a
+/// queue that was read (`observed`), scaled on a queue that could not be
+/// read (`observed` is `None`: hold, then fall back), or fixed by
+/// `replicas` when there is no `scaling`; the engine caps the size by the
+/// workers' settings it was given ([`Engine::with_workers`]). Once the
+/// actuator has applied a change, it tells the engine with
+/// [`Engine::applied`].
+pub fn decide(
+    engine: &mut Engine,
+    scaling: Option<&ScalingSpec>,
+    replicas: Option<i32>,
+    observed: Option<&Observation>,
+    current: i32,
+    now: Duration,
+) -> Verdict {
+    let decision = match (scaling, observed) {
+        (Some(spec), Some(observation)) => Some(engine.tick(spec, observation, now)),
+        (Some(spec), None) => Some(engine.tick_failed(spec, current)),
+        (None, _) => None,
+    };
+    Verdict {
+        desired: decision
+            .as_ref()
+            .map_or(replicas.unwrap_or(0), |d| d.desired),
+        decision,
+    }
+}
+
+/// The scaling engine's state between ticks. One per pool.
+#[derive(Clone, Debug, Default)]
+pub struct Engine {
+    normalizer: Normalizer,
+    rates: RateEstimator,
+    startup: StartupEstimator,
+    consecutive_failures: u32,
+    idle_since: Option<f64>,
+    workers: Workers,
+}
+
+impl Engine {
+    /// A fresh engine, with no history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tells the engine the workers' settings (the rate limit, the
+    /// concurrency) that the next ticks size for.
+    pub fn set_workers(&mut self, workers: Workers) {
+        self.workers = workers;
+    }
+
+    /// [`Engine::set_workers`], returning the engine (for [`decide`]).
+    pub fn with_workers(&mut self, workers: Workers) -> &mut Self {
+        self.set_workers(workers);
+        self
+    }
+
+    /// The rates measured so far.
+    pub fn rates(&self) -> &RateEstimator {
+        &self.rates
+    }
+
+    /// The highest recommendation made after `now - window`, if any.
+    pub fn highest_recommendation_within(&self, now: Duration, window: Duration) -> Option<i32> {
+        self.normalizer
+            .highest_recommendation_since(secs(now) - window.as_secs_f64())
+    }
+
+    /// How long new replicas take to become ready, once measured.
+    pub fn startup(&self) -> &StartupEstimator {
+        &self.startup
+    }
+
+    /// Records that the workload was scaled from `from` to `to` replicas at `now`: call it
+    /// once the change is applied (the Deployment patched, the processes started), never
+    /// for a change that failed. Scale events feed the rate policies' periods, as the HPA
+    /// records them only after a successful update, and scale-ups time the pods' start-up.
+    pub fn applied(&mut self, now: Duration, from: i32, to: i32) {
+        let now = secs(now);
+        self.normalizer.record_scale(now, from, to);
+        self.startup.scaled(now, from, to);
+    }
+
+    /// Decides the replica count from a successful read of the queue. `now` is any
+    /// monotonic time since a fixed epoch; the engine never reads a clock.
+    ///
+    /// Deciding records the recommendation for the stabilization windows (as the HPA
+    /// does), but not a scale event: call [`Engine::applied`] once the decision is applied.
+    pub fn tick(
+        &mut self,
+        spec: &ScalingSpec,
+        observation: &Observation,
+        now: Duration,
+    ) -> Decision {
+        let now_s = secs(now);
+        self.consecutive_failures = 0;
+        let decision = self.decide(spec, observation, now_s);
+        // Rates are updated after deciding, so a decision depends on this tick's depths
+        // only through the targets: that keeps it monotone in the backlog.
+        self.rates.observe(
+            now_s,
+            observation.processed_total,
+            observation.backlog,
+            observation.in_flight,
+            observation.ready_replicas,
+        );
+        self.startup.observe(
+            now_s,
+            observation.current_replicas,
+            observation.ready_replicas,
+        );
+        decision
+    }
+
+    /// Decides the replica count when the queue could not be read: keep `current_replicas`,
+    /// then after `fallback.failureThreshold` consecutive failures use `fallback.replicas`.
+    /// Either way the count stays within `[minReplicas, maxReplicas]`: the bounds are the
+    /// user's hard limits, and an outage is when a pool most needs its floor (a new pool
+    /// with `minReplicas: 1` starts one worker even though the queue cannot be read yet).
+    /// As with [`Engine::tick`], call [`Engine::applied`] once a change is applied.
+    pub fn tick_failed(&mut self, spec: &ScalingSpec, current_replicas: i32) -> Decision {
+        self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+        // An outage is not idleness: the countdown to zero starts again afterwards.
+        self.idle_since = None;
+        let (min, max) = spec.bounds();
+        let (proposed, rule) = match &spec.fallback {
+            Some(fallback)
+                if self.consecutive_failures
+                    >= fallback.failure_threshold.max(1).unsigned_abs() =>
+            {
+                (fallback.replicas, Rule::Fallback)
+            }
+            _ => (current_replicas.max(0), Rule::MetricsUnavailable),
+        };
+        let desired = proposed.clamp(min, max);
+        let limit = match desired.cmp(&proposed) {
+            std::cmp::Ordering::Greater => Some(Limit::MinReplicas),
+            std::cmp::Ordering::Less => Some(Limit::MaxReplicas),
+            std::cmp::Ordering::Equal => None,
+        };
+        Decision {
+            desired,
+            reason: Reason {
+                rule,
+                limit,
+                consecutive_failures: self.consecutive_failures,
+                rate_cap: None,
+            },
+            recommendation: proposed,
+            proposals: Proposals::default(),
+            arrival_rate: self.rates.arrival_rate(),
+            per_replica_throughput: self.rates.per_replica_throughput(),
+        }
+    }
+
+    fn decide(&mut self, spec: &ScalingSpec, obs: &Observation, now: f64) -> Decision {
+        let behavior = spec.resolved_behavior();
+        let (min, max) = spec.bounds();
+        let current = obs.current_replicas.max(0);
+        let (proposals, largest, rule) = self.propose(spec, &behavior, obs);
+        // More workers than the rate limit keeps busy would only wait for it. Until a
+        // job's duration is measured there is nothing to size the cap on: no cap.
+        let cap = self
+            .rates
+            .job_seconds()
+            .and_then(|seconds| self.workers.busy_at_limit(seconds))
+            .filter(|cap| largest > *cap)
+            .zip(self.workers.rate_limit)
+            .map(|(workers, limit)| RateCap { limit, workers });
+        let largest = cap.map_or(largest, |cap| cap.workers);
+        let decision = |desired: i32, mut reason: Reason, recommendation: i32| {
+            if reason.limit.is_none() && cap.is_some() && desired == recommendation {
+                reason.limit = Some(Limit::RateLimit);
+            }
+            if reason.limit == Some(Limit::RateLimit) {
+                reason.rate_cap = cap;
+            }
+            Decision {
+                desired,
+                reason,
+                recommendation,
+                proposals,
+                arrival_rate: self.rates.arrival_rate(),
+                per_replica_throughput: self.rates.per_replica_throughput(),
+            }
+        };
+
+        if obs.pending() {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+
+        if current == 0 {
+            // The backlog already holds the due retries and delayed jobs.
+            if obs.backlog >= u64::from(spec.activation_backlog.max(1).unsigned_abs()) {
+                // Waking: straight to the computed size. The HPA has no say at zero (it is
+                // inactive there), and a rate limit here only makes the first jobs wait.
+                let recommendation = largest.max(1);
+                let desired = recommendation.clamp(min.max(1), max.max(1));
+                let limit = (desired < recommendation).then_some(Limit::MaxReplicas);
+                // Remember the wake for the scale-down window.
+                let _ =
+                    self.normalizer
+                        .normalize(&behavior, now, desired, recommendation, min, max);
+                return decision(
+                    desired,
+                    Reason {
+                        rule: Rule::Activation,
+                        limit,
+                        consecutive_failures: 0,
+                        rate_cap: None,
+                    },
+                    recommendation,
+                );
+            }
+            if min > 0 {
+                let reason = Reason {
+                    rule: Rule::BelowActivation,
+                    limit: Some(Limit::MinReplicas),
+                    consecutive_failures: 0,
+                    rate_cap: None,
+                };
+                return decision(min, reason, 0);
+            }
+            return decision(0, Reason::of(Rule::BelowActivation), 0);
+        }
+
+        if min == 0
+            && let Some(since) = self.idle_since
+            && now - since >= f64::from(spec.idle_seconds_before_zero.max(0))
+        {
+            return decision(0, Reason::of(Rule::IdleToZero), 0);
+        }
+
+        // The HPA's own guard: a count outside [min, max] goes to the bound directly.
+        if current > max {
+            return decision(
+                max,
+                Reason {
+                    rule,
+                    limit: Some(Limit::MaxReplicas),
+                    consecutive_failures: 0,
+                    rate_cap: None,
+                },
+                largest,
+            );
+        }
+        if current < min {
+            return decision(
+                min,
+                Reason {
+                    rule,
+                    limit: Some(Limit::MinReplicas),
+                    consecutive_failures: 0,
+                    rate_cap: None,
+                },
+                largest,
+            );
+        }
+
+        // Below one replica only through the idle rule above.
+        let (recommendation, rule) = if largest < 1 {
+            (1, Rule::AwaitingIdle)
+        } else {
+            (largest, rule)
+        };
+        let Normalized { desired, limit } =
+            self.normalizer
+                .normalize(&behavior, now, current, recommendation, min.max(1), max);
+        decision(
+            desired,
+            Reason {
+                rule,
+                limit,
+                consecutive_failures: 0,
+                rate_cap: None,
+            },
+            recommendation,
+        )
+    }
+
+    /// Every target's proposal, the largest, and which rule it belongs to.
+    fn propose(
+        &self,
+        spec: &ScalingSpec,
+        behavior: &Behavior,
+        obs: &Observation,
+    ) -> (Proposals, i32, Rule) {
+        let current = obs.current_replicas.max(0);
+        let tolerate = |raw: f64, ratio: f64| -> (i32, bool) {
+            if current > 0 {
+                let tolerance = if ratio >= 1.0 {
+                    behavior.up.tolerance
+                } else {
+                    behavior.down.tolerance
+                };
+                if (1.0 - ratio).abs() <= tolerance {
+                    return (current, true);
+                }
+            }
+            (ceil(raw), false)
+        };
+
+        // AverageValue form: ratio = total / (target × current), on the work that will
+        // still be there when a pod started now is ready.
+        let target = f64::from(spec.target_backlog_per_replica.max(1));
+        let work = self.work_left_at_readiness(obs);
+        let backlog_raw = work / target;
+        let (backlog, backlog_tol) = tolerate(backlog_raw, ratio(backlog_raw, current));
+        let mut best = (
+            backlog,
+            if backlog_tol {
+                Rule::WithinTolerance
+            } else {
+                Rule::BacklogTarget
+            },
+        );
+
+        let drain = match (
+            spec.target_drain_seconds,
+            self.rates.arrival_rate(),
+            self.rates.per_replica_throughput(),
+        ) {
+            (Some(seconds), Some(arrival), Some(throughput)) if throughput > 0.0 => {
+                let raw = (arrival + obs.backlog as f64 / f64::from(seconds.max(1))) / throughput;
+                let (proposal, tol) = tolerate(raw, ratio(raw, current));
+                if proposal > best.0 {
+                    best = (
+                        proposal,
+                        if tol {
+                            Rule::WithinTolerance
+                        } else {
+                            Rule::DrainTarget
+                        },
+                    );
+                }
+                Some(proposal)
+            }
+            _ => None,
+        };
+
+        let wait = match (spec.target_wait_seconds, self.oldest_age(obs)) {
+            (Some(seconds), Some(age)) => {
+                // Value form, as the HPA computes it: ceil(ratio × ready) with the ratio
+                // metric / target; at zero replicas ceil(ratio).
+                let ratio = age / f64::from(seconds.max(1));
+                let raw = if current > 0 {
+                    ratio * f64::from(obs.ready_replicas.max(0))
+                } else {
+                    ratio
+                };
+                let (mut proposal, tol) = tolerate(raw, ratio);
+                // With pods still starting, ready × ratio can point the other way from the
+                // ratio itself; like the HPA with unready pods ("if the new ratio reverses
+                // the scale direction ... the controller doesn't take any scaling action"),
+                // such a proposal keeps the current count.
+                let reversed =
+                    (ratio > 1.0 && proposal < current) || (ratio < 1.0 && proposal > current);
+                if current > 0 && reversed {
+                    proposal = current;
+                }
+                if proposal > best.0 {
+                    let rule = if tol {
+                        Rule::WithinTolerance
+                    } else {
+                        Rule::WaitTarget
+                    };
+                    best = (proposal, rule);
+                }
+                Some(proposal)
+            }
+            _ => None,
+        };
+        (
+            Proposals {
+                backlog,
+                drain,
+                wait,
+            },
+            best.0,
+            best.1,
+        )
+    }
+
+    /// The jobs (waiting plus running) the backlog target sizes the pool for: those that
+    /// will still be waiting or running when a pod started now becomes ready.
+    ///
+    /// A pod helps only with the work left once it is ready. Until then the ready pods
+    /// keep working at their measured throughput while jobs keep arriving at the
+    /// sustained rate (the median of the last minute, so a spike whose jobs are already
+    /// in the backlog is not counted a second time as arrivals). A spike that the ready
+    /// pods clear within one start-up time starts no pod; a larger one starts pods for
+    /// what is left. Never more than today's backlog plus in-flight jobs: growing
+    /// arrivals are the drain target's business. Until the start-up time and the
+    /// throughput have been measured, this is the whole backlog plus in-flight jobs.
+    fn work_left_at_readiness(&self, obs: &Observation) -> f64 {
+        let work = obs.backlog.saturating_add(obs.in_flight) as f64;
+        let (Some(arrival), Some(throughput), Some(startup)) = (
+            self.rates.sustained_arrival_rate(),
+            self.rates.per_replica_throughput(),
+            self.startup.seconds(),
+        ) else {
+            return work;
+        };
+        let capacity = throughput * f64::from(obs.ready_replicas.max(0));
+        (work + (arrival - capacity) * startup).clamp(0.0, work)
+    }
+
+    /// The oldest waiting job's age: measured when producers stamp it, else estimated by
+    /// Little's law as backlog / completions per second.
+    fn oldest_age(&self, obs: &Observation) -> Option<f64> {
+        if let Some(age) = obs.oldest_job_age_seconds {
+            return Some(age.max(0.0));
+        }
+        if obs.backlog == 0 {
+            return Some(0.0);
+        }
+        match self.rates.completion_rate() {
+            Some(rate) if rate > 0.0 => Some(obs.backlog as f64 / rate),
+            _ => None,
+        }
+    }
+}
+
+fn ratio(raw: f64, current: i32) -> f64 {
+    if current > 0 {
+        raw / f64::from(current)
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Rounds up, forgiving floating-point dust (5.000000001 is 5).
+fn ceil(value: f64) -> i32 {
+    to_i32((value - 1e-9).ceil()).max(0)
+}
+
+fn secs(at: Duration) -> f64 {
+    at.as_secs_f64()
+}

@@ -1,0 +1,193 @@
+//! Why the engine decided what it did: the rules, the limits and the
+//! reason vocabulary that status, events and logs share.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use workerpool_queue::rate::RateLimit;
+
+/// Which rule decided the replica count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Rule {
+    /// The backlog target asked for the most replicas.
+    BacklogTarget,
+    /// The drain target asked for the most replicas.
+    DrainTarget,
+    /// The wait target asked for the most replicas.
+    WaitTarget,
+    /// The largest target was within the tolerance of the current count, which is kept.
+    WithinTolerance,
+    /// The targets asked for zero; at least one replica stays until the pool has been idle
+    /// for `idleSecondsBeforeZero` (or while work is pending).
+    AwaitingIdle,
+    /// Idle for `idleSecondsBeforeZero`: scaled to zero.
+    IdleToZero,
+    /// At zero and the backlog reached `activationBacklog`: woke straight to the computed size.
+    Activation,
+    /// At zero and the backlog is below `activationBacklog`.
+    BelowActivation,
+    /// The queue could not be read; the current count is kept.
+    MetricsUnavailable,
+    /// The queue could not be read `fallback.failureThreshold` times in a row: using
+    /// `fallback.replicas`.
+    Fallback,
+}
+
+/// What held the decided count back from the rule's proposal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Limit {
+    /// A lower recommendation within the scale-up stabilization window.
+    ScaleUpStabilized,
+    /// A higher recommendation within the scale-down stabilization window.
+    ScaleDownStabilized,
+    /// The scale-up policies (or `selectPolicy: Disabled`).
+    ScaleUpLimit,
+    /// The scale-down policies (or `selectPolicy: Disabled`).
+    ScaleDownLimit,
+    /// `maxReplicas`.
+    MaxReplicas,
+    /// `minReplicas`.
+    MinReplicas,
+    /// The queue's rate limit: more workers would only wait for it.
+    RateLimit,
+}
+
+/// The rate limit that capped a pool, and the workers it keeps busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RateCap {
+    /// The queue's rate limit.
+    pub limit: RateLimit,
+    /// The most workers it keeps busy.
+    pub workers: i32,
+}
+
+/// Why the engine decided what it did: machine-readable for status and events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reason {
+    /// The rule that decided.
+    pub rule: Rule,
+    /// The window, policy or bound that held it back, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Limit>,
+    /// Consecutive failed reads of the queue (0 when the last read worked).
+    #[serde(default)]
+    pub consecutive_failures: u32,
+    /// With the limit `RateLimit`: the rate limit and the workers it keeps busy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub rate_cap: Option<RateCap>,
+}
+
+impl Rule {
+    /// A stable CamelCase code, usable as a Kubernetes condition or event reason.
+    pub fn code(self) -> &'static str {
+        match self {
+            Rule::BacklogTarget => "BacklogTarget",
+            Rule::DrainTarget => "DrainTarget",
+            Rule::WaitTarget => "WaitTarget",
+            Rule::WithinTolerance => "WithinTolerance",
+            Rule::AwaitingIdle => "AwaitingIdle",
+            Rule::IdleToZero => "IdleToZero",
+            Rule::Activation => "Activation",
+            Rule::BelowActivation => "BelowActivation",
+            Rule::MetricsUnavailable => "MetricsUnavailable",
+            Rule::Fallback => "Fallback",
+        }
+    }
+}
+
+impl Limit {
+    /// A stable CamelCase code, usable as a Kubernetes condition or event reason.
+    pub fn code(self) -> &'static str {
+        match self {
+            Limit::ScaleUpStabilized => "ScaleUpStabilized",
+            Limit::ScaleDownStabilized => "ScaleDownStabilized",
+            Limit::ScaleUpLimit => "ScaleUpLimit",
+            Limit::ScaleDownLimit => "ScaleDownLimit",
+            Limit::MaxReplicas => "MaxReplicas",
+            Limit::MinReplicas => "MinReplicas",
+            Limit::RateLimit => "RateLimit",
+        }
+    }
+}
+
+impl Reason {
+    pub(super) fn of(rule: Rule) -> Self {
+        Reason {
+            rule,
+            limit: None,
+            consecutive_failures: 0,
+            rate_cap: None,
+        }
+    }
+
+    /// A stable CamelCase code: the limit when one held the count back, else the rule.
+    pub fn code(&self) -> &'static str {
+        self.limit.map_or(self.rule.code(), Limit::code)
+    }
+
+    /// A sentence for people, for events and condition messages.
+    pub fn message(&self) -> String {
+        let rule = match self.rule {
+            Rule::BacklogTarget => "sized by the backlog target".to_string(),
+            Rule::DrainTarget => "sized by the drain target".to_string(),
+            Rule::WaitTarget => "sized by the wait target".to_string(),
+            Rule::WithinTolerance => {
+                "the largest target is within tolerance of the current size".to_string()
+            }
+            Rule::AwaitingIdle => {
+                "no work to size for; keeping a replica until the pool has been idle long enough"
+                    .to_string()
+            }
+            Rule::IdleToZero => "idle for idleSecondsBeforeZero; scaling to zero".to_string(),
+            Rule::Activation => {
+                "backlog reached activationBacklog; waking from zero at the computed size"
+                    .to_string()
+            }
+            Rule::BelowActivation => "at zero; backlog below activationBacklog".to_string(),
+            Rule::MetricsUnavailable => {
+                format!(
+                    "queue unreadable ({} times in a row); keeping the current size",
+                    self.consecutive_failures
+                )
+            }
+            Rule::Fallback => {
+                format!(
+                    "queue unreadable ({} times in a row); using fallback.replicas",
+                    self.consecutive_failures
+                )
+            }
+        };
+        let limit = match (self.limit, self.rate_cap) {
+            (Some(Limit::RateLimit), Some(cap)) => {
+                return format!(
+                    "{rule}, capped: the queue's rate limit {} keeps at most {} workers busy",
+                    cap.limit, cap.workers
+                );
+            }
+            (limit, _) => limit,
+        };
+        let limit = match limit {
+            None => return rule,
+            Some(Limit::ScaleUpStabilized) => {
+                "held by a lower recommendation within the scale-up stabilization window"
+            }
+            Some(Limit::ScaleDownStabilized) => {
+                "held by a higher recommendation within the scale-down stabilization window"
+            }
+            Some(Limit::ScaleUpLimit) => "limited by the scale-up policies",
+            Some(Limit::ScaleDownLimit) => "limited by the scale-down policies",
+            Some(Limit::MaxReplicas) => "capped at maxReplicas",
+            Some(Limit::MinReplicas) => "raised to minReplicas",
+            Some(Limit::RateLimit) => "capped at the workers the queue's rate limit keeps busy",
+        };
+        format!("{rule}, {limit}")
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code(), self.message())
+    }
+}
