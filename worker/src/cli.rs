@@ -107,7 +107,7 @@ pub struct DashboardArgs {
     pub redis_url: String,
     /// Connection options.
     #[command(flatten)]
-    pub redis: crate::config::RedisArgs,
+    pub redis: workerpool_settings::RedisArgs,
     /// A queue to show; repeat for several (the environment variable takes
     /// a comma-separated list).
     #[arg(
@@ -195,7 +195,7 @@ pub struct Target {
     pub redis_url: String,
     /// Connection options.
     #[command(flatten)]
-    pub redis: crate::config::RedisArgs,
+    pub redis: workerpool_settings::RedisArgs,
     /// The queue.
     #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME", value_parser = queue_name)]
     pub queue: String,
