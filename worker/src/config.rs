@@ -203,14 +203,7 @@ pub enum HandlerChoice {
     workerpool-worker --redis-url redis://localhost:6379 --queue emails -- python3 handler.py\n  \
     workerpool-worker --redis-url redis://localhost:6379 --queue high --queue low --handler sleep --concurrency 10")]
 pub struct Args {
-    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS; through Redis Sentinel,
-    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
-    /// (rediss+sentinel:// for TLS; docs/redis.md).
-    #[arg(long, env = settings::REDIS_URL, value_name = "URL")]
-    pub redis_url: Option<String>,
-
-    /// Connection options.
+    /// Where Redis is and how to connect.
     #[command(flatten)]
     pub redis: RedisArgs,
 
@@ -336,7 +329,7 @@ pub struct Args {
 impl Args {
     /// Validates the flags into a runtime configuration and a handler choice.
     pub fn into_config(self) -> Result<(Config, HandlerChoice), ConfigError> {
-        let Some(redis_url) = self.redis_url else {
+        let Some(redis_url) = self.redis.redis_url.clone() else {
             return Err(ConfigError(
                 "--redis-url is required (or WORKERPOOL_REDIS_URL), for example redis://localhost:6379".into(),
             ));
@@ -604,5 +597,76 @@ mod tests {
             assert!(message.contains(flag), "{args:?}: {message}");
             assert!(!message.contains('\n'), "one line: {message}");
         }
+    }
+
+    /// Every variable the operator and local mode set is read by the flag
+    /// that declares its name, into the value that was meant: a mistyped
+    /// name or a format the worker reads differently fails here.
+    #[test]
+    fn every_variable_of_the_workers_settings_is_read_back_by_the_worker_as_written() {
+        use clap::CommandFactory;
+        use std::net::SocketAddr;
+        let settings = settings::WorkerSettings {
+            redis_url: Some("rediss://user:pw@redis.example:6380/2".into()),
+            redis_mode: Some(Mode::Cluster),
+            tls: Tls {
+                ca_file: Some("/etc/redis-ca/ca.crt".into()),
+                client_cert: Some("/etc/redis-client/tls.crt".into()),
+                client_key: Some("/etc/redis-client/tls.key".into()),
+                insecure_skip_verify: true,
+            },
+            queues: vec!["{mail}:high".into(), "{mail}:low".into()],
+            concurrency: 7,
+            max_attempts: 3,
+            max_payload_bytes: Some(1_048_576),
+            job_timeout: Duration::from_secs(120),
+            shutdown_timeout: Duration::from_millis(7_500),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9181)),
+            rate_limit: Some("600/1m".into()),
+        };
+        let command = Args::command();
+        let mut argv = vec!["workerpool-worker".to_string(), "--handler=noop".into()];
+        for (name, value) in settings.to_env() {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == name))
+                .unwrap_or_else(|| panic!("{name} is no flag's environment variable"));
+            let long = arg.get_long().expect("a long flag");
+            if arg.get_action().takes_values() {
+                argv.push(format!("--{long}={value}"));
+            } else {
+                // A switch: its variable reads true or false.
+                let on: bool = value.parse().expect("true or false");
+                assert!(on, "{name}={value}: an unset switch is left out");
+                argv.push(format!("--{long}"));
+            }
+        }
+        let (config, _) = Args::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+            .into_config()
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        assert_eq!(Some(config.redis_url), settings.redis_url);
+        assert_eq!(Some(config.redis_mode), settings.redis_mode);
+        assert_eq!(config.tls, settings.tls);
+        assert_eq!(config.queues, settings.queues);
+        assert_eq!(config.concurrency, 7);
+        assert_eq!(config.max_attempts, settings.max_attempts);
+        assert_eq!(Some(config.max_payload_bytes), settings.max_payload_bytes);
+        assert_eq!(config.job_timeout, settings.job_timeout);
+        assert_eq!(config.shutdown_timeout, settings.shutdown_timeout);
+        assert_eq!(config.listen, Some(settings.listen));
+        assert_eq!(
+            config.rate_limit.map(|r| r.to_string()),
+            settings.rate_limit
+        );
+        // Not one of them is a default of the worker's.
+        let defaults = Config::new("redis://h", vec!["q".into()]);
+        assert_ne!(config.concurrency, defaults.concurrency);
+        assert_ne!(config.max_attempts, defaults.max_attempts);
+        assert_ne!(config.max_payload_bytes, defaults.max_payload_bytes);
+        assert_ne!(config.job_timeout, defaults.job_timeout);
+        assert_ne!(config.shutdown_timeout, defaults.shutdown_timeout);
+        assert_ne!(config.redis_mode, defaults.redis_mode);
+        assert_ne!(config.tls, defaults.tls);
     }
 }
