@@ -669,4 +669,25 @@ mod tests {
         assert_ne!(config.redis_mode, defaults.redis_mode);
         assert_ne!(config.tls, defaults.tls);
     }
+
+    /// The documented rule, WORKERPOOL_<FLAG>, holds for every flag: a
+    /// mistyped name in the settings crate fails here.
+    #[test]
+    fn every_flag_reads_the_variable_named_after_it() {
+        use clap::CommandFactory;
+        let command = Args::command();
+        let mut named = 0;
+        for arg in command.get_arguments() {
+            let Some(env) = arg.get_env() else { continue };
+            let long = arg.get_long().expect("a long flag");
+            let expected = format!(
+                "{}{}",
+                settings::PREFIX,
+                long.to_uppercase().replace('-', "_")
+            );
+            assert_eq!(env.to_str(), Some(expected.as_str()), "--{long}");
+            named += 1;
+        }
+        assert_eq!(named, 22, "every flag but the command has its variable");
+    }
 }

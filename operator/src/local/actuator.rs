@@ -98,8 +98,7 @@ impl WorkerCommand {
         }
         // Any free port: several workers share this machine.
         let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let ours =
-            worker_settings(pool, Some(redis_url.to_string()), tls.clone(), listen).to_env();
+        let ours = worker_settings(pool, Some(redis_url.to_string()), tls.clone(), listen).to_env();
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {
@@ -404,7 +403,10 @@ impl Actuator {
         cmd.args(&self.command.args);
         // Only what the manifest says reaches the worker, as in a pod.
         for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with(workerpool_settings::PREFIX) {
+            if name
+                .to_string_lossy()
+                .starts_with(workerpool_settings::PREFIX)
+            {
                 cmd.env_remove(name);
             }
         }
