@@ -1,6 +1,7 @@
 //! The worker Deployment of a pool, built from its spec. Pure code.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -12,6 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use kube::ResourceExt;
+use workerpool_queue::connection::Tls;
+use workerpool_settings::{self as settings, WorkerSettings};
 
 use crate::crd::WorkerPool;
 
@@ -66,6 +69,38 @@ pub fn labels(pool_name: &str) -> BTreeMap<String, String> {
 pub fn shutdown_deadline_ms(grace_period_seconds: i32) -> i64 {
     let grace_ms = i64::from(grace_period_seconds.max(1)) * 1000;
     grace_ms - (grace_ms / 4).min(5000)
+}
+
+/// The settings every worker of `pool` gets, in a Deployment and in local
+/// mode alike, with where Redis is and where the worker listens. The
+/// schema keeps the numbers positive; one that is not becomes 0, which the
+/// worker refuses at start naming its flag.
+pub fn worker_settings(
+    pool: &WorkerPool,
+    redis_url: Option<String>,
+    tls: Tls,
+    listen: std::net::SocketAddr,
+) -> WorkerSettings {
+    let spec = &pool.spec;
+    let worker = &spec.worker;
+    let positive = |n: i32| u32::try_from(n).unwrap_or(0);
+    WorkerSettings {
+        redis_url,
+        redis_mode: spec.queue.redis.mode.map(Into::into),
+        tls,
+        queues: spec.queue.redis.queue_names(),
+        concurrency: positive(worker.concurrency),
+        max_attempts: positive(worker.max_attempts),
+        max_payload_bytes: worker
+            .max_payload_bytes
+            .map(|b| u64::try_from(b).unwrap_or(0)),
+        job_timeout: Duration::from_secs(positive(worker.job_timeout_seconds).into()),
+        shutdown_timeout: Duration::from_millis(
+            u64::try_from(shutdown_deadline_ms(spec.shutdown.grace_period_seconds)).unwrap_or(0),
+        ),
+        listen,
+        rate_limit: worker.rate_limit.clone(),
+    }
 }
 
 /// The Deployment that runs a pool's workers, `replicas` of them.
@@ -136,13 +171,30 @@ fn plain(name: &str, value: String) -> EnvVar {
     }
 }
 
+/// Where the worker finds the TLS files of `spec.queue.redis.tls`, as
+/// [`mount_tls`] mounts them.
+fn mounted_tls(pool: &WorkerPool) -> Tls {
+    let Some(tls) = &pool.spec.queue.redis.tls else {
+        return Tls::default();
+    };
+    let client = tls.client_certificate_secret_ref.is_some();
+    Tls {
+        ca_file: tls
+            .ca_secret_ref
+            .as_ref()
+            .map(|_| format!("{REDIS_CA_DIR}/ca.crt").into()),
+        client_cert: client.then(|| format!("{REDIS_CLIENT_DIR}/tls.crt").into()),
+        client_key: client.then(|| format!("{REDIS_CLIENT_DIR}/tls.key").into()),
+        insecure_skip_verify: tls.insecure_skip_verify,
+    }
+}
+
 /// Mounts the Secrets of `spec.queue.redis.tls` into the worker container
-/// (read-only, owner-readable) and points its TLS settings at them.
+/// (read-only, owner-readable) where [`mounted_tls`] points the worker.
 fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool: &WorkerPool) {
     let Some(tls) = &pool.spec.queue.redis.tls else {
         return;
     };
-    let mut env = Vec::new();
     let mut mounts = Vec::new();
     let mut volumes = Vec::new();
     let secret_volume = |name: &str, secret: &str, items: Option<Vec<KeyToPath>>| Volume {
@@ -166,28 +218,10 @@ fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool:
             }]),
         ));
         mounts.push(("workerpool-redis-ca", REDIS_CA_DIR));
-        env.push(plain(
-            "WORKERPOOL_REDIS_CA_FILE",
-            format!("{REDIS_CA_DIR}/ca.crt"),
-        ));
     }
     if let Some(client) = &tls.client_certificate_secret_ref {
         volumes.push(secret_volume("workerpool-redis-client", &client.name, None));
         mounts.push(("workerpool-redis-client", REDIS_CLIENT_DIR));
-        env.push(plain(
-            "WORKERPOOL_REDIS_CLIENT_CERT",
-            format!("{REDIS_CLIENT_DIR}/tls.crt"),
-        ));
-        env.push(plain(
-            "WORKERPOOL_REDIS_CLIENT_KEY",
-            format!("{REDIS_CLIENT_DIR}/tls.key"),
-        ));
-    }
-    if tls.insecure_skip_verify {
-        env.push(plain(
-            "WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY",
-            "true".into(),
-        ));
     }
     // The worker image's group can read the files whatever user runs it.
     if !volumes.is_empty() {
@@ -199,9 +233,6 @@ fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool:
         }
     }
     let container = &mut pod.containers[worker];
-    let vars = container.env.get_or_insert_with(Vec::new);
-    vars.retain(|e| !env.iter().any(|o| o.name == e.name));
-    vars.extend(env);
     let existing = container.volume_mounts.get_or_insert_with(Vec::new);
     for (name, path) in mounts {
         existing.push(VolumeMount {
@@ -286,67 +317,45 @@ pub fn secure_by_default(container: &mut Container, pod: &PodSecurityContext) ->
 /// worker container. Settings from the spec replace same-named variables
 /// the template sets, so the spec stays the one source.
 fn inject(container: &mut Container, pool: &WorkerPool) {
-    let spec = &pool.spec;
-    let redis = &spec.queue.redis;
+    let redis = &pool.spec.queue.redis;
+    let mut ours = Vec::new();
+    // A URL from a Secret is a reference the kubelet resolves, not a value.
     let url = match (&redis.url, &redis.url_secret_ref) {
-        (_, Some(secret)) => EnvVar {
-            name: "WORKERPOOL_REDIS_URL".into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.name.clone(),
-                    key: secret.key.clone(),
-                    optional: Some(false),
+        (_, Some(secret)) => {
+            ours.push(EnvVar {
+                name: settings::REDIS_URL.into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret.name.clone(),
+                        key: secret.key.clone(),
+                        optional: Some(false),
+                    }),
+                    ..EnvVarSource::default()
                 }),
-                ..EnvVarSource::default()
-            }),
-        },
-        (url, None) => plain("WORKERPOOL_REDIS_URL", url.clone().unwrap_or_default()),
+            });
+            None
+        }
+        (url, None) => Some(url.clone().unwrap_or_default()),
     };
-    let mut ours = vec![
-        url,
-        plain("WORKERPOOL_QUEUE", redis.queue_names().join(",")),
-        plain(
-            "WORKERPOOL_CONCURRENCY",
-            spec.worker.concurrency.to_string(),
-        ),
-        plain(
-            "WORKERPOOL_MAX_ATTEMPTS",
-            spec.worker.max_attempts.to_string(),
-        ),
-        plain(
-            "WORKERPOOL_JOB_TIMEOUT",
-            format!("{}s", spec.worker.job_timeout_seconds),
-        ),
-        plain(
-            "WORKERPOOL_SHUTDOWN_TIMEOUT",
-            format!(
-                "{}ms",
-                shutdown_deadline_ms(spec.shutdown.grace_period_seconds)
-            ),
-        ),
-        plain("WORKERPOOL_LISTEN", format!("0.0.0.0:{WORKER_PORT}")),
-        EnvVar {
-            name: "WORKERPOOL_WORKER_ID".into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    api_version: None,
+    let listen = std::net::SocketAddr::from(([0, 0, 0, 0], WORKER_PORT as u16));
+    for (name, value) in worker_settings(pool, url, mounted_tls(pool), listen).to_env() {
+        ours.push(plain(name, value));
+        // The pod's name, right after the address as it has always been,
+        // so the pod template of a running pool does not change.
+        if name == settings::LISTEN {
+            ours.push(EnvVar {
+                name: settings::WORKER_ID.into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".into(),
+                        api_version: None,
+                    }),
+                    ..EnvVarSource::default()
                 }),
-                ..EnvVarSource::default()
-            }),
-        },
-    ];
-    if let Some(mode) = redis.mode {
-        let mode: workerpool_queue::connection::Mode = mode.into();
-        ours.push(plain("WORKERPOOL_REDIS_MODE", mode.to_string()));
-    }
-    if let Some(rate) = &spec.worker.rate_limit {
-        ours.push(plain("WORKERPOOL_RATE_LIMIT", rate.clone()));
-    }
-    if let Some(bytes) = spec.worker.max_payload_bytes {
-        ours.push(plain("WORKERPOOL_MAX_PAYLOAD_BYTES", bytes.to_string()));
+            });
+        }
     }
     let env = container.env.get_or_insert_with(Vec::new);
     env.retain(|e| !ours.iter().any(|o| o.name == e.name));

@@ -17,6 +17,10 @@ use workerpool_queue::connection::{Connection, describe};
 /// (as `job`, with `"cut":true` and the entry's size in `entry_bytes`).
 const DEAD_JSON_PREVIEW_CHARS: usize = 1_000;
 
+/// The Redis of every command when neither --redis-url nor
+/// WORKERPOOL_REDIS_URL names one.
+const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
 /// Characters of a dead letter's error in the `dead list` table.
 const ERROR_CHARS: usize = 80;
 
@@ -94,21 +98,12 @@ pub enum Command {
 
 /// `dashboard` settings.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("redis_url", |a| a.default_value(DEFAULT_REDIS_URL)))]
 pub struct DashboardArgs {
-    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS; through Redis Sentinel,
-    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
-    /// (rediss+sentinel:// for TLS; docs/redis.md). The page shows it with the password hidden.
-    #[arg(
-        long,
-        env = "WORKERPOOL_REDIS_URL",
-        value_name = "URL",
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub redis_url: String,
-    /// Connection options.
+    /// Where Redis is (the page shows the URL with the password hidden) and
+    /// how to connect.
     #[command(flatten)]
-    pub redis: crate::config::RedisArgs,
+    pub redis: workerpool_settings::RedisArgs,
     /// A queue to show; repeat for several (the environment variable takes
     /// a comma-separated list).
     #[arg(
@@ -182,24 +177,22 @@ pub enum DeadAction {
 
 /// Which Redis and which queue.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("redis_url", |a| a.default_value(DEFAULT_REDIS_URL)))]
 pub struct Target {
-    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS; through Redis Sentinel,
-    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
-    /// (rediss+sentinel:// for TLS; docs/redis.md).
-    #[arg(
-        long,
-        env = "WORKERPOOL_REDIS_URL",
-        value_name = "URL",
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub redis_url: String,
-    /// Connection options.
+    /// Where Redis is and how to connect.
     #[command(flatten)]
-    pub redis: crate::config::RedisArgs,
+    pub redis: workerpool_settings::RedisArgs,
     /// The queue.
     #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME", value_parser = queue_name)]
     pub queue: String,
+}
+
+/// The URL of --redis-url, which always has a value (its default).
+fn redis_url(redis: &workerpool_settings::RedisArgs) -> String {
+    redis
+        .redis_url
+        .clone()
+        .unwrap_or_else(|| DEFAULT_REDIS_URL.into())
 }
 
 /// A queue name that cannot be another queue's key
@@ -390,7 +383,7 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
 
 /// Connects, and with `must_exist` refuses a queue without any key.
 async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, QueueKeys), CliError> {
-    let endpoint = target.redis.endpoint(target.redis_url.clone())?;
+    let endpoint = target.redis.endpoint(redis_url(&target.redis))?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(
@@ -435,7 +428,7 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
         Some(path) => Some(read_token(path)?),
         None => None,
     };
-    let endpoint = args.redis.endpoint(args.redis_url.clone())?;
+    let endpoint = args.redis.endpoint(redis_url(&args.redis))?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(

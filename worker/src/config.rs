@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use workerpool_queue::connection::{Endpoint, Mode, Tls};
 use workerpool_queue::rate::RateLimit;
+use workerpool_settings::{self as settings, RedisArgs};
 
 use crate::handlers::exec_pool::ExecCommand;
 
@@ -56,13 +57,6 @@ pub struct Config {
 /// The largest `--max-payload-bytes`: Redis keeps no value longer than
 /// 512 MiB (`proto-max-bulk-len`).
 pub const MAX_PAYLOAD_BYTES_CEILING: u64 = 512 * 1024 * 1024;
-
-/// The prefix of the environment variables the worker reads its settings
-/// from (`WORKERPOOL_REDIS_URL`, ...). Handler processes do not get them.
-pub const ENV_PREFIX: &str = "WORKERPOOL_";
-
-/// The one setting handler processes keep: the worker's id (the pod name).
-pub const WORKER_ID_ENV: &str = "WORKERPOOL_WORKER_ID";
 
 impl Config {
     /// Defaults for everything but the URL and the queues.
@@ -148,81 +142,6 @@ impl Config {
     }
 }
 
-/// How to reach Redis beside its URL: one node or a cluster, and TLS for a
-/// `rediss://` URL. Shared by the worker and every `workerpool` subcommand.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct RedisArgs {
-    /// One Redis node or a Redis Cluster; `auto` asks the server (INFO
-    /// cluster) at each connection. On a cluster the URL names any node,
-    /// and queue names need a hash tag: {mail}, or {mail}:high and
-    /// {mail}:low for several queues of one worker.
-    #[arg(
-        long,
-        env = "WORKERPOOL_REDIS_MODE",
-        value_name = "MODE",
-        default_value = "auto"
-    )]
-    pub redis_mode: RedisMode,
-    /// PEM file of the CA that signed Redis's certificate, instead of the
-    /// system's roots (rediss:// and rediss+sentinel:// only; for the
-    /// sentinels and the primary alike).
-    #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
-    pub redis_ca_file: Option<std::path::PathBuf>,
-    /// PEM file of a client certificate for mutual TLS (with
-    /// --redis-client-key).
-    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_CERT", value_name = "FILE")]
-    pub redis_client_cert: Option<std::path::PathBuf>,
-    /// PEM file of the client certificate's private key.
-    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_KEY", value_name = "FILE")]
-    pub redis_client_key: Option<std::path::PathBuf>,
-    /// Accept any certificate from Redis. Dangerous: anyone on the path can
-    /// read and change the jobs; logs a warning at start.
-    #[arg(long, env = "WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY")]
-    pub redis_tls_insecure_skip_verify: bool,
-}
-
-impl RedisArgs {
-    /// The TLS options.
-    pub fn tls(&self) -> Tls {
-        Tls {
-            ca_file: self.redis_ca_file.clone(),
-            client_cert: self.redis_client_cert.clone(),
-            client_key: self.redis_client_key.clone(),
-            insecure_skip_verify: self.redis_tls_insecure_skip_verify,
-        }
-    }
-
-    /// The endpoint for `url` with these options, checked (no I/O).
-    pub fn endpoint(
-        &self,
-        url: impl Into<String>,
-    ) -> Result<Endpoint, workerpool_queue::connection::EndpointError> {
-        Endpoint::new(url, self.tls()).and_then(|e| e.with_mode(self.redis_mode.into()))
-    }
-}
-
-/// `--redis-mode`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum RedisMode {
-    /// Ask the server.
-    #[default]
-    Auto,
-    /// One node.
-    Standalone,
-    /// A Redis Cluster.
-    Cluster,
-}
-
-impl From<RedisMode> for Mode {
-    fn from(m: RedisMode) -> Self {
-        match m {
-            RedisMode::Auto => Mode::Auto,
-            RedisMode::Standalone => Mode::Standalone,
-            RedisMode::Cluster => Mode::Cluster,
-        }
-    }
-}
-
 /// A configuration that cannot run, with what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -284,14 +203,7 @@ pub enum HandlerChoice {
     workerpool-worker --redis-url redis://localhost:6379 --queue emails -- python3 handler.py\n  \
     workerpool-worker --redis-url redis://localhost:6379 --queue high --queue low --handler sleep --concurrency 10")]
 pub struct Args {
-    /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
-    /// for TLS; through Redis Sentinel,
-    /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
-    /// (rediss+sentinel:// for TLS; docs/redis.md).
-    #[arg(long, env = "WORKERPOOL_REDIS_URL", value_name = "URL")]
-    pub redis_url: Option<String>,
-
-    /// Connection options.
+    /// Where Redis is and how to connect.
     #[command(flatten)]
     pub redis: RedisArgs,
 
@@ -300,7 +212,7 @@ pub struct Args {
     /// takes a comma-separated list.
     #[arg(
         long = "queue",
-        env = "WORKERPOOL_QUEUE",
+        env = settings::QUEUE,
         value_name = "NAME",
         value_delimiter = ','
     )]
@@ -309,7 +221,7 @@ pub struct Args {
     /// Jobs run at once in this process.
     #[arg(
         long,
-        env = "WORKERPOOL_CONCURRENCY",
+        env = settings::CONCURRENCY,
         value_name = "N",
         default_value_t = 1
     )]
@@ -317,18 +229,18 @@ pub struct Args {
 
     /// Handler: exec (the default when a command follows `--`),
     /// exec-per-job, http, noop or sleep.
-    #[arg(long, env = "WORKERPOOL_HANDLER", value_enum)]
+    #[arg(long, env = settings::HANDLER, value_enum)]
     pub handler: Option<HandlerKind>,
 
     /// URL the http handler POSTs each job to (http:// only), for example
     /// a sidecar: http://127.0.0.1:9000/jobs.
-    #[arg(long, env = "WORKERPOOL_HTTP_URL", value_name = "URL")]
+    #[arg(long, env = settings::HTTP_URL, value_name = "URL")]
     pub http_url: Option<String>,
 
     /// Attempts per job before it is dead-lettered.
     #[arg(
         long,
-        env = "WORKERPOOL_MAX_ATTEMPTS",
+        env = settings::MAX_ATTEMPTS,
         value_name = "N",
         default_value_t = 5
     )]
@@ -346,7 +258,7 @@ pub struct Args {
     /// to 536870912.
     #[arg(
         long,
-        env = "WORKERPOOL_MAX_PAYLOAD_BYTES",
+        env = settings::MAX_PAYLOAD_BYTES,
         value_name = "BYTES",
         default_value_t = workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES
     )]
@@ -354,59 +266,59 @@ pub struct Args {
 
     /// Backoff before the second attempt; doubles with each attempt, with
     /// full jitter.
-    #[arg(long, env = "WORKERPOOL_BACKOFF_BASE", value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = settings::BACKOFF_BASE, value_name = "DUR", default_value = "1s", value_parser = humantime::parse_duration)]
     pub backoff_base: Duration,
 
     /// Upper bound of the retry backoff.
-    #[arg(long, env = "WORKERPOOL_BACKOFF_MAX", value_name = "DUR", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = settings::BACKOFF_MAX, value_name = "DUR", default_value = "5m", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
 
     /// Time one attempt may take; past it the attempt fails (an exec child
     /// is killed and replaced).
-    #[arg(long, env = "WORKERPOOL_JOB_TIMEOUT", value_name = "DUR", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = settings::JOB_TIMEOUT, value_name = "DUR", default_value = "10m", value_parser = humantime::parse_duration)]
     pub job_timeout: Duration,
 
     /// Time in-flight jobs get to finish after SIGTERM (or SIGINT, SIGHUP,
     /// SIGQUIT); the rest
     /// then go back to the head of their queue. Keep it below the pod's
     /// terminationGracePeriodSeconds.
-    #[arg(long, env = "WORKERPOOL_SHUTDOWN_TIMEOUT", value_name = "DUR", default_value = "25s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = settings::SHUTDOWN_TIMEOUT, value_name = "DUR", default_value = "25s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
     /// Time between heartbeats; also how often due retries are promoted
     /// and lost workers are looked for.
-    #[arg(long, env = "WORKERPOOL_HEARTBEAT_INTERVAL", value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = settings::HEARTBEAT_INTERVAL, value_name = "DUR", default_value = "5s", value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Duration,
 
     /// Silence after which a worker counts as lost and its jobs go back to
     /// the queue.
-    #[arg(long, env = "WORKERPOOL_DEAD_AFTER", value_name = "DUR", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = settings::DEAD_AFTER, value_name = "DUR", default_value = "30s", value_parser = humantime::parse_duration)]
     pub dead_after: Duration,
 
     /// Address for /healthz, /readyz and /metrics.
     #[arg(
         long,
-        env = "WORKERPOOL_LISTEN",
+        env = settings::LISTEN,
         value_name = "ADDR",
         default_value = "0.0.0.0:8080"
     )]
     pub listen: SocketAddr,
 
     /// Stable worker id; the host name (the pod name in Kubernetes) by default.
-    #[arg(long, env = "WORKERPOOL_WORKER_ID", value_name = "ID")]
+    #[arg(long, env = settings::WORKER_ID, value_name = "ID")]
     pub worker_id: Option<String>,
 
     /// At most N jobs of each queue start per PERIOD, across every worker
     /// of the queue (20/s, 600/1m, 5/30s, 1000/h); jobs over the limit
     /// wait in the queue. A burst of N/10 (at least 1) may start at once.
-    #[arg(long, env = "WORKERPOOL_RATE_LIMIT", value_name = "N/PERIOD", value_parser = parse_rate_limit)]
+    #[arg(long, env = settings::RATE_LIMIT, value_name = "N/PERIOD", value_parser = parse_rate_limit)]
     pub rate_limit: Option<RateLimit>,
 
     /// Refuse to start (exit 1) when the Redis that holds a queue may evict
     /// keys under memory pressure (maxmemory-policy other than
     /// noeviction), instead of warning. An evicting Redis can delete jobs
     /// without an error.
-    #[arg(long, env = "WORKERPOOL_REQUIRE_NOEVICTION")]
+    #[arg(long, env = settings::REQUIRE_NOEVICTION)]
     pub require_noeviction: bool,
 
     /// Handler command for exec, after `--`.
@@ -417,7 +329,7 @@ pub struct Args {
 impl Args {
     /// Validates the flags into a runtime configuration and a handler choice.
     pub fn into_config(self) -> Result<(Config, HandlerChoice), ConfigError> {
-        let Some(redis_url) = self.redis_url else {
+        let Some(redis_url) = self.redis.redis_url.clone() else {
             return Err(ConfigError(
                 "--redis-url is required (or WORKERPOOL_REDIS_URL), for example redis://localhost:6379".into(),
             ));
@@ -685,5 +597,97 @@ mod tests {
             assert!(message.contains(flag), "{args:?}: {message}");
             assert!(!message.contains('\n'), "one line: {message}");
         }
+    }
+
+    /// Every variable the operator and local mode set is read by the flag
+    /// that declares its name, into the value that was meant: a mistyped
+    /// name or a format the worker reads differently fails here.
+    #[test]
+    fn every_variable_of_the_workers_settings_is_read_back_by_the_worker_as_written() {
+        use clap::CommandFactory;
+        use std::net::SocketAddr;
+        let settings = settings::WorkerSettings {
+            redis_url: Some("rediss://user:pw@redis.example:6380/2".into()),
+            redis_mode: Some(Mode::Cluster),
+            tls: Tls {
+                ca_file: Some("/etc/redis-ca/ca.crt".into()),
+                client_cert: Some("/etc/redis-client/tls.crt".into()),
+                client_key: Some("/etc/redis-client/tls.key".into()),
+                insecure_skip_verify: true,
+            },
+            queues: vec!["{mail}:high".into(), "{mail}:low".into()],
+            concurrency: 7,
+            max_attempts: 3,
+            max_payload_bytes: Some(1_048_576),
+            job_timeout: Duration::from_secs(120),
+            shutdown_timeout: Duration::from_millis(7_500),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9181)),
+            rate_limit: Some("600/1m".into()),
+        };
+        let command = Args::command();
+        let mut argv = vec!["workerpool-worker".to_string(), "--handler=noop".into()];
+        for (name, value) in settings.to_env() {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == name))
+                .unwrap_or_else(|| panic!("{name} is no flag's environment variable"));
+            let long = arg.get_long().expect("a long flag");
+            if arg.get_action().takes_values() {
+                argv.push(format!("--{long}={value}"));
+            } else {
+                // A switch: its variable reads true or false.
+                let on: bool = value.parse().expect("true or false");
+                assert!(on, "{name}={value}: an unset switch is left out");
+                argv.push(format!("--{long}"));
+            }
+        }
+        let (config, _) = Args::try_parse_from(&argv)
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+            .into_config()
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        assert_eq!(Some(config.redis_url), settings.redis_url);
+        assert_eq!(Some(config.redis_mode), settings.redis_mode);
+        assert_eq!(config.tls, settings.tls);
+        assert_eq!(config.queues, settings.queues);
+        assert_eq!(config.concurrency, 7);
+        assert_eq!(config.max_attempts, settings.max_attempts);
+        assert_eq!(Some(config.max_payload_bytes), settings.max_payload_bytes);
+        assert_eq!(config.job_timeout, settings.job_timeout);
+        assert_eq!(config.shutdown_timeout, settings.shutdown_timeout);
+        assert_eq!(config.listen, Some(settings.listen));
+        assert_eq!(
+            config.rate_limit.map(|r| r.to_string()),
+            settings.rate_limit
+        );
+        // Not one of them is a default of the worker's.
+        let defaults = Config::new("redis://h", vec!["q".into()]);
+        assert_ne!(config.concurrency, defaults.concurrency);
+        assert_ne!(config.max_attempts, defaults.max_attempts);
+        assert_ne!(config.max_payload_bytes, defaults.max_payload_bytes);
+        assert_ne!(config.job_timeout, defaults.job_timeout);
+        assert_ne!(config.shutdown_timeout, defaults.shutdown_timeout);
+        assert_ne!(config.redis_mode, defaults.redis_mode);
+        assert_ne!(config.tls, defaults.tls);
+    }
+
+    /// The documented rule, WORKERPOOL_<FLAG>, holds for every flag: a
+    /// mistyped name in the settings crate fails here.
+    #[test]
+    fn every_flag_reads_the_variable_named_after_it() {
+        use clap::CommandFactory;
+        let command = Args::command();
+        let mut named = 0;
+        for arg in command.get_arguments() {
+            let Some(env) = arg.get_env() else { continue };
+            let long = arg.get_long().expect("a long flag");
+            let expected = format!(
+                "{}{}",
+                settings::PREFIX,
+                long.to_uppercase().replace('-', "_")
+            );
+            assert_eq!(env.to_str(), Some(expected.as_str()), "--{long}");
+            named += 1;
+        }
+        assert_eq!(named, 22, "every flag but the command has its variable");
     }
 }

@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use crate::crd::WorkerPool;
-use crate::deployment::shutdown_deadline_ms;
+use crate::deployment::worker_settings;
 
 /// A worker that ran at least this long before exiting starts its restart
 /// delays over.
@@ -96,55 +96,9 @@ impl WorkerCommand {
                 env.push((var.name.clone(), var.value.clone().unwrap_or_default()));
             }
         }
-        let ours = [
-            ("WORKERPOOL_REDIS_URL", redis_url.to_string()),
-            ("WORKERPOOL_QUEUE", spec.queue.redis.queue_names().join(",")),
-            (
-                "WORKERPOOL_CONCURRENCY",
-                spec.worker.concurrency.to_string(),
-            ),
-            (
-                "WORKERPOOL_MAX_ATTEMPTS",
-                spec.worker.max_attempts.to_string(),
-            ),
-            (
-                "WORKERPOOL_JOB_TIMEOUT",
-                format!("{}s", spec.worker.job_timeout_seconds),
-            ),
-            (
-                "WORKERPOOL_SHUTDOWN_TIMEOUT",
-                format!(
-                    "{}ms",
-                    shutdown_deadline_ms(spec.shutdown.grace_period_seconds)
-                ),
-            ),
-            // Any free port: several workers share this machine.
-            ("WORKERPOOL_LISTEN", "127.0.0.1:0".to_string()),
-        ];
-        let files = [
-            ("WORKERPOOL_REDIS_CA_FILE", &tls.ca_file),
-            ("WORKERPOOL_REDIS_CLIENT_CERT", &tls.client_cert),
-            ("WORKERPOOL_REDIS_CLIENT_KEY", &tls.client_key),
-        ];
-        let mut ours: Vec<(&str, String)> = ours.into();
-        for (name, file) in files {
-            if let Some(path) = file {
-                ours.push((name, path.display().to_string()));
-            }
-        }
-        if tls.insecure_skip_verify {
-            ours.push(("WORKERPOOL_REDIS_TLS_INSECURE_SKIP_VERIFY", "true".into()));
-        }
-        if let Some(mode) = spec.queue.redis.mode {
-            let mode: workerpool_queue::connection::Mode = mode.into();
-            ours.push(("WORKERPOOL_REDIS_MODE", mode.to_string()));
-        }
-        if let Some(rate) = &spec.worker.rate_limit {
-            ours.push(("WORKERPOOL_RATE_LIMIT", rate.clone()));
-        }
-        if let Some(bytes) = spec.worker.max_payload_bytes {
-            ours.push(("WORKERPOOL_MAX_PAYLOAD_BYTES", bytes.to_string()));
-        }
+        // Any free port: several workers share this machine.
+        let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let ours = worker_settings(pool, Some(redis_url.to_string()), tls.clone(), listen).to_env();
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
         let command = WorkerCommand {
@@ -449,12 +403,15 @@ impl Actuator {
         cmd.args(&self.command.args);
         // Only what the manifest says reaches the worker, as in a pod.
         for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("WORKERPOOL_") {
+            if name
+                .to_string_lossy()
+                .starts_with(workerpool_settings::PREFIX)
+            {
                 cmd.env_remove(name);
             }
         }
         cmd.envs(self.command.env.iter().map(|(k, v)| (k, v)))
-            .env("WORKERPOOL_WORKER_ID", &id)
+            .env(workerpool_settings::WORKER_ID, &id)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -43,7 +43,10 @@ pub struct LocalArgs {
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: PathBuf,
     /// Redis URL to use instead of spec.queue.redis.url (needed when the
-    /// manifest uses urlSecretRef).
+    /// manifest uses urlSecretRef). Unlike the worker's, not read from
+    /// WORKERPOOL_REDIS_URL: the manifest's URL wins over the environment.
+    /// Local mode reads no Secrets: --redis-ca-file, --redis-client-cert
+    /// and --redis-client-key stand in for those of spec.queue.redis.tls.
     #[arg(long, value_name = "URL")]
     pub redis_url: Option<String>,
     /// The workerpool-worker executable (default: the one next to this
@@ -56,17 +59,9 @@ pub struct LocalArgs {
     /// Print log lines even when stdout is a terminal.
     #[arg(long)]
     pub plain: bool,
-    /// PEM file of Redis's CA, for a rediss:// or rediss+sentinel:// URL (local mode reads no
-    /// Secrets: this stands in for spec.queue.redis.tls.caSecretRef).
-    #[arg(long, env = "WORKERPOOL_REDIS_CA_FILE", value_name = "FILE")]
-    pub redis_ca_file: Option<PathBuf>,
-    /// PEM client certificate for mutual TLS (stands in for
-    /// spec.queue.redis.tls.clientCertificateSecretRef, with --redis-client-key).
-    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_CERT", value_name = "FILE")]
-    pub redis_client_cert: Option<PathBuf>,
-    /// PEM key of the client certificate.
-    #[arg(long, env = "WORKERPOOL_REDIS_CLIENT_KEY", value_name = "FILE")]
-    pub redis_client_key: Option<PathBuf>,
+    /// The TLS files, in place of the Secrets of spec.queue.redis.tls.
+    #[command(flatten)]
+    pub tls_files: workerpool_settings::TlsFiles,
     /// The web dashboard of the pool and its queues.
     #[command(flatten)]
     pub dashboard: dashboard::DashboardArgs,
@@ -465,15 +460,16 @@ pub fn worker_binary(explicit: Option<&Path>) -> Result<PathBuf, Error> {
 /// command line where the cluster would mount Secrets (made absolute, since
 /// workers may run elsewhere).
 fn local_tls(pool: &crate::crd::WorkerPool, args: &LocalArgs) -> Result<Tls, Error> {
+    let files = &args.tls_files;
     let spec = pool.spec.queue.redis.tls.clone().unwrap_or_default();
-    if spec.ca_secret_ref.is_some() && args.redis_ca_file.is_none() {
+    if spec.ca_secret_ref.is_some() && files.redis_ca_file.is_none() {
         return Err(Error::TlsFileNeeded {
             field: "spec.queue.redis.tls.caSecretRef",
             flag: "--redis-ca-file",
         });
     }
     if spec.client_certificate_secret_ref.is_some()
-        && (args.redis_client_cert.is_none() || args.redis_client_key.is_none())
+        && (files.redis_client_cert.is_none() || files.redis_client_key.is_none())
     {
         return Err(Error::TlsFileNeeded {
             field: "spec.queue.redis.tls.clientCertificateSecretRef",
@@ -485,9 +481,9 @@ fn local_tls(pool: &crate::crd::WorkerPool, args: &LocalArgs) -> Result<Tls, Err
             .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
     };
     Ok(Tls {
-        ca_file: absolute(&args.redis_ca_file),
-        client_cert: absolute(&args.redis_client_cert),
-        client_key: absolute(&args.redis_client_key),
+        ca_file: absolute(&files.redis_ca_file),
+        client_cert: absolute(&files.redis_client_cert),
+        client_key: absolute(&files.redis_client_key),
         insecure_skip_verify: spec.insecure_skip_verify,
     })
 }

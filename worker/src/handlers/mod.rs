@@ -33,7 +33,7 @@ pub(crate) fn command(exec: &ExecCommand) -> tokio::process::Command {
     cmd.args(&exec.args);
     for (name, _) in std::env::vars_os() {
         if name.to_str().is_some_and(|n| {
-            n.starts_with(crate::config::ENV_PREFIX) && n != crate::config::WORKER_ID_ENV
+            n.starts_with(workerpool_settings::PREFIX) && n != workerpool_settings::WORKER_ID
         }) {
             cmd.env_remove(name);
         }
