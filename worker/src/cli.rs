@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value, json};
 
-use crate::admin::{self, Snapshot, WorkerInfo};
-use crate::keys::QueueKeys;
-use crate::text::{self, CELL_CHARS, LINE_CHARS};
+use workerpool_queue::admin::{self, Snapshot, WorkerInfo};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::text::{self, CELL_CHARS, LINE_CHARS};
 use workerpool_queue::connection::{Connection, describe};
 
 /// Characters of a long dead letter's job that `dead list --json` shows

@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use redis::cluster_async::ClusterConnection;
 use serde_json::Value;
 use workerpool_tests::{TestRedisCluster, eventually, free_port};
-use workerpool_worker::keys::{QueueKeys, slot};
+use workerpool_queue::keys::{QueueKeys, slot};
 
 mod common;
 use common::{http_get, stderr, stop};

@@ -9,7 +9,7 @@ use redis::AsyncCommands;
 use serde_json::Value;
 use workerpool_tests::{TestRedis, eventually};
 use workerpool_worker::handler::Outcome;
-use workerpool_worker::keys::QueueKeys;
+use workerpool_queue::keys::QueueKeys;
 
 mod common;
 use common::{Recorder, config, counter, start};

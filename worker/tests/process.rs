@@ -12,7 +12,7 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use workerpool_tests::{TestRedis, eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
+use workerpool_queue::keys::QueueKeys;
 
 mod common;
 use common::{counter, http_get, processing_total, push};

@@ -11,8 +11,8 @@ use workerpool_tests::{TestRedis, eventually};
 
 mod common;
 use common::{config, counter, len, processing_total, push, start};
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::rate::RateLimit;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::rate::RateLimit;
 use workerpool_worker::{Handler, Job, Outcome};
 
 /// Notes when each attempt started, with its job's id and attempt.
@@ -54,7 +54,7 @@ async fn two_workers_together_start_no_more_jobs_than_the_rate_limit_and_run_eac
     })
     .await;
     // Both register their limit, which `workerpool stats` and the dashboard show.
-    let stats = workerpool_worker::admin::snapshot(&mut c, &q)
+    let stats = workerpool_queue::admin::snapshot(&mut c, &q)
         .await
         .expect("snapshot");
     assert_eq!(stats.rate_limit.as_deref(), Some("20/s"));

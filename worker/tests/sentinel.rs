@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use workerpool_queue::connection::{Connection, Endpoint, Tls};
 use workerpool_tests::sentinel::{Auth, TestRedisSentinel};
 use workerpool_tests::{eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
+use workerpool_queue::keys::QueueKeys;
 
 mod common;
 use common::{http_get, stop};

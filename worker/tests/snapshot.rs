@@ -3,8 +3,8 @@
 use redis::AsyncCommands;
 use serde_json::json;
 use workerpool_tests::TestRedis;
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::snapshot;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot;
 
 mod common;
 

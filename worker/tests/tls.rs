@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use workerpool_tests::{TestTlsRedis, eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
+use workerpool_queue::keys::QueueKeys;
 
 mod common;
 use common::{counter, http_get, len, stop};

@@ -42,15 +42,15 @@ impl Worker {
                 .persist("give_back", &window, |mut c| {
                     let unfinished = &unfinished;
                     async move {
-                        let listed = queue::processing(&mut c, q, &self.instance).await?;
+                        let listed = ops::processing(&mut c, q, &self.instance).await?;
                         let pushed = super::ledger::unstarted(&listed, unfinished);
                         let pairs: Vec<(&[u8], &[u8])> = listed
                             .iter()
                             .map(Vec::as_slice)
                             .zip(pushed.iter().map(Vec::as_slice))
                             .collect();
-                        let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
-                        queue::deregister(&mut c, q, &self.instance).await?;
+                        let n = ops::give_back(&mut c, q, &self.instance, &pairs).await?;
+                        ops::deregister(&mut c, q, &self.instance).await?;
                         Ok(n)
                     }
                 })

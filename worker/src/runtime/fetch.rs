@@ -1,7 +1,7 @@
 //! Taking jobs while slots are free: a batch script when the queues have
 //! jobs, else a blocking wait on every queue at once (Sidekiq's fetch),
 //! each wait followed by the same script in one round trip (see
-//! [`queue::wait_then_fetch`]), so no payload reaches the worker before
+//! [`ops::wait_then_fetch`]), so no payload reaches the worker before
 //! the script has checked its size.
 //! With a rate limit the script is the only way in (a blocking move would
 //! bypass the bucket): an empty fetch polls again after [`RATE_POLL`], and
@@ -74,7 +74,7 @@ impl Worker {
             .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
         let rate = self.config.rate_limit.as_ref();
-        let taken = match queue::fetch(
+        let taken = match ops::fetch(
             &mut c,
             &self.queues,
             &self.instance,
@@ -122,7 +122,7 @@ impl Worker {
     /// Counts a taking the rate limit stopped, and says how long the fetch
     /// loop waits for it: the whole wait with one queue, else at most
     /// [`RATE_POLL`] so that jobs on the other queues are not held up.
-    pub(super) fn limited(&self, limited: queue::Limited) -> Duration {
+    pub(super) fn limited(&self, limited: ops::Limited) -> Duration {
         let name = self.queues[limited.queue].name();
         self.metrics.rate_limited.with_label_values(&[name]).inc();
         let pause = if self.queues.len() > 1 {
@@ -153,7 +153,7 @@ impl Worker {
                     .await
                     .map_err(|e| RedisFailure::new("connect", e))?;
                 // The wait's own BLMOVE answers nothing: see that it may block.
-                queue::probe_wait(&mut blocker.conn, q)
+                ops::probe_wait(&mut blocker.conn, q)
                     .await
                     .map_err(|e| RedisFailure::new("wait", e))?;
                 *b = Some(blocker);
@@ -172,7 +172,7 @@ impl Worker {
                 async move {
                     (
                         i,
-                        queue::wait_then_fetch(c, q, instance, BLOCK, limits).await,
+                        ops::wait_then_fetch(c, q, instance, BLOCK, limits).await,
                     )
                 }
             })
@@ -197,7 +197,7 @@ impl Worker {
                             self.unblock(&ids).await;
                         }
                     }
-                    Some((i, Err(e))) if queue::reply_skip_refused(&e) => {
+                    Some((i, Err(e))) if ops::reply_skip_refused(&e) => {
                         // An optional command: the worker polls instead.
                         // Refused at once, so nothing was taken; the two
                         // replies that follow go with the connection.

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use super::*;
-use crate::job::{self as job, Stamp};
+use workerpool_queue::job::{self, Stamp};
 
 impl Worker {
     /// Stamps, schedules or dead-letters freshly fetched payloads and starts
@@ -83,7 +83,7 @@ impl Worker {
                 let returned = self
                     .redis
                     .once("give_back", |mut c| async move {
-                        queue::give_back(&mut c, q, &self.instance, &pairs).await
+                        ops::give_back(&mut c, q, &self.instance, &pairs).await
                     })
                     .await;
                 if returned.is_err() {
@@ -97,7 +97,7 @@ impl Worker {
             let settled = self
                 .redis
                 .once("settle_intake", |mut c| async move {
-                    queue::settle_intake(&mut c, q, &self.instance, pending).await
+                    ops::settle_intake(&mut c, q, &self.instance, pending).await
                 })
                 .await;
             let Ok(settled) = settled else {

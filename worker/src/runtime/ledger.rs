@@ -67,7 +67,7 @@ impl Worker {
     pub(super) async fn reconcile(&self) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
         for (qi, q) in self.queues.iter().enumerate() {
-            let listed = queue::processing(&mut c, q, &self.instance).await?;
+            let listed = ops::processing(&mut c, q, &self.instance).await?;
             let held: Vec<Arc<str>> = self.ledger().queues[qi]
                 .values()
                 .map(|h| h.payload.clone())
@@ -77,7 +77,7 @@ impl Worker {
                 .into_iter()
                 .map(|p| (p, p))
                 .collect();
-            let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
+            let n = ops::give_back(&mut c, q, &self.instance, &pairs).await?;
             if n > 0 {
                 tracing::warn!(
                     queue = q.name(),
@@ -102,7 +102,7 @@ pub(super) fn queue_state<'a>(
         .map(|(id, ran)| {
             format!(
                 "{} {:.1}s",
-                crate::text::safe_line(id, STATE_ID_CHARS),
+                workerpool_queue::text::safe_line(id, STATE_ID_CHARS),
                 ran.as_secs_f64()
             )
         })
@@ -153,7 +153,7 @@ pub(super) fn unstarted(listed: &[Payload], started: &HashMap<Arc<str>, Arc<Job>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::intake;
+    use workerpool_queue::job::intake;
 
     fn held(payloads: &[&str]) -> Vec<Arc<str>> {
         payloads.iter().map(|p| Arc::from(*p)).collect()
@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn at_shutdown_started_jobs_go_back_unstarted_and_everything_else_as_it_was() {
-        let crate::job::Intake::Run { job, stamped } = intake(br#"{"task":"t"}"#, 1, 5, "w") else {
+        let workerpool_queue::job::Intake::Run { job, stamped } = intake(br#"{"task":"t"}"#, 1, 5, "w") else {
             panic!("runs");
         };
         let started = HashMap::from([(Arc::<str>::from(stamped.as_str()), Arc::new(job.clone()))]);

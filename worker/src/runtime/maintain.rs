@@ -60,7 +60,7 @@ impl Worker {
             .redis
             .persist("register", &stop, |mut c| async move {
                 for q in &self.queues {
-                    for (name, beat) in queue::workers(&mut c, q).await? {
+                    for (name, beat) in ops::workers(&mut c, q).await? {
                         let earlier = name != self.instance
                             && Instance::id_of(&name) == Some(self.config.worker_id.as_str());
                         if !earlier {
@@ -69,7 +69,7 @@ impl Worker {
                         // Only once its heartbeat is stale: a live process
                         // with the same --worker-id (a second local run, a
                         // copied configuration) keeps its jobs.
-                        match queue::reap(&mut c, q, &name, Some(self.config.dead_after)).await? {
+                        match ops::reap(&mut c, q, &name, Some(self.config.dead_after)).await? {
                             Some(n) => {
                                 tracing::info!(queue = q.name(), earlier = %settle::shown(&name), jobs = n, "returned the jobs of an earlier incarnation");
                                 self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
@@ -85,7 +85,7 @@ impl Worker {
                             ),
                         }
                     }
-                    let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
+                    let beat = ops::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
                     self.note_server_time(beat.server_time_ms);
                 }
                 Ok(())
@@ -223,7 +223,7 @@ impl Worker {
     pub(super) async fn maintenance_round(&self, ttl: Duration, beat: bool) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
         for q in &self.queues {
-            let promoted = queue::promote_due(&mut c, q, 1000).await?;
+            let promoted = ops::promote_due(&mut c, q, 1000).await?;
             if promoted > 0 {
                 tracing::debug!(queue = q.name(), promoted, "due jobs promoted");
             }
@@ -234,7 +234,7 @@ impl Worker {
         }
         let details = self.beat_details();
         for q in &self.queues {
-            let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
+            let beat = ops::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
             self.note_server_time(beat.server_time_ms);
             if beat.registered_anew {
                 tracing::warn!(
@@ -248,11 +248,11 @@ impl Worker {
             let cutoff = self
                 .now_ms()
                 .saturating_sub(self.config.dead_after.as_millis() as u64);
-            for lost in queue::silent_workers(&mut c, q, cutoff).await? {
+            for lost in ops::silent_workers(&mut c, q, cutoff).await? {
                 if lost == self.instance {
                     continue;
                 }
-                if let Some(n) = queue::reap(&mut c, q, &lost, Some(self.config.dead_after)).await?
+                if let Some(n) = ops::reap(&mut c, q, &lost, Some(self.config.dead_after)).await?
                 {
                     tracing::warn!(queue = q.name(), lost = %settle::shown(&lost), jobs = n, "worker lost; its jobs are back at the head of the queue");
                     self.metrics

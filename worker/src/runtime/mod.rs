@@ -23,11 +23,11 @@ use workerpool_queue::connection::{Connection, Mode};
 use crate::backoff::{self, Reconnect};
 use crate::config::{Config, ConfigError};
 use crate::handler::{Handler, Outcome};
-use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
-use crate::keys::{Instance, QueueKeys};
+use workerpool_queue::job::{DeadLetter, DeadReason, Intake, Job, intake};
+use workerpool_queue::keys::{Instance, QueueKeys};
 use crate::metrics::Metrics;
 use crate::probes::Health;
-use crate::queue::{self, Fetched, IntakeAction, Payload, Settlement};
+use workerpool_queue::ops::{self, Fetched, IntakeAction, Payload, Settlement};
 
 mod connection;
 mod drain;

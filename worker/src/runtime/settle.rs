@@ -4,7 +4,7 @@
 //! takes the next jobs into the freed slots.
 
 use super::*;
-use crate::text::LINE_CHARS;
+use workerpool_queue::text::LINE_CHARS;
 
 impl Worker {
     /// One attempt at one job, then its settlement, which the settle loop
@@ -174,10 +174,10 @@ impl Worker {
         };
         // Frees each done or dead job's unique key.
         let releases: Vec<Option<String>> = batch.iter().map(|s| s.job.release_token()).collect();
-        let finished: Vec<queue::Finished<'_>> = batch
+        let finished: Vec<ops::Finished<'_>> = batch
             .iter()
             .zip(&releases)
-            .map(|(s, release)| queue::Finished {
+            .map(|(s, release)| ops::Finished {
                 queue: s.qi,
                 payload: s.held.as_bytes(),
                 settlement: &s.settlement,
@@ -190,7 +190,7 @@ impl Worker {
             .persist("settle", &stop, |mut c| {
                 let finished = &finished;
                 async move {
-                    let reply = queue::settle(
+                    let reply = ops::settle(
                         &mut c,
                         &self.queues,
                         &self.instance,
@@ -269,7 +269,7 @@ impl Worker {
 
     /// Logs and counts the payloads a taking script dead-lettered for
     /// their size.
-    pub(super) fn log_too_large(&self, refused: &[queue::TooLarge]) {
+    pub(super) fn log_too_large(&self, refused: &[ops::TooLarge]) {
         for r in refused {
             let queue = self.queues[r.queue].name();
             self.metrics
@@ -282,8 +282,8 @@ impl Worker {
     }
 
     /// The limits the taking scripts enforce.
-    pub(super) fn limits(&self) -> queue::Limits {
-        queue::Limits {
+    pub(super) fn limits(&self) -> ops::Limits {
+        ops::Limits {
             max_attempts: self.config.max_attempts,
             max_payload_bytes: self.config.max_payload_bytes,
         }
@@ -303,7 +303,7 @@ impl Worker {
 /// and bidi characters escaped, at most [`LINE_CHARS`] characters. What is
 /// stored (a dead letter's error) keeps the real text.
 pub(super) fn shown(s: &str) -> String {
-    crate::text::safe_line(s, LINE_CHARS)
+    workerpool_queue::text::safe_line(s, LINE_CHARS)
 }
 
 /// How many settle round trips may be under way at once, and the most jobs
