@@ -60,8 +60,8 @@ impl Worker {
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
     ) -> Result<Option<Duration>, RedisFailure> {
-        if self.reconcile.swap(false, Ordering::Relaxed) {
-            if let Err(e) = self.reconcile().await {
+        if self.lost_reply.swap(false, Ordering::Relaxed) {
+            if let Err(e) = self.recheck_lost_replies().await {
                 self.suspect_lost_reply();
                 return Err(RedisFailure::new("reconcile", e));
             }

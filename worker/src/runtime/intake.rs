@@ -138,7 +138,7 @@ impl Worker {
             ledger.next += 1;
             ledger.queues[qi].insert(
                 seq,
-                Held {
+                InHand {
                     payload: stamped.clone(),
                     job: job.clone(),
                     started: Instant::now(),

@@ -6,7 +6,7 @@ use super::*;
 
 /// A job this process has taken and not yet settled, as it sits in the
 /// processing list.
-pub(super) struct Held {
+pub(super) struct InHand {
     /// The stamped payload, exactly as the processing list holds it.
     pub(super) payload: Arc<str>,
     /// The job its handler runs.
@@ -20,7 +20,7 @@ pub(super) struct Held {
 #[derive(Default)]
 pub(super) struct Ledger {
     pub(super) next: u64,
-    pub(super) queues: Vec<BTreeMap<u64, Held>>,
+    pub(super) queues: Vec<BTreeMap<u64, InHand>>,
 }
 
 /// Jobs of one queue named in the state line; the rest are counted.
@@ -64,7 +64,7 @@ impl Worker {
 
     /// Gives back whatever the processing lists hold beyond the ledger: jobs
     /// Redis moved for us while the reply was lost.
-    pub(super) async fn reconcile(&self) -> RedisResult<()> {
+    pub(super) async fn recheck_lost_replies(&self) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
         for (qi, q) in self.queues.iter().enumerate() {
             let listed = ops::processing(&mut c, q, &self.instance).await?;

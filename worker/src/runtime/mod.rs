@@ -39,7 +39,7 @@ mod settle;
 mod shutdown;
 
 use self::connection::{Blocker, Redis};
-use self::ledger::{Held, Ledger};
+use self::ledger::{InHand, Ledger};
 use self::settle::Settling;
 pub use self::shutdown::Shutdown;
 
@@ -77,7 +77,7 @@ struct Worker {
     clock_offset_ms: AtomicI64,
     /// Set when a reply may have been lost after Redis moved jobs for us:
     /// the processing lists are then checked against the ledger.
-    reconcile: AtomicBool,
+    lost_reply: AtomicBool,
     /// Set when Redis refused the blocking wait's `CLIENT REPLY`: the
     /// fetch loop then polls instead of blocking.
     poll_only: AtomicBool,
@@ -201,7 +201,7 @@ pub async fn run(
         metrics,
         health: health.clone(),
         clock_offset_ms: AtomicI64::new(0),
-        reconcile: AtomicBool::new(false),
+        lost_reply: AtomicBool::new(false),
         poll_only: AtomicBool::new(false),
         shutdown: shutdown.clone(),
         give_up: CancellationToken::new(),
@@ -291,7 +291,7 @@ impl Worker {
     /// this process: the next fetch round checks the processing lists
     /// against the ledger first.
     pub(super) fn suspect_lost_reply(&self) {
-        self.reconcile.store(true, Ordering::Relaxed);
+        self.lost_reply.store(true, Ordering::Relaxed);
     }
 
     /// Jobs running now, on all queues.
