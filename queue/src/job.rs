@@ -4,6 +4,7 @@
 //! A job is one JSON object. The worker reads and writes only the fields
 //! below and keeps every other field as it came (key order included).
 
+use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use base64::Engine;
