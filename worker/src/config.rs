@@ -128,7 +128,11 @@ impl Config {
                 humantime::format_duration(self.heartbeat_interval)
             ));
         }
-        if self.worker_id.is_empty() || self.worker_id.contains(workerpool_queue::keys::Instance::SEPARATOR) {
+        if self.worker_id.is_empty()
+            || self
+                .worker_id
+                .contains(workerpool_queue::keys::Instance::SEPARATOR)
+        {
             return fail(format!(
                 "--worker-id {:?} must be non-empty and must not contain '{}'",
                 self.worker_id,

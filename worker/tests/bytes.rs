@@ -9,10 +9,10 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
-use workerpool_tests::{TestRedis, eventually};
 use workerpool_queue::job::{DeadLetter, DeadReason};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::snapshot;
+use workerpool_tests::{TestRedis, eventually};
 use workerpool_worker::Outcome;
 
 mod common;

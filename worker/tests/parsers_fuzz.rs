@@ -6,9 +6,9 @@
 
 use proptest::prelude::*;
 use serde_json::{Map, Value};
+use workerpool_queue::job::{DeadReason, Intake, Stamp, intake, release_token, stamped};
 use workerpool_worker::Outcome;
 use workerpool_worker::handlers::exec_pool::parse_answer;
-use workerpool_queue::job::{DeadReason, Intake, Stamp, intake, release_token, stamped};
 
 const NOW: u64 = 1_700_000_000_000;
 

@@ -2,7 +2,11 @@
 //! unfinished job goes back to the head of its queue and the worker leaves
 //! the registry.
 
-use super::*;
+use tokio_util::sync::CancellationToken;
+use workerpool_queue::ops;
+
+use super::ledger::unstarted;
+use super::{GIVE_BACK_WINDOW, Worker};
 
 impl Worker {
     /// Lets in-flight jobs finish until the shutdown timeout (or a second
@@ -33,17 +37,14 @@ impl Worker {
             })
         };
         for (qi, q) in self.queues.iter().enumerate() {
-            let unfinished: HashMap<Arc<str>, Arc<Job>> = self.ledger().queues[qi]
-                .values()
-                .map(|h| (h.payload.clone(), h.job.clone()))
-                .collect();
+            let unfinished = self.ledger().unfinished(qi);
             let returned = self
                 .redis
                 .persist("give_back", &window, |mut c| {
                     let unfinished = &unfinished;
                     async move {
                         let listed = ops::processing(&mut c, q, &self.instance).await?;
-                        let pushed = super::ledger::unstarted(&listed, unfinished);
+                        let pushed = unstarted(&listed, unfinished);
                         let pairs: Vec<(&[u8], &[u8])> = listed
                             .iter()
                             .map(Vec::as_slice)

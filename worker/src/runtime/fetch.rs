@@ -7,7 +7,19 @@
 //! bypass the bucket): an empty fetch polls again after [`RATE_POLL`], and
 //! one the limit stopped waits until the bucket allows the next start.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use redis::{RedisError, RedisResult};
+use tokio::sync::OwnedSemaphorePermit;
+use workerpool_queue::ops::{self, Fetched};
+
+use super::connection::Blocker;
+use super::{BLOCK, MAX_BATCH, RATE_POLL, Worker};
+use crate::backoff::Reconnect;
 
 impl Worker {
     /// Takes jobs while slots are free, until the drain starts.
@@ -55,7 +67,7 @@ impl Worker {
 
     /// One fetch, then the jobs' dispatch. Returns how long to wait before
     /// the next fetch: set only with a rate limit.
-    pub(super) async fn fetch_round(
+    async fn fetch_round(
         self: &Arc<Self>,
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
@@ -122,7 +134,7 @@ impl Worker {
     /// Counts a taking the rate limit stopped, and says how long the fetch
     /// loop waits for it: the whole wait with one queue, else at most
     /// [`RATE_POLL`] so that jobs on the other queues are not held up.
-    pub(super) fn limited(&self, limited: ops::Limited) -> Duration {
+    fn limited(&self, limited: ops::Limited) -> Duration {
         let name = self.queues[limited.queue].name();
         self.metrics.rate_limited.with_label_values(&[name]).inc();
         let pause = if self.queues.len() > 1 {
@@ -141,7 +153,7 @@ impl Worker {
     /// arrives or the wait times out; when one queue delivers, the others
     /// are unblocked, and everything they delivered meanwhile is returned,
     /// with the first error of a wait that failed.
-    pub(super) async fn wait_for_jobs(
+    async fn wait_for_jobs(
         &self,
         blockers: &mut [Option<Blocker>],
     ) -> Result<(Vec<Fetched>, Option<RedisError>), RedisFailure> {
@@ -169,12 +181,7 @@ impl Worker {
                 let q = &self.queues[i];
                 let instance = self.instance.as_str();
                 let limits = self.limits();
-                async move {
-                    (
-                        i,
-                        ops::wait_then_fetch(c, q, instance, BLOCK, limits).await,
-                    )
-                }
+                async move { (i, ops::wait_then_fetch(c, q, instance, BLOCK, limits).await) }
             })
             .collect();
         let mut arrived = Vec::new();
@@ -225,14 +232,14 @@ impl Worker {
         Ok((arrived, refused))
     }
 
-    pub(super) async fn unblock(&self, ids: &[i64]) {
+    async fn unblock(&self, ids: &[i64]) {
         let Ok(mut c) = self.redis.conn().await else {
             return;
         };
         // A worker's queues share one node: on a cluster they share a slot.
         let node_of = self.queues[0].waiting();
         for id in ids {
-            if self.redis.client_refused.load(Ordering::Relaxed) {
+            if self.redis.client_commands_refused() {
                 return;
             }
             let unblocked: RedisResult<i64> = c
@@ -251,7 +258,7 @@ impl Worker {
 }
 
 /// A failed Redis call of a fetch round: which operation, and why.
-pub(super) struct RedisFailure {
+struct RedisFailure {
     operation: &'static str,
     error: RedisError,
 }

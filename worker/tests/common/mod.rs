@@ -10,8 +10,8 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::Value;
 use tokio::sync::Semaphore;
-use workerpool_tests::TestRedis;
 use workerpool_queue::keys::QueueKeys;
+use workerpool_tests::TestRedis;
 use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, run};
 
 /// Pushes jobs as producers do (`LPUSH`), in order.
