@@ -20,7 +20,7 @@ pub(super) struct InHand {
     /// Index of its queue in the worker's queues.
     pub(super) queue: usize,
     /// The stamped payload, exactly as the processing list holds it.
-    pub(super) held: Arc<str>,
+    held: Arc<str>,
     /// The job its handler runs.
     pub(super) job: Arc<Job>,
     /// When its attempt started.
@@ -84,7 +84,7 @@ impl Ledger {
     }
 
     /// The payloads in hand on `queue`, as its processing list holds them.
-    pub(super) fn held(&self, queue: usize) -> Vec<Arc<str>> {
+    fn held(&self, queue: usize) -> Vec<Arc<str>> {
         self.queues[queue]
             .values()
             .map(|j| j.held.clone())
@@ -101,7 +101,7 @@ impl Ledger {
     }
 
     /// Jobs in hand, on all queues.
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.queues.iter().map(BTreeMap::len).sum()
     }
 
