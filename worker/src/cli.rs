@@ -7,11 +7,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value, json};
 
-use crate::admin::{self, WorkerInfo};
-use crate::keys::QueueKeys;
-use crate::snapshot::{self, Counts};
-use crate::text::{self, CELL_CHARS, LINE_CHARS};
+use workerpool_queue::admin::{self, WorkerInfo};
+use workerpool_queue::snapshot::{self, Counts};
 use workerpool_queue::connection::{Connection, describe};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::text::{self, CELL_CHARS, LINE_CHARS};
 
 /// Characters of a long dead letter's job that `dead list --json` shows
 /// (as `job`, with `"cut":true` and the entry's size in `entry_bytes`).

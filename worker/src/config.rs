@@ -122,11 +122,15 @@ impl Config {
                 humantime::format_duration(self.heartbeat_interval)
             ));
         }
-        if self.worker_id.is_empty() || self.worker_id.contains(crate::keys::Instance::SEPARATOR) {
+        if self.worker_id.is_empty()
+            || self
+                .worker_id
+                .contains(workerpool_queue::keys::Instance::SEPARATOR)
+        {
             return fail(format!(
                 "--worker-id {:?} must be non-empty and must not contain '{}'",
                 self.worker_id,
-                crate::keys::Instance::SEPARATOR
+                workerpool_queue::keys::Instance::SEPARATOR
             ));
         }
         Ok(())

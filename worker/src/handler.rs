@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::job::Job;
+use workerpool_queue::job::Job;
 
 /// How one attempt at a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

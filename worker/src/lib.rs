@@ -5,13 +5,8 @@
 //! backoff and full jitter, dead-letters what never succeeds, returns the
 //! jobs of lost workers to their queue, and drains gracefully on SIGTERM.
 //! The queue contract (key layout, job envelope, scripts) is the
-//! `workerpool-queue` crate, re-exported here as [`keys`], [`job`],
-//! [`queue`] and friends, and documented in `docs/queue-contract.md`.
-
-// The queue contract lives in `workerpool-queue`; these keep the paths the
-// runtime and its users have always had.
-pub use workerpool_queue::ops as queue;
-pub use workerpool_queue::{admin, job, keys, rate, scripts, snapshot, text};
+//! `workerpool-queue` crate, used by its own paths and documented in
+//! `docs/queue-contract.md`.
 
 mod backoff;
 pub mod cli;
@@ -25,9 +20,11 @@ mod runtime;
 
 pub use config::{Config, HandlerChoice};
 pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};
-pub use job::Job;
 pub use metrics::Metrics;
 pub use runtime::{Error, Shutdown, run, run_until};
+/// The job a [`Handler`] is given: re-exported because the handler's
+/// signature names it, so a handler author needs no second crate for it.
+pub use workerpool_queue::job::Job;
 
 use std::sync::Arc;
 

@@ -9,10 +9,11 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
+use workerpool_queue::job::{DeadLetter, DeadReason};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot;
 use workerpool_tests::{TestRedis, eventually};
-use workerpool_worker::job::{DeadLetter, DeadReason};
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::{Outcome, snapshot};
+use workerpool_worker::Outcome;
 
 mod common;
 use common::{Recorder, config, counter, len, processing_total, start};
@@ -221,7 +222,7 @@ async fn the_queue_can_be_read_and_its_workers_listed_with_bytes_that_are_not_ut
         .expect("a snapshot despite the bytes");
     assert_eq!(read.queues[0].waiting, 1);
     assert_eq!(read.queues[0].oldest_enqueued_at_ms, None);
-    let workers = workerpool_worker::admin::workers(&mut c, &q, 2)
+    let workers = workerpool_queue::admin::workers(&mut c, &q, 2)
         .await
         .expect("workers despite the bytes");
     assert_eq!(workers[0].jobs, ["?"]);

@@ -10,10 +10,11 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
+use workerpool_queue::job::{DeadLetter, DeadReason, Intake, intake};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::ops;
 use workerpool_tests::{TestRedis, eventually, free_port};
-use workerpool_worker::job::{DeadLetter, DeadReason, Intake, intake};
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::{Config, Job, Outcome, handler_fn, queue, run_until};
+use workerpool_worker::{Config, Job, Outcome, handler_fn, run_until};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -59,7 +60,7 @@ fn json_of(output: Output) -> Value {
 }
 
 async fn now_ms(c: &mut MultiplexedConnection) -> u64 {
-    workerpool_worker::admin::server_time_ms(c)
+    workerpool_queue::admin::server_time_ms(c)
         .await
         .expect("time")
 }
@@ -123,7 +124,7 @@ async fn seed(c: &mut MultiplexedConnection, q: &QueueKeys) {
         ("concurrency", "8".to_string()),
         ("dead_after_ms", "30000".to_string()),
     ];
-    queue::heartbeat(c, q, "live~1", Duration::from_secs(60), &details)
+    ops::heartbeat(c, q, "live~1", Duration::from_secs(60), &details)
         .await
         .expect("beat");
     let _: () = c
@@ -661,7 +662,7 @@ async fn dead_list_and_workers_show_control_and_bidi_characters_escaped() {
     .to_json();
     let _: () = c.lpush(q.dead(), envelope).await.expect("lpush");
     let instance = format!("worker-{HOSTILE}~1");
-    queue::heartbeat(&mut c, &q, &instance, Duration::from_secs(60), &[])
+    ops::heartbeat(&mut c, &q, &instance, Duration::from_secs(60), &[])
         .await
         .expect("beat");
     let _: () = c
@@ -746,7 +747,7 @@ async fn ids_and_tasks_of_70000_characters_are_shortened_in_tables_and_kept_in_j
         .await
         .expect("lpush");
     let instance = format!("{}~1", "n".repeat(70_000));
-    queue::heartbeat(&mut c, &q, &instance, Duration::from_secs(60), &[])
+    ops::heartbeat(&mut c, &q, &instance, Duration::from_secs(60), &[])
         .await
         .expect("beat");
     let _: () = c

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::cluster_async::ClusterConnection;
 use serde_json::Value;
+use workerpool_queue::keys::{QueueKeys, slot};
 use workerpool_tests::{TestRedisCluster, eventually, free_port};
-use workerpool_worker::keys::{QueueKeys, slot};
 
 mod common;
 use common::{http_get, stderr, stop};

@@ -14,9 +14,9 @@ use axum::routing::post;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestRedis, eventually, free_port};
 use workerpool_worker::handlers::http::{HttpHandler, JOB_ID_HEADER};
-use workerpool_worker::keys::QueueKeys;
 use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, run};
 
 #[path = "../examples/rust_handler.rs"]

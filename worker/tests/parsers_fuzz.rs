@@ -6,9 +6,9 @@
 
 use proptest::prelude::*;
 use serde_json::{Map, Value};
+use workerpool_queue::job::{DeadReason, Intake, Stamp, intake, release_token, stamped};
 use workerpool_worker::Outcome;
 use workerpool_worker::handlers::exec_pool::parse_answer;
-use workerpool_worker::job::{DeadReason, Intake, Stamp, intake, release_token, stamped};
 
 const NOW: u64 = 1_700_000_000_000;
 
@@ -89,7 +89,7 @@ fn check_intake(raw: &[u8]) -> Result<(), TestCaseError> {
             ));
             prop_assert!(!letter.error.is_empty());
             // The envelope stores and reads back.
-            let back: workerpool_worker::job::DeadLetter =
+            let back: workerpool_queue::job::DeadLetter =
                 serde_json::from_str(&letter.to_json()).expect("envelope is JSON");
             prop_assert_eq!(&back, &letter);
             // Nothing is lost: the payload comes back byte for byte, unless it

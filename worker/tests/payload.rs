@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::Value;
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestRedis, eventually};
 use workerpool_worker::handler::Outcome;
-use workerpool_worker::keys::QueueKeys;
 
 mod common;
 use common::{Recorder, config, counter, start};

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestRedis, eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
 
 mod common;
 use common::{counter, http_get, processing_total, push};

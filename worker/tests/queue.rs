@@ -13,8 +13,9 @@ mod common;
 use common::{
     Recorder, config, counter, dead_letters, len, processing_total, push, server_time_ms, start,
 };
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::{Job, Outcome, queue};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::ops;
+use workerpool_worker::{Job, Outcome};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -472,7 +473,7 @@ async fn an_ack_for_a_job_a_reaper_already_returned_is_counted_and_not_completed
     // Another worker takes this one for lost while its job still runs.
     let instances: Vec<String> = c.zrange(q.workers(), 0, -1).await.expect("zrange");
     let mut conn = redis.conn().await;
-    let moved = queue::reap(&mut conn, &q, &instances[0], None)
+    let moved = ops::reap(&mut conn, &q, &instances[0], None)
         .await
         .expect("reap");
     assert_eq!(moved, Some(1));
@@ -512,17 +513,17 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         .expect("lpush");
     let _: () = c.lpush(low.name(), "low-1").await.expect("lpush");
     let _: () = c.lpush(high.name(), "high-1").await.expect("lpush");
-    let done = queue::Settlement::Done;
-    let finished = |payload: &'static str| queue::Finished {
+    let done = ops::Settlement::Done;
+    let finished = |payload: &'static str| ops::Finished {
         queue: 0,
         payload: payload.as_bytes(),
         settlement: &done,
         release: None,
     };
     // Payloads that are no JSON objects are taken untouched.
-    let fetched = |queue: usize, payload: &str| queue::Fetched::untouched(queue, payload.into());
+    let fetched = |queue: usize, payload: &str| ops::Fetched::untouched(queue, payload.into());
 
-    let first = queue::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1, 5, None)
+    let first = ops::settle(&mut c, &queues, "w~1", &[finished("done-job")], 1, 5, None)
         .await
         .map(|(kept, taken)| (kept, taken.jobs))
         .expect("script");
@@ -538,13 +539,13 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         "the completed job is gone, the next one is held"
     );
 
-    let second = queue::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1, 5, None)
+    let second = ops::settle(&mut c, &queues, "w~1", &[finished("high-1")], 1, 5, None)
         .await
         .map(|(kept, taken)| (kept, taken.jobs))
         .expect("script");
     assert_eq!(second, (vec![true], vec![fetched(1, "low-1")]));
     // A job a reaper already returned is not counted again; nothing left to take.
-    let third = queue::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1, 5, None)
+    let third = ops::settle(&mut c, &queues, "w~1", &[finished("not-held")], 1, 5, None)
         .await
         .map(|(kept, taken)| (kept, taken.jobs))
         .expect("script");

@@ -11,8 +11,8 @@ use workerpool_tests::{TestRedis, eventually};
 
 mod common;
 use common::{config, counter, len, processing_total, push, start};
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::rate::RateLimit;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::rate::RateLimit;
 use workerpool_worker::{Handler, Job, Outcome};
 
 /// Notes when each attempt started, with its job's id and attempt.

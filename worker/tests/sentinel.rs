@@ -11,9 +11,9 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use workerpool_queue::connection::{Connection, Endpoint, Tls};
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::sentinel::{Auth, TestRedisSentinel};
 use workerpool_tests::{eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
 
 mod common;
 use common::{http_get, stop};

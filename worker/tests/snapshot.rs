@@ -2,9 +2,9 @@
 
 use redis::AsyncCommands;
 use serde_json::json;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot;
 use workerpool_tests::TestRedis;
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::snapshot;
 
 mod common;
 

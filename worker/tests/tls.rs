@@ -8,8 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestTlsRedis, eventually, free_port};
-use workerpool_worker::keys::QueueKeys;
 
 mod common;
 use common::{counter, http_get, len, stop};

@@ -11,8 +11,9 @@ use workerpool_tests::{TestRedis, eventually};
 
 mod common;
 use common::{Recorder, config, counter, start};
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::{Outcome, admin};
+use workerpool_queue::admin;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_worker::Outcome;
 
 fn job(value: Value) -> Map<String, Value> {
     match value {

@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::exec_pool::{ExecCommand, SpawnError};
 use crate::handler::{Handler, Outcome};
-use crate::job::Job;
+use workerpool_queue::job::Job;
 
 /// Lines of stderr kept for the error of a failed attempt.
 const TAIL_LINES: usize = 10;
@@ -135,7 +135,7 @@ impl Tail {
                 // A line at a time to the worker's own stderr, as a log.
                 let _ = std::io::Write::write_all(&mut std::io::stderr(), &self.buf);
                 // Escaped, not lossy: bytes that are not UTF-8 show as `\xNN`.
-                let line = crate::text::escaped(self.buf.trim_ascii_end(), TAIL_CHARS);
+                let line = workerpool_queue::text::escaped(self.buf.trim_ascii_end(), TAIL_CHARS);
                 if !line.is_empty() {
                     if self.lines.len() == TAIL_LINES {
                         self.lines.pop_front();
@@ -172,7 +172,7 @@ fn is_runnable(program: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{Intake, intake};
+    use workerpool_queue::job::{Intake, intake};
 
     fn sh(script: &str) -> ExecPerJob {
         ExecPerJob::new(ExecCommand {

@@ -28,8 +28,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::handler::{Handler, Outcome};
-use crate::job::Job;
-use crate::text;
+use workerpool_queue::job::Job;
+use workerpool_queue::text;
 
 /// The longest answer line a child may write; a longer one is a protocol
 /// break (the child is replaced) rather than memory the worker never gets
@@ -483,7 +483,7 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{Intake, intake};
+    use workerpool_queue::job::{Intake, intake};
 
     fn sh(script: &str) -> ExecCommand {
         ExecCommand {

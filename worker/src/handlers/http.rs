@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::handler::{Handler, Outcome};
-use crate::job::Job;
+use workerpool_queue::job::Job;
 
 /// How much of an error response's body goes into the job's error.
 const ERROR_BODY_CHARS: usize = 200;
@@ -121,7 +121,7 @@ pub fn classify(status: StatusCode, body: &[u8]) -> Outcome {
     }
     // Any bytes at all: what is not UTF-8 shows escaped (`\xff`), not as
     // replacement characters that would hide what the receiver sent.
-    let excerpt = crate::text::escaped(body.trim_ascii(), ERROR_BODY_CHARS);
+    let excerpt = workerpool_queue::text::escaped(body.trim_ascii(), ERROR_BODY_CHARS);
     let error = if excerpt.is_empty() {
         format!("HTTP {status}")
     } else {

@@ -2,28 +2,62 @@
 //! after failures, dedicated connections for blocking waits, and `persist`
 //! (retry with backoff until done or stopped), with health and metrics.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{RedisError, RedisResult};
+use tokio_util::sync::CancellationToken;
+use workerpool_queue::connection::{Connection, Endpoint, refused};
+use workerpool_queue::keys::QueueKeys;
+
+use super::BLOCK;
+use crate::backoff::Reconnect;
+use crate::metrics::Metrics;
+use crate::probes::Health;
 
 /// The worker's Redis connection, re-established after failures.
 pub(super) struct Redis {
-    pub(super) endpoint: workerpool_queue::connection::Endpoint,
-    pub(super) current: Mutex<Option<Connection>>,
-    pub(super) connecting: tokio::sync::Mutex<()>,
-    pub(super) health: Arc<Health>,
-    pub(super) metrics: Metrics,
+    endpoint: Endpoint,
+    current: Mutex<Option<Connection>>,
+    connecting: tokio::sync::Mutex<()>,
+    health: Arc<Health>,
+    metrics: Metrics,
     /// The last failure, for messages that say what went wrong.
-    pub(super) last_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<String>>,
     /// Operations the ACL refuses, with what `/readyz` says, until each
     /// succeeds.
-    pub(super) refusals: Mutex<BTreeMap<&'static str, String>>,
+    refusals: Mutex<BTreeMap<&'static str, String>>,
     /// Set once the ACL refused `CLIENT ID` or `CLIENT UNBLOCK`: blocking
     /// waits then run without an id and end at their own timeout.
-    pub(super) client_refused: AtomicBool,
+    client_refused: AtomicBool,
 }
 
 impl Redis {
     const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
     const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Connects to `endpoint` when first asked, reporting to `health` and
+    /// `metrics`.
+    pub(super) fn new(endpoint: Endpoint, health: Arc<Health>, metrics: Metrics) -> Self {
+        Self {
+            endpoint,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            health,
+            metrics,
+            last_error: Mutex::new(None),
+            refusals: Mutex::new(BTreeMap::new()),
+            client_refused: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the ACL refused `CLIENT ID` or `CLIENT UNBLOCK`.
+    pub(super) fn client_commands_refused(&self) -> bool {
+        self.client_refused.load(Ordering::Relaxed)
+    }
 
     pub(super) async fn conn(&self) -> RedisResult<Connection> {
         if let Some(c) = self.cached() {
@@ -58,7 +92,7 @@ impl Redis {
             .await
         {
             Ok(id) => Some(id),
-            Err(e) if workerpool_queue::connection::refused(&e).is_some() => {
+            Err(e) if refused(&e).is_some() => {
                 self.without_client_commands(&e);
                 None
             }
@@ -86,11 +120,11 @@ impl Redis {
         );
     }
 
-    pub(super) fn cached(&self) -> Option<Connection> {
+    fn cached(&self) -> Option<Connection> {
         self.slot().clone()
     }
 
-    pub(super) fn slot(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Connection>> {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -115,7 +149,7 @@ impl Redis {
             .with_label_values(&[operation])
             .inc();
         let lost = unreachable(error);
-        let refused = workerpool_queue::connection::refused(error).is_some();
+        let refused = refused(error).is_some();
         let error = self.endpoint.describe(error);
         if refused {
             // The worker stays unready until this very operation succeeds
@@ -218,7 +252,7 @@ pub(super) struct Blocker {
 
 /// Whether `error` means Redis could not be reached (connection refused,
 /// dropped or timed out), as opposed to an answer that was an error.
-pub(super) fn unreachable(error: &RedisError) -> bool {
+fn unreachable(error: &RedisError) -> bool {
     error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()

@@ -2,7 +2,11 @@
 //! unfinished job goes back to the head of its queue and the worker leaves
 //! the registry.
 
-use super::*;
+use tokio_util::sync::CancellationToken;
+use workerpool_queue::ops;
+
+use super::ledger::unstarted;
+use super::{GIVE_BACK_WINDOW, Worker};
 
 impl Worker {
     /// Lets in-flight jobs finish until the shutdown timeout (or a second
@@ -33,24 +37,21 @@ impl Worker {
             })
         };
         for (qi, q) in self.queues.iter().enumerate() {
-            let unfinished: HashMap<Arc<str>, Arc<Job>> = self.ledger().queues[qi]
-                .values()
-                .map(|h| (h.payload.clone(), h.job.clone()))
-                .collect();
+            let unfinished = self.ledger().unfinished(qi);
             let returned = self
                 .redis
                 .persist("give_back", &window, |mut c| {
                     let unfinished = &unfinished;
                     async move {
-                        let listed = queue::processing(&mut c, q, &self.instance).await?;
-                        let pushed = super::ledger::unstarted(&listed, unfinished);
+                        let listed = ops::processing(&mut c, q, &self.instance).await?;
+                        let pushed = unstarted(&listed, unfinished);
                         let pairs: Vec<(&[u8], &[u8])> = listed
                             .iter()
                             .map(Vec::as_slice)
                             .zip(pushed.iter().map(Vec::as_slice))
                             .collect();
-                        let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
-                        queue::deregister(&mut c, q, &self.instance).await?;
+                        let n = ops::give_back(&mut c, q, &self.instance, &pairs).await?;
+                        ops::deregister(&mut c, q, &self.instance).await?;
                         Ok(n)
                     }
                 })

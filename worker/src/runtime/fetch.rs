@@ -1,13 +1,25 @@
 //! Taking jobs while slots are free: a batch script when the queues have
 //! jobs, else a blocking wait on every queue at once (Sidekiq's fetch),
 //! each wait followed by the same script in one round trip (see
-//! [`queue::wait_then_fetch`]), so no payload reaches the worker before
+//! [`ops::wait_then_fetch`]), so no payload reaches the worker before
 //! the script has checked its size.
 //! With a rate limit the script is the only way in (a blocking move would
 //! bypass the bucket): an empty fetch polls again after [`RATE_POLL`], and
 //! one the limit stopped waits until the bucket allows the next start.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use redis::{RedisError, RedisResult};
+use tokio::sync::OwnedSemaphorePermit;
+use workerpool_queue::ops::{self, Fetched};
+
+use super::connection::Blocker;
+use super::{BLOCK, MAX_BATCH, RATE_POLL, Worker};
+use crate::backoff::Reconnect;
 
 impl Worker {
     /// Takes jobs while slots are free, until the drain starts.
@@ -55,13 +67,13 @@ impl Worker {
 
     /// One fetch, then the jobs' dispatch. Returns how long to wait before
     /// the next fetch: set only with a rate limit.
-    pub(super) async fn fetch_round(
+    async fn fetch_round(
         self: &Arc<Self>,
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
     ) -> Result<Option<Duration>, RedisFailure> {
-        if self.reconcile.swap(false, Ordering::Relaxed) {
-            if let Err(e) = self.reconcile().await {
+        if self.lost_reply.swap(false, Ordering::Relaxed) {
+            if let Err(e) = self.recheck_lost_replies().await {
                 self.suspect_lost_reply();
                 return Err(RedisFailure::new("reconcile", e));
             }
@@ -74,7 +86,7 @@ impl Worker {
             .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
         let rate = self.config.rate_limit.as_ref();
-        let taken = match queue::fetch(
+        let taken = match ops::fetch(
             &mut c,
             &self.queues,
             &self.instance,
@@ -122,7 +134,7 @@ impl Worker {
     /// Counts a taking the rate limit stopped, and says how long the fetch
     /// loop waits for it: the whole wait with one queue, else at most
     /// [`RATE_POLL`] so that jobs on the other queues are not held up.
-    pub(super) fn limited(&self, limited: queue::Limited) -> Duration {
+    fn limited(&self, limited: ops::Limited) -> Duration {
         let name = self.queues[limited.queue].name();
         self.metrics.rate_limited.with_label_values(&[name]).inc();
         let pause = if self.queues.len() > 1 {
@@ -141,7 +153,7 @@ impl Worker {
     /// arrives or the wait times out; when one queue delivers, the others
     /// are unblocked, and everything they delivered meanwhile is returned,
     /// with the first error of a wait that failed.
-    pub(super) async fn wait_for_jobs(
+    async fn wait_for_jobs(
         &self,
         blockers: &mut [Option<Blocker>],
     ) -> Result<(Vec<Fetched>, Option<RedisError>), RedisFailure> {
@@ -153,7 +165,7 @@ impl Worker {
                     .await
                     .map_err(|e| RedisFailure::new("connect", e))?;
                 // The wait's own BLMOVE answers nothing: see that it may block.
-                queue::probe_wait(&mut blocker.conn, q)
+                ops::probe_wait(&mut blocker.conn, q)
                     .await
                     .map_err(|e| RedisFailure::new("wait", e))?;
                 *b = Some(blocker);
@@ -169,12 +181,7 @@ impl Worker {
                 let q = &self.queues[i];
                 let instance = self.instance.as_str();
                 let limits = self.limits();
-                async move {
-                    (
-                        i,
-                        queue::wait_then_fetch(c, q, instance, BLOCK, limits).await,
-                    )
-                }
+                async move { (i, ops::wait_then_fetch(c, q, instance, BLOCK, limits).await) }
             })
             .collect();
         let mut arrived = Vec::new();
@@ -197,7 +204,7 @@ impl Worker {
                             self.unblock(&ids).await;
                         }
                     }
-                    Some((i, Err(e))) if queue::reply_skip_refused(&e) => {
+                    Some((i, Err(e))) if ops::reply_skip_refused(&e) => {
                         // An optional command: the worker polls instead.
                         // Refused at once, so nothing was taken; the two
                         // replies that follow go with the connection.
@@ -225,14 +232,14 @@ impl Worker {
         Ok((arrived, refused))
     }
 
-    pub(super) async fn unblock(&self, ids: &[i64]) {
+    async fn unblock(&self, ids: &[i64]) {
         let Ok(mut c) = self.redis.conn().await else {
             return;
         };
         // A worker's queues share one node: on a cluster they share a slot.
         let node_of = self.queues[0].waiting();
         for id in ids {
-            if self.redis.client_refused.load(Ordering::Relaxed) {
+            if self.redis.client_commands_refused() {
                 return;
             }
             let unblocked: RedisResult<i64> = c
@@ -251,7 +258,7 @@ impl Worker {
 }
 
 /// A failed Redis call of a fetch round: which operation, and why.
-pub(super) struct RedisFailure {
+struct RedisFailure {
     operation: &'static str,
     error: RedisError,
 }

@@ -3,9 +3,14 @@
 //! fetch loop and from the settle loop (jobs taken into freed slots).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
-use super::*;
-use crate::job::{self as job, Stamp};
+use tokio::sync::OwnedSemaphorePermit;
+use workerpool_queue::job::{self, DeadLetter, Intake, Job, Stamp, intake};
+use workerpool_queue::ops::{self, Fetched, IntakeAction, Payload};
+
+use super::Worker;
+use super::ledger::InHand;
 
 impl Worker {
     /// Stamps, schedules or dead-letters freshly fetched payloads and starts
@@ -83,7 +88,7 @@ impl Worker {
                 let returned = self
                     .redis
                     .once("give_back", |mut c| async move {
-                        queue::give_back(&mut c, q, &self.instance, &pairs).await
+                        ops::give_back(&mut c, q, &self.instance, &pairs).await
                     })
                     .await;
                 if returned.is_err() {
@@ -97,7 +102,7 @@ impl Worker {
             let settled = self
                 .redis
                 .once("settle_intake", |mut c| async move {
-                    queue::settle_intake(&mut c, q, &self.instance, pending).await
+                    ops::settle_intake(&mut c, q, &self.instance, pending).await
                 })
                 .await;
             let Ok(settled) = settled else {
@@ -129,50 +134,38 @@ impl Worker {
         self: &Arc<Self>,
         qi: usize,
         job: Arc<Job>,
-        stamped: Arc<str>,
+        held: Arc<str>,
         permit: OwnedSemaphorePermit,
     ) {
-        let seq = {
-            let mut ledger = self.ledger();
-            let seq = ledger.next;
-            ledger.next += 1;
-            ledger.queues[qi].insert(
-                seq,
-                Held {
-                    payload: stamped.clone(),
-                    job: job.clone(),
-                    started: Instant::now(),
-                },
-            );
-            seq
-        };
+        let in_hand = InHand::start(qi, job, held);
+        let entry = self.ledger().enter(in_hand.clone());
         self.tracker
-            .spawn(self.clone().run_job(qi, seq, job, stamped, permit));
+            .spawn(self.clone().run_job(entry, in_hand, permit));
     }
 }
 
 /// What intake does with one queue's fresh payloads.
 #[derive(Debug, Default)]
-pub(super) struct Plan {
+struct Plan {
     /// Jobs the taking script stamped as the worker reads them, with their
     /// payload as held: they start without another round trip.
-    pub(super) ready: Vec<(Arc<Job>, Arc<str>)>,
+    ready: Vec<(Arc<Job>, Arc<str>)>,
     /// One per payload that needs the intake script (runs after a stamp of
     /// the worker's, is scheduled or dead-lettered), in order.
-    pub(super) actions: Vec<IntakeAction>,
+    actions: Vec<IntakeAction>,
     /// Beside each action: the job and its stamped payload when it runs.
-    pub(super) runs: Vec<Option<(Arc<Job>, Arc<str>)>>,
+    runs: Vec<Option<(Arc<Job>, Arc<str>)>>,
     /// Jobs beyond the free slots, as held and as they were before any
     /// stamp: back to the head of the queue, their attempt not counted.
-    pub(super) back: Vec<(Payload, Payload)>,
+    back: Vec<(Payload, Payload)>,
     /// The dead letters among the actions.
-    pub(super) dead: Vec<DeadLetter>,
+    dead: Vec<DeadLetter>,
 }
 
 /// Plans the intake of `taken` (as held, oldest first, with the taking
 /// script's stamp) with `free` slots: pure, so the rules are tested
 /// without Redis.
-pub(super) fn plan(
+fn plan(
     taken: Vec<(Payload, Stamp)>,
     free: usize,
     now_ms: u64,

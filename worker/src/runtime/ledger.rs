@@ -1,26 +1,125 @@
-//! The ledger of held jobs: what this process has taken and not settled,
-//! the check of the processing lists against it after a lost reply, and
-//! the line of state it makes on request (SIGUSR1).
+//! The ledger of jobs in hand: what this process has taken and not
+//! settled, the recheck of the processing lists against it after a lost
+//! reply, and the line of state it makes on request (SIGUSR1). Only the
+//! ledger's own methods change it.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-/// A job this process has taken and not yet settled, as it sits in the
-/// processing list.
-pub(super) struct Held {
+use redis::RedisResult;
+use workerpool_queue::job::Job;
+use workerpool_queue::ops::{self, Payload, Settlement};
+
+use super::Worker;
+
+/// A job in hand: taken from its queue and not yet settled, from its start
+/// to its settlement (Sidekiq's `UnitOfWork`).
+#[derive(Clone)]
+pub(super) struct InHand {
+    /// Index of its queue in the worker's queues.
+    pub(super) queue: usize,
     /// The stamped payload, exactly as the processing list holds it.
-    pub(super) payload: Arc<str>,
+    held: Arc<str>,
     /// The job its handler runs.
     pub(super) job: Arc<Job>,
     /// When its attempt started.
-    pub(super) started: Instant,
+    started: Instant,
 }
 
-/// Everything this process holds, per queue, keyed by a fetch sequence
+impl InHand {
+    /// A job of queue `queue` that starts now, with its payload as held.
+    pub(super) fn start(queue: usize, job: Arc<Job>, held: Arc<str>) -> Self {
+        Self {
+            queue,
+            held,
+            job,
+            started: Instant::now(),
+        }
+    }
+
+    /// What the settle script is given for it: its payload as held, what
+    /// becomes of it, and the token that frees its unique key.
+    pub(super) fn finished<'a>(
+        &'a self,
+        settlement: &'a Settlement,
+        release: Option<&'a str>,
+    ) -> ops::Finished<'a> {
+        ops::Finished {
+            queue: self.queue,
+            payload: self.held.as_bytes(),
+            settlement,
+            release,
+        }
+    }
+}
+
+/// Every job this process has in hand, per queue, keyed by an entry
 /// number (lower = taken earlier).
-#[derive(Default)]
 pub(super) struct Ledger {
-    pub(super) next: u64,
-    pub(super) queues: Vec<BTreeMap<u64, Held>>,
+    next: u64,
+    queues: Vec<BTreeMap<u64, InHand>>,
+}
+
+impl Ledger {
+    /// An empty ledger for `queues` queues.
+    pub(super) fn new(queues: usize) -> Self {
+        Self {
+            next: 0,
+            queues: (0..queues).map(|_| BTreeMap::new()).collect(),
+        }
+    }
+
+    /// Records a job taken in hand; returns its entry.
+    pub(super) fn enter(&mut self, job: InHand) -> u64 {
+        let entry = self.next;
+        self.next += 1;
+        self.queues[job.queue].insert(entry, job);
+        entry
+    }
+
+    /// Removes a settled job's entry.
+    pub(super) fn settled(&mut self, queue: usize, entry: u64) {
+        self.queues[queue].remove(&entry);
+    }
+
+    /// The payloads in hand on `queue`, as its processing list holds them.
+    fn held(&self, queue: usize) -> Vec<Arc<str>> {
+        self.queues[queue]
+            .values()
+            .map(|j| j.held.clone())
+            .collect()
+    }
+
+    /// The jobs in hand on `queue` by their payload as held: what the
+    /// give-back at shutdown returns unstarted.
+    pub(super) fn unfinished(&self, queue: usize) -> HashMap<Arc<str>, Arc<Job>> {
+        self.queues[queue]
+            .values()
+            .map(|j| (j.held.clone(), j.job.clone()))
+            .collect()
+    }
+
+    /// Jobs in hand, on all queues.
+    fn len(&self) -> usize {
+        self.queues.iter().map(BTreeMap::len).sum()
+    }
+
+    /// The state line's part for each queue of `names`, oldest job first,
+    /// with how long each has run at `now`.
+    fn state(&self, names: &[&str], now: Instant) -> String {
+        let jobs: Vec<String> = names
+            .iter()
+            .zip(&self.queues)
+            .map(|(name, jobs)| {
+                let running = jobs
+                    .values()
+                    .map(|j| (j.job.id(), now.saturating_duration_since(j.started)));
+                queue_state(name, jobs.len(), running)
+            })
+            .collect();
+        jobs.join("; ")
+    }
 }
 
 /// Jobs of one queue named in the state line; the rest are counted.
@@ -34,50 +133,35 @@ impl Worker {
     }
 
     /// Logs one line at info: whether the worker drains, and per queue the
-    /// jobs it holds (taken, not yet settled), oldest first, with their
-    /// ids and how long they have run.
+    /// jobs in hand (taken, not yet settled), oldest first, with their ids
+    /// and how long they have run.
     pub(super) fn log_state(&self) {
         let now = Instant::now();
-        let (held, jobs) = {
+        let (in_hand, jobs) = {
             let ledger = self.ledger();
-            let held: usize = ledger.queues.iter().map(BTreeMap::len).sum();
-            let jobs: Vec<String> = self
-                .queues
-                .iter()
-                .zip(&ledger.queues)
-                .map(|(q, jobs)| {
-                    let running = jobs
-                        .values()
-                        .map(|h| (h.job.id(), now.saturating_duration_since(h.started)));
-                    queue_state(q.name(), jobs.len(), running)
-                })
-                .collect();
-            (held, jobs.join("; "))
+            (ledger.len(), ledger.state(&self.queue_names(), now))
         };
         tracing::info!(
             draining = self.shutdown.is_draining(),
-            in_flight = held,
+            in_flight = in_hand,
             jobs = %jobs,
             "worker state"
         );
     }
 
     /// Gives back whatever the processing lists hold beyond the ledger: jobs
-    /// Redis moved for us while the reply was lost.
-    pub(super) async fn reconcile(&self) -> RedisResult<()> {
+    /// Redis moved for this process while the reply was lost.
+    pub(super) async fn recheck_lost_replies(&self) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
         for (qi, q) in self.queues.iter().enumerate() {
-            let listed = queue::processing(&mut c, q, &self.instance).await?;
-            let held: Vec<Arc<str>> = self.ledger().queues[qi]
-                .values()
-                .map(|h| h.payload.clone())
-                .collect();
+            let listed = ops::processing(&mut c, q, &self.instance).await?;
+            let held = self.ledger().held(qi);
             // The list is newest first; the oldest goes back last, to the very head.
             let pairs: Vec<(&[u8], &[u8])> = unknown(&listed, &held)
                 .into_iter()
                 .map(|p| (p, p))
                 .collect();
-            let n = queue::give_back(&mut c, q, &self.instance, &pairs).await?;
+            let n = ops::give_back(&mut c, q, &self.instance, &pairs).await?;
             if n > 0 {
                 tracing::warn!(
                     queue = q.name(),
@@ -92,7 +176,7 @@ impl Worker {
 
 /// One queue in the state line: `name: N (id 1.2s, id 0.3s, …)`, the
 /// first [`STATE_JOBS`] of `jobs` named, their ids escaped and cut.
-pub(super) fn queue_state<'a>(
+fn queue_state<'a>(
     name: &str,
     n: usize,
     jobs: impl Iterator<Item = (&'a str, Duration)>,
@@ -102,7 +186,7 @@ pub(super) fn queue_state<'a>(
         .map(|(id, ran)| {
             format!(
                 "{} {:.1}s",
-                crate::text::safe_line(id, STATE_ID_CHARS),
+                workerpool_queue::text::safe_line(id, STATE_ID_CHARS),
                 ran.as_secs_f64()
             )
         })
@@ -120,7 +204,7 @@ pub(super) fn queue_state<'a>(
 /// What a processing list holds beyond the ledger, in list order: each
 /// held payload accounts for one listed copy (the same job can be listed
 /// twice when a producer pushed it twice).
-pub(super) fn unknown<'a>(listed: &'a [Payload], held: &[Arc<str>]) -> Vec<&'a [u8]> {
+fn unknown<'a>(listed: &'a [Payload], held: &[Arc<str>]) -> Vec<&'a [u8]> {
     let mut known: HashMap<&[u8], usize> = HashMap::new();
     for payload in held {
         *known.entry(payload.as_bytes()).or_default() += 1;
@@ -153,7 +237,7 @@ pub(super) fn unstarted(listed: &[Payload], started: &HashMap<Arc<str>, Arc<Job>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::intake;
+    use workerpool_queue::job::intake;
 
     fn held(payloads: &[&str]) -> Vec<Arc<str>> {
         payloads.iter().map(|p| Arc::from(*p)).collect()
@@ -200,7 +284,9 @@ mod tests {
 
     #[test]
     fn at_shutdown_started_jobs_go_back_unstarted_and_everything_else_as_it_was() {
-        let crate::job::Intake::Run { job, stamped } = intake(br#"{"task":"t"}"#, 1, 5, "w") else {
+        let workerpool_queue::job::Intake::Run { job, stamped } =
+            intake(br#"{"task":"t"}"#, 1, 5, "w")
+        else {
             panic!("runs");
         };
         let started = HashMap::from([(Arc::<str>::from(stamped.as_str()), Arc::new(job.clone()))]);

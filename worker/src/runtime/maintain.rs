@@ -2,10 +2,20 @@
 //! retries and delayed jobs, reaping of lost workers (Sidekiq's launcher
 //! and scheduler).
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::RedisResult;
+use tokio_util::sync::CancellationToken;
+use workerpool_queue::keys::Instance;
+use workerpool_queue::ops;
+
+use super::settle::shown;
+use super::{Error, MEMORY_EVERY, PROMOTE_EVERY, Worker};
+use crate::config::ConfigError;
 
 impl Worker {
-    pub(super) fn beat_details(&self) -> Vec<(&'static str, String)> {
+    fn beat_details(&self) -> Vec<(&'static str, String)> {
         let mut details = vec![
             ("id", self.config.worker_id.clone()),
             ("pid", std::process::id().to_string()),
@@ -60,7 +70,7 @@ impl Worker {
             .redis
             .persist("register", &stop, |mut c| async move {
                 for q in &self.queues {
-                    for (name, beat) in queue::workers(&mut c, q).await? {
+                    for (name, beat) in ops::workers(&mut c, q).await? {
                         let earlier = name != self.instance
                             && Instance::id_of(&name) == Some(self.config.worker_id.as_str());
                         if !earlier {
@@ -69,14 +79,14 @@ impl Worker {
                         // Only once its heartbeat is stale: a live process
                         // with the same --worker-id (a second local run, a
                         // copied configuration) keeps its jobs.
-                        match queue::reap(&mut c, q, &name, Some(self.config.dead_after)).await? {
+                        match ops::reap(&mut c, q, &name, Some(self.config.dead_after)).await? {
                             Some(n) => {
-                                tracing::info!(queue = q.name(), earlier = %settle::shown(&name), jobs = n, "returned the jobs of an earlier incarnation");
+                                tracing::info!(queue = q.name(), earlier = %shown(&name), jobs = n, "returned the jobs of an earlier incarnation");
                                 self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
                             }
                             None => tracing::warn!(
                                 queue = q.name(),
-                                other = %settle::shown(&name),
+                                other = %shown(&name),
                                 last_beat_ms_ago = self.now_ms().saturating_sub(beat),
                                 "another live worker uses --worker-id {:?}; its jobs stay with it. If it is this \
                                  container's previous run, they return to the queue once its heartbeat is older \
@@ -85,7 +95,7 @@ impl Worker {
                             ),
                         }
                     }
-                    let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
+                    let beat = ops::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
                     self.note_server_time(beat.server_time_ms);
                 }
                 Ok(())
@@ -100,7 +110,7 @@ impl Worker {
     /// keeps the gauges. Returns the warning when `--require-noeviction`
     /// refuses this Redis. A Redis that does not answer `INFO` (an ACL
     /// without it) counts as a policy that cannot be read.
-    pub(super) async fn check_memory(&self) -> Option<String> {
+    async fn check_memory(&self) -> Option<String> {
         use workerpool_queue::memory::{self, Memory, Risk};
         let mut c = self.redis.conn().await.ok()?;
         let mut refused = None;
@@ -220,10 +230,10 @@ impl Worker {
     }
 
     /// Promotes due jobs; with `beat`, also heartbeats and reaps.
-    pub(super) async fn maintenance_round(&self, ttl: Duration, beat: bool) -> RedisResult<()> {
+    async fn maintenance_round(&self, ttl: Duration, beat: bool) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
         for q in &self.queues {
-            let promoted = queue::promote_due(&mut c, q, 1000).await?;
+            let promoted = ops::promote_due(&mut c, q, 1000).await?;
             if promoted > 0 {
                 tracing::debug!(queue = q.name(), promoted, "due jobs promoted");
             }
@@ -234,7 +244,7 @@ impl Worker {
         }
         let details = self.beat_details();
         for q in &self.queues {
-            let beat = queue::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
+            let beat = ops::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
             self.note_server_time(beat.server_time_ms);
             if beat.registered_anew {
                 tracing::warn!(
@@ -248,13 +258,12 @@ impl Worker {
             let cutoff = self
                 .now_ms()
                 .saturating_sub(self.config.dead_after.as_millis() as u64);
-            for lost in queue::silent_workers(&mut c, q, cutoff).await? {
+            for lost in ops::silent_workers(&mut c, q, cutoff).await? {
                 if lost == self.instance {
                     continue;
                 }
-                if let Some(n) = queue::reap(&mut c, q, &lost, Some(self.config.dead_after)).await?
-                {
-                    tracing::warn!(queue = q.name(), lost = %settle::shown(&lost), jobs = n, "worker lost; its jobs are back at the head of the queue");
+                if let Some(n) = ops::reap(&mut c, q, &lost, Some(self.config.dead_after)).await? {
+                    tracing::warn!(queue = q.name(), lost = %shown(&lost), jobs = n, "worker lost; its jobs are back at the head of the queue");
                     self.metrics
                         .recovered
                         .with_label_values(&[q.name()])

@@ -3,31 +3,24 @@
 //! start them ([`intake`]), run and settle each ([`settle`]), keep the
 //! registry and the queues healthy meanwhile ([`maintain`]), and on
 //! shutdown ([`shutdown`]) give back what is unfinished ([`drain`]). Every
-//! Redis call goes through [`connection`]; what this process holds is in
-//! its [`ledger`].
+//! Redis call goes through [`connection`]; the jobs in hand are in its
+//! [`ledger`].
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
-use redis::{RedisError, RedisResult};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use workerpool_queue::connection::{Connection, Mode};
+use workerpool_queue::connection::Mode;
+use workerpool_queue::keys::{Instance, QueueKeys};
 
-use crate::backoff::{self, Reconnect};
 use crate::config::{Config, ConfigError};
-use crate::handler::{Handler, Outcome};
-use crate::job::{DeadLetter, DeadReason, Intake, Job, intake};
-use crate::keys::{Instance, QueueKeys};
+use crate::handler::Handler;
 use crate::metrics::Metrics;
 use crate::probes::Health;
-use crate::queue::{self, Fetched, IntakeAction, Payload, Settlement};
 
 mod connection;
 mod drain;
@@ -38,8 +31,8 @@ mod maintain;
 mod settle;
 mod shutdown;
 
-use self::connection::{Blocker, Redis};
-use self::ledger::{Held, Ledger};
+use self::connection::Redis;
+use self::ledger::Ledger;
 use self::settle::Settling;
 pub use self::shutdown::Shutdown;
 
@@ -77,14 +70,14 @@ struct Worker {
     clock_offset_ms: AtomicI64,
     /// Set when a reply may have been lost after Redis moved jobs for us:
     /// the processing lists are then checked against the ledger.
-    reconcile: AtomicBool,
+    lost_reply: AtomicBool,
     /// Set when Redis refused the blocking wait's `CLIENT REPLY`: the
     /// fetch loop then polls instead of blocking.
     poll_only: AtomicBool,
     shutdown: Shutdown,
     /// Fires at the shutdown deadline: running attempts are abandoned.
     give_up: CancellationToken,
-    /// One permit per job this process may hold.
+    /// One permit per job this process may have in hand.
     slots: Arc<Semaphore>,
     /// The running jobs' tasks.
     tracker: TaskTracker,
@@ -172,10 +165,7 @@ pub async fn run(
     let (settler, finished) = tokio::sync::mpsc::unbounded_channel();
     let worker = Arc::new(Worker {
         instance: instance.name(),
-        ledger: Mutex::new(Ledger {
-            next: 0,
-            queues: queues.iter().map(|_| BTreeMap::new()).collect(),
-        }),
+        ledger: Mutex::new(Ledger::new(queues.len())),
         job_metrics: queues
             .iter()
             .map(|q| JobMetrics {
@@ -188,20 +178,11 @@ pub async fn run(
             .collect(),
         queues,
         handler,
-        redis: Redis {
-            endpoint,
-            current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            health: health.clone(),
-            metrics: metrics.clone(),
-            last_error: Mutex::new(None),
-            refusals: Mutex::new(BTreeMap::new()),
-            client_refused: AtomicBool::new(false),
-        },
+        redis: Redis::new(endpoint, health.clone(), metrics.clone()),
         metrics,
         health: health.clone(),
         clock_offset_ms: AtomicI64::new(0),
-        reconcile: AtomicBool::new(false),
+        lost_reply: AtomicBool::new(false),
         poll_only: AtomicBool::new(false),
         shutdown: shutdown.clone(),
         give_up: CancellationToken::new(),
@@ -290,28 +271,28 @@ impl Worker {
     /// Notes that a reply may have been lost after Redis moved jobs for
     /// this process: the next fetch round checks the processing lists
     /// against the ledger first.
-    pub(super) fn suspect_lost_reply(&self) {
-        self.reconcile.store(true, Ordering::Relaxed);
+    fn suspect_lost_reply(&self) {
+        self.lost_reply.store(true, Ordering::Relaxed);
     }
 
     /// Jobs running now, on all queues.
-    pub(super) fn running(&self) -> i64 {
+    fn running(&self) -> i64 {
         self.job_metrics.iter().map(|m| m.in_flight.get()).sum()
     }
 
     /// The queues' names, in priority order.
-    pub(super) fn queue_names(&self) -> Vec<&str> {
+    fn queue_names(&self) -> Vec<&str> {
         self.queues.iter().map(QueueKeys::name).collect()
     }
 
-    pub(super) fn now_ms(&self) -> u64 {
+    fn now_ms(&self) -> u64 {
         let local = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         (local + self.clock_offset_ms.load(Ordering::Relaxed)).max(0) as u64
     }
 
-    pub(super) fn note_server_time(&self, server_ms: u64) {
+    fn note_server_time(&self, server_ms: u64) {
         let local = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);

@@ -3,28 +3,40 @@
 //! batches: one round trip settles every job that finished meanwhile and
 //! takes the next jobs into the freed slots.
 
-use super::*;
-use crate::text::LINE_CHARS;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use workerpool_queue::job::{DeadLetter, DeadReason, Job};
+use workerpool_queue::ops::{self, Settlement};
+use workerpool_queue::text::LINE_CHARS;
+
+use super::ledger::InHand;
+use super::{MAX_BATCH, Worker};
+use crate::backoff;
+use crate::handler::Outcome;
 
 impl Worker {
     /// One attempt at one job, then its settlement, which the settle loop
-    /// sends and records. The job's slot is held until its outcome is
-    /// recorded in Redis, and so is the task tracker that the drain waits
-    /// on.
+    /// sends and records. The job keeps its slot until its outcome is
+    /// recorded in Redis, and so does the task tracker that the drain
+    /// waits on.
     pub(super) async fn run_job(
         self: Arc<Self>,
-        qi: usize,
-        seq: u64,
-        job: Arc<Job>,
-        stamped: Arc<str>,
+        entry: u64,
+        in_hand: InHand,
         permit: OwnedSemaphorePermit,
     ) {
+        let (qi, job) = (in_hand.queue, &in_hand.job);
         self.job_metrics[qi].in_flight.inc();
         let started = Instant::now();
         let outcome = tokio::select! {
             biased;
             _ = self.give_up.cancelled() => None,
-            result = tokio::time::timeout(self.config.job_timeout, self.handler.handle(&job)) => Some(
+            result = tokio::time::timeout(self.config.job_timeout, self.handler.handle(job)) => Some(
                 result.unwrap_or_else(|_| Outcome::retry(format!(
                     "timed out after {}",
                     humantime::format_duration(self.config.job_timeout)
@@ -37,13 +49,11 @@ impl Worker {
         self.job_metrics[qi]
             .duration
             .observe(started.elapsed().as_secs_f64());
-        let settlement = self.settlement(qi, &job, outcome);
+        let settlement = self.settlement(qi, job, outcome);
         let finished = Settling {
-            qi,
-            seq,
-            held: stamped,
+            entry,
+            in_hand,
             settlement,
-            job,
             slot: permit,
             _tracked: self.tracker.token(),
         };
@@ -173,16 +183,14 @@ impl Worker {
             batch.len()
         };
         // Frees each done or dead job's unique key.
-        let releases: Vec<Option<String>> = batch.iter().map(|s| s.job.release_token()).collect();
-        let finished: Vec<queue::Finished<'_>> = batch
+        let releases: Vec<Option<String>> = batch
+            .iter()
+            .map(|s| s.in_hand.job.release_token())
+            .collect();
+        let finished: Vec<ops::Finished<'_>> = batch
             .iter()
             .zip(&releases)
-            .map(|(s, release)| queue::Finished {
-                queue: s.qi,
-                payload: s.held.as_bytes(),
-                settlement: &s.settlement,
-                release: release.as_deref(),
-            })
+            .map(|(s, release)| s.in_hand.finished(&s.settlement, release.as_deref()))
             .collect();
         let stop = self.give_up.clone();
         let reply = self
@@ -190,7 +198,7 @@ impl Worker {
             .persist("settle", &stop, |mut c| {
                 let finished = &finished;
                 async move {
-                    let reply = queue::settle(
+                    let reply = ops::settle(
                         &mut c,
                         &self.queues,
                         &self.instance,
@@ -229,8 +237,9 @@ impl Worker {
             // the next incarnation to recover.
             let mut ledger = self.ledger();
             for (settling, kept) in batch.into_iter().zip(kept) {
-                self.record(settling.qi, &settling.job, &settling.settlement, kept);
-                ledger.queues[settling.qi].remove(&settling.seq);
+                let InHand { queue, job, .. } = &settling.in_hand;
+                self.record(*queue, job, &settling.settlement, kept);
+                ledger.settled(*queue, settling.entry);
                 slots.push(settling.slot);
             }
         }
@@ -269,7 +278,7 @@ impl Worker {
 
     /// Logs and counts the payloads a taking script dead-lettered for
     /// their size.
-    pub(super) fn log_too_large(&self, refused: &[queue::TooLarge]) {
+    pub(super) fn log_too_large(&self, refused: &[ops::TooLarge]) {
         for r in refused {
             let queue = self.queues[r.queue].name();
             self.metrics
@@ -282,8 +291,8 @@ impl Worker {
     }
 
     /// The limits the taking scripts enforce.
-    pub(super) fn limits(&self) -> queue::Limits {
-        queue::Limits {
+    pub(super) fn limits(&self) -> ops::Limits {
+        ops::Limits {
             max_attempts: self.config.max_attempts,
             max_payload_bytes: self.config.max_payload_bytes,
         }
@@ -303,7 +312,7 @@ impl Worker {
 /// and bidi characters escaped, at most [`LINE_CHARS`] characters. What is
 /// stored (a dead letter's error) keeps the real text.
 pub(super) fn shown(s: &str) -> String {
-    crate::text::safe_line(s, LINE_CHARS)
+    workerpool_queue::text::safe_line(s, LINE_CHARS)
 }
 
 /// How many settle round trips may be under way at once, and the most jobs
@@ -315,15 +324,13 @@ fn settle_shares(concurrency: usize) -> (usize, usize) {
     (in_flight, concurrency.div_ceil(in_flight))
 }
 
-/// A finished job on its way to the settle loop, with the slot it holds
+/// A finished job on its way to the settle loop, with the slot it keeps
 /// until its settlement is recorded in Redis.
 pub(super) struct Settling {
-    qi: usize,
     /// The job's entry in the ledger.
-    seq: u64,
-    held: Arc<str>,
+    entry: u64,
+    in_hand: InHand,
     settlement: Settlement,
-    job: Arc<Job>,
     slot: OwnedSemaphorePermit,
     /// Keeps the drain waiting until the settlement is recorded.
     _tracked: tokio_util::task::task_tracker::TaskTrackerToken,

@@ -2,7 +2,10 @@
 //! until the shutdown timeout), then now (stop waiting, give jobs back);
 //! and, beside them, a request to log the worker's state.
 
-use super::*;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
 
 /// The two stages of shutdown: `drain` stops fetching and lets in-flight
 /// jobs finish until the shutdown timeout; `now` cuts that wait short.

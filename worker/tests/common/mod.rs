@@ -10,8 +10,8 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::Value;
 use tokio::sync::Semaphore;
+use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::TestRedis;
-use workerpool_worker::keys::QueueKeys;
 use workerpool_worker::{Config, Handler, Job, Metrics, Outcome, Shutdown, run};
 
 /// Pushes jobs as producers do (`LPUSH`), in order.
@@ -56,7 +56,7 @@ pub async fn dead_letters(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<V
 
 /// The Redis server's clock, unix milliseconds.
 pub async fn server_time_ms(c: &mut MultiplexedConnection) -> u64 {
-    workerpool_worker::admin::server_time_ms(c)
+    workerpool_queue::admin::server_time_ms(c)
         .await
         .expect("time")
 }
