@@ -124,20 +124,15 @@ pub static FETCH: LazyLock<Script> = LazyLock::new(|| registered(FETCH_SOURCE.cl
 pub static SETTLE_INTAKE: LazyLock<Script> =
     LazyLock::new(|| ending_script(include_str!("lua/settle_intake.lua")));
 
-/// Completes a job and frees its unique key. KEYS: processing,
-/// stats:processed, unique, unique:expiry. ARGV: payload, release token.
-pub static ACK: LazyLock<Script> = LazyLock::new(|| ending_script(include_str!("lua/ack.lua")));
-
 /// Enqueues jobs, refusing those whose unique key another job holds.
 /// KEYS: queue, scheduled, unique, unique:expiry. ARGV: five per job:
 /// payload, `run_at` ('' for now), id, unique key ('' for none), hold in
 /// ms. Returns 1 (enqueued) or 0 (duplicate) per job.
 pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/enqueue.lua")));
 
-/// Settles finished jobs in one round trip and takes the next jobs into the
-/// slots they free: the batched form of [`ACK`], [`RETRY`] and [`BURY`],
-/// with [`FETCH`] after them. KEYS: ten per queue, highest priority
-/// first: queue, processing, stats:processed, retry, stats:failed, dead,
+/// Settles finished jobs (done, retried later, dead-lettered) in one round
+/// trip and takes the next jobs into the slots they free as [`FETCH`]
+/// does. KEYS: ten per queue, highest priority first: queue, processing, stats:processed, retry, stats:failed, dead,
 /// stats:dead, unique, unique:expiry, rate. ARGV: how many jobs to take,
 /// the attempt limit, the ids, the rate limit, the size limit and the
 /// instance (as for [`FETCH`]), then
@@ -151,15 +146,6 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// returns them.
 pub static SETTLE: LazyLock<Script> =
     LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));
-
-/// Schedules the next attempt of a failed job. KEYS: processing, retry,
-/// stats:failed. ARGV: payload, next payload, delay in milliseconds.
-pub static RETRY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/retry.lua")));
-
-/// Dead-letters a job after a failed attempt and frees its unique key.
-/// KEYS: processing, dead, stats:failed, stats:dead, unique,
-/// unique:expiry. ARGV: payload, dead-letter envelope, release token.
-pub static BURY: LazyLock<Script> = LazyLock::new(|| ending_script(include_str!("lua/bury.lua")));
 
 /// Puts jobs back at the head of the queue (they run next). KEYS:
 /// processing, queue. ARGV: pairs of payload as held, payload to push.
