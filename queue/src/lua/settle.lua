@@ -1,3 +1,4 @@
+-- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua
 -- Settles finished jobs (done, retried later, dead-lettered) in one round
 -- trip and takes the next jobs into the slots they free as fetch.lua does,
 -- its jobs stamped by stamp.lua and limited by rate.lua. This is how a
