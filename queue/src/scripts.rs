@@ -110,8 +110,8 @@ fn source(file: &str) -> String {
     let mut source = String::new();
     for piece in *pieces {
         match piece.split_once(" as ") {
-            Some((file, function)) => {
-                source.push_str(&format!("local function {function}\n{}\nend\n", lua(file)));
+            Some((name, function)) => {
+                source.push_str(&format!("local function {function}\n{}\nend\n", lua(name)));
             }
             None => source.push_str(lua(piece)),
         }
