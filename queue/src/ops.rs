@@ -410,27 +410,6 @@ pub async fn settle_intake(
     Ok(done.into_iter().map(|d| d == 1).collect())
 }
 
-/// Completes a job and frees its unique key with `release`
-/// ([`crate::job::release_token`]). `false`: the job was no longer ours (a
-/// reaper returned it to the queue), so it was not counted again.
-pub async fn ack(
-    conn: &mut impl Conn,
-    queue: &QueueKeys,
-    instance: &str,
-    payload: &[u8],
-    release: Option<&str>,
-) -> RedisResult<bool> {
-    scripts::ACK
-        .key(queue.processing(instance))
-        .key(queue.stats_processed())
-        .key(queue.unique())
-        .key(queue.unique_expiry())
-        .arg(payload)
-        .arg(release.unwrap_or_default())
-        .invoke_async(conn)
-        .await
-}
-
 /// How one finished job is settled (see [`settle`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settlement {
@@ -538,50 +517,6 @@ pub async fn settle(
             too_large,
         },
     ))
-}
-
-/// Schedules the next attempt of a failed job `delay` from now (server clock).
-pub async fn retry_later(
-    conn: &mut impl Conn,
-    queue: &QueueKeys,
-    instance: &str,
-    payload: &[u8],
-    next: &str,
-    delay: Duration,
-) -> RedisResult<bool> {
-    scripts::RETRY
-        .key(queue.processing(instance))
-        .key(queue.retry())
-        .key(queue.stats_failed())
-        .arg(payload)
-        .arg(next)
-        .arg(delay.as_millis() as u64)
-        .invoke_async(conn)
-        .await
-}
-
-/// Dead-letters a job after a failed attempt and frees its unique key with
-/// `release` ([`crate::job::release_token`]).
-pub async fn bury(
-    conn: &mut impl Conn,
-    queue: &QueueKeys,
-    instance: &str,
-    payload: &[u8],
-    envelope: &str,
-    release: Option<&str>,
-) -> RedisResult<bool> {
-    scripts::BURY
-        .key(queue.processing(instance))
-        .key(queue.dead())
-        .key(queue.stats_failed())
-        .key(queue.stats_dead())
-        .key(queue.unique())
-        .key(queue.unique_expiry())
-        .arg(payload)
-        .arg(envelope)
-        .arg(release.unwrap_or_default())
-        .invoke_async(conn)
-        .await
 }
 
 /// Puts jobs back at the head of the queue: pairs of (payload as held in

@@ -19,33 +19,111 @@ use std::sync::{LazyLock, Mutex};
 
 use redis::Script;
 
-/// `expect(key, type)`, the type check every script makes before its
-/// first write, prepended to every script.
-const GUARD: &str = include_str!("lua/guard.lua");
+/// Every Lua file of the queue contract, by name: the scripts and the
+/// pieces they are composed of. Each file's header says what it does.
+const LUA: &[(&str, &str)] = &[
+    ("guard.lua", include_str!("lua/guard.lua")),
+    ("now.lua", include_str!("lua/now.lua")),
+    ("clock.lua", include_str!("lua/clock.lua")),
+    ("stamp.lua", include_str!("lua/stamp.lua")),
+    ("rate.lua", include_str!("lua/rate.lua")),
+    ("take.lua", include_str!("lua/take.lua")),
+    ("unique.lua", include_str!("lua/unique.lua")),
+    ("fetch.lua", include_str!("lua/fetch.lua")),
+    ("settle.lua", include_str!("lua/settle.lua")),
+    ("settle_intake.lua", include_str!("lua/settle_intake.lua")),
+    ("enqueue.lua", include_str!("lua/enqueue.lua")),
+    ("fire.lua", include_str!("lua/fire.lua")),
+    ("give_back.lua", include_str!("lua/give_back.lua")),
+    ("promote.lua", include_str!("lua/promote.lua")),
+    ("heartbeat.lua", include_str!("lua/heartbeat.lua")),
+    ("reap.lua", include_str!("lua/reap.lua")),
+    ("deregister.lua", include_str!("lua/deregister.lua")),
+    ("resurrect.lua", include_str!("lua/resurrect.lua")),
+    ("remove.lua", include_str!("lua/remove.lua")),
+    ("purge.lua", include_str!("lua/purge.lua")),
+    ("dead_page.lua", include_str!("lua/dead_page.lua")),
+    ("dead_pick.lua", include_str!("lua/dead_pick.lua")),
+    ("snapshot.lua", include_str!("lua/snapshot.lua")),
+];
 
-/// Server time in unix milliseconds as `now`, prepended to every script.
-const NOW_MS: &str = include_str!("lua/now.lua");
+/// What every script runs with: `expect()` (`guard.lua`) and `now`, the
+/// server clock read once (`now.lua`).
+const PLAIN: &[&str] = &["guard.lua", "now.lua"];
 
-/// `now()`, the server time read only when a script asks for it: the
-/// scripts that take jobs start with it instead of [`NOW_MS`].
-const CLOCK: &str = include_str!("lua/clock.lua");
+/// The scripts that end jobs add `release()`, which frees a finished job's
+/// unique key (`unique.lua`).
+const ENDING: &[&str] = &["guard.lua", "now.lua", "unique.lua"];
 
-/// The intake stamp done as jobs are taken, prepended (after [`CLOCK`]) to
-/// the scripts that take jobs.
-const STAMP: &str = include_str!("lua/stamp.lua");
+/// The scripts that take jobs read the clock only when they need it
+/// (`now()`, `clock.lua` in place of `now.lua`), and add the intake stamp,
+/// the rate-limit bucket, `take_jobs()` and `release()`.
+const TAKING: &[&str] = &[
+    "guard.lua",
+    "clock.lua",
+    "stamp.lua",
+    "rate.lua",
+    "take.lua",
+    "unique.lua",
+];
 
-/// The rate-limit bucket (`admissible()` and `spend()`), prepended (after
-/// [`STAMP`]) to the scripts that take jobs.
-const RATE: &str = include_str!("lua/rate.lua");
+/// How each script is composed: its file and the pieces put in front of
+/// it, in order. Each file's first line names the same pieces
+/// (`-- uses: ...`; a test holds the two to each other). A piece written
+/// `file as name(args)` goes in as `local function name(args) ... end`.
+const COMPOSED: &[(&str, &[&str])] = &[
+    ("fetch.lua", TAKING),
+    ("settle.lua", TAKING),
+    ("settle_intake.lua", ENDING),
+    ("enqueue.lua", PLAIN),
+    (
+        "fire.lua",
+        &["guard.lua", "now.lua", "enqueue.lua as enqueue(KEYS, ARGV)"],
+    ),
+    ("give_back.lua", PLAIN),
+    ("promote.lua", PLAIN),
+    ("heartbeat.lua", PLAIN),
+    ("reap.lua", PLAIN),
+    ("deregister.lua", PLAIN),
+    ("resurrect.lua", PLAIN),
+    ("remove.lua", PLAIN),
+    ("purge.lua", PLAIN),
+    ("dead_page.lua", PLAIN),
+    ("dead_pick.lua", PLAIN),
+    ("snapshot.lua", PLAIN),
+];
 
-/// `take_jobs()`, the taking half of [`FETCH`] and [`SETTLE`], prepended
-/// (after [`RATE`]) to the scripts that take jobs.
-const TAKE: &str = include_str!("lua/take.lua");
+/// The text of a Lua file of [`LUA`].
+fn lua(file: &str) -> &'static str {
+    match LUA.iter().find(|(name, _)| *name == file) {
+        Some((_, text)) => text,
+        None => panic!("{file} is not one of the queue's Lua files"),
+    }
+}
 
-/// `release()`, which frees a finished job's unique key, prepended (after
-/// [`NOW_MS`], or [`TAKE`] in the taking scripts) to the scripts that end
-/// jobs.
-const UNIQUE: &str = include_str!("lua/unique.lua");
+/// The whole source of the script `file` of [`COMPOSED`]: its pieces, then
+/// the file.
+fn source(file: &str) -> String {
+    let Some((_, pieces)) = COMPOSED.iter().find(|(name, _)| *name == file) else {
+        panic!("{file} is not one of the composed scripts");
+    };
+    let mut source = String::new();
+    for piece in *pieces {
+        match piece.split_once(" as ") {
+            Some((name, function)) => {
+                source.push_str(&format!("local function {function}\n{}\nend\n", lua(name)));
+            }
+            None => source.push_str(lua(piece)),
+        }
+    }
+    source.push_str(lua(file));
+    source
+}
+
+/// The script `file` of [`COMPOSED`], remembered for [`command_at`].
+pub(crate) fn composed(file: &str) -> Script {
+    registered(source(file))
+}
 
 /// The source of every script built so far, by SHA1: what a refusal
 /// inside a script (an ACL without one of its commands) is traced back
@@ -78,25 +156,8 @@ pub fn command_at(sha: &str, line: usize) -> Option<String> {
     names.all(|n| n == first).then_some(first)
 }
 
-pub(crate) fn script(body: &str) -> Script {
-    registered(format!("{GUARD}{NOW_MS}{body}"))
-}
-
-fn ending_script(body: &str) -> Script {
-    registered(format!("{GUARD}{NOW_MS}{UNIQUE}{body}"))
-}
-
-fn taking_source(body: &str) -> String {
-    format!("{GUARD}{CLOCK}{STAMP}{RATE}{TAKE}{UNIQUE}{body}")
-}
-
-fn taking_script(body: &str) -> Script {
-    registered(taking_source(body))
-}
-
 /// The whole text of [`FETCH`].
-pub(crate) static FETCH_SOURCE: LazyLock<String> =
-    LazyLock::new(|| taking_source(include_str!("lua/fetch.lua")));
+pub(crate) static FETCH_SOURCE: LazyLock<String> = LazyLock::new(|| source("fetch.lua"));
 
 /// Takes up to `ARGV[1]` jobs from the queues in `KEYS` (five per queue:
 /// queue, processing list, rate bucket, dead list, stats:dead; highest
@@ -121,23 +182,17 @@ pub static FETCH: LazyLock<Script> = LazyLock::new(|| registered(FETCH_SOURCE.cl
 /// dead-letters it with the envelope and frees its unique key (the fourth
 /// is then the release token). Returns 1 or 0 per quadruple: whether the
 /// payload was still ours.
-pub static SETTLE_INTAKE: LazyLock<Script> =
-    LazyLock::new(|| ending_script(include_str!("lua/settle_intake.lua")));
-
-/// Completes a job and frees its unique key. KEYS: processing,
-/// stats:processed, unique, unique:expiry. ARGV: payload, release token.
-pub static ACK: LazyLock<Script> = LazyLock::new(|| ending_script(include_str!("lua/ack.lua")));
+pub static SETTLE_INTAKE: LazyLock<Script> = LazyLock::new(|| composed("settle_intake.lua"));
 
 /// Enqueues jobs, refusing those whose unique key another job holds.
 /// KEYS: queue, scheduled, unique, unique:expiry. ARGV: five per job:
 /// payload, `run_at` ('' for now), id, unique key ('' for none), hold in
 /// ms. Returns 1 (enqueued) or 0 (duplicate) per job.
-pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/enqueue.lua")));
+pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| composed("enqueue.lua"));
 
-/// Settles finished jobs in one round trip and takes the next jobs into the
-/// slots they free: the batched form of [`ACK`], [`RETRY`] and [`BURY`],
-/// with [`FETCH`] after them. KEYS: ten per queue, highest priority
-/// first: queue, processing, stats:processed, retry, stats:failed, dead,
+/// Settles finished jobs (done, retried later, dead-lettered) in one round
+/// trip and takes the next jobs into the slots they free as [`FETCH`]
+/// does. KEYS: ten per queue, highest priority first: queue, processing, stats:processed, retry, stats:failed, dead,
 /// stats:dead, unique, unique:expiry, rate. ARGV: how many jobs to take,
 /// the attempt limit, the ids, the rate limit, the size limit and the
 /// instance (as for [`FETCH`]), then
@@ -149,35 +204,23 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua
 /// [`FETCH`] does, how many settlements found their job gone and the
 /// position (1-based) of each, then the jobs taken, grouped as [`FETCH`]
 /// returns them.
-pub static SETTLE: LazyLock<Script> =
-    LazyLock::new(|| taking_script(include_str!("lua/settle.lua")));
-
-/// Schedules the next attempt of a failed job. KEYS: processing, retry,
-/// stats:failed. ARGV: payload, next payload, delay in milliseconds.
-pub static RETRY: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/retry.lua")));
-
-/// Dead-letters a job after a failed attempt and frees its unique key.
-/// KEYS: processing, dead, stats:failed, stats:dead, unique,
-/// unique:expiry. ARGV: payload, dead-letter envelope, release token.
-pub static BURY: LazyLock<Script> = LazyLock::new(|| ending_script(include_str!("lua/bury.lua")));
+pub static SETTLE: LazyLock<Script> = LazyLock::new(|| composed("settle.lua"));
 
 /// Puts jobs back at the head of the queue (they run next). KEYS:
 /// processing, queue. ARGV: pairs of payload as held, payload to push.
 /// Pairs are pushed in order, so the last pair ends up at the very head.
 /// Returns how many were still ours.
-pub static GIVE_BACK: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/give_back.lua")));
+pub static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| composed("give_back.lua"));
 
 /// Moves due entries of the retry and scheduled sets to the tail of the
 /// queue. KEYS: retry, scheduled, queue. ARGV: the most to move per set.
 /// Returns how many moved.
-pub static PROMOTE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/promote.lua")));
+pub static PROMOTE: LazyLock<Script> = LazyLock::new(|| composed("promote.lua"));
 
 /// Records a heartbeat. KEYS: workers, worker hash. ARGV: instance,
 /// hash TTL in milliseconds, then field/value pairs for the hash.
 /// Returns {1 if the instance was not registered (new, or reaped), now}.
-pub static HEARTBEAT: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/heartbeat.lua")));
+pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| composed("heartbeat.lua"));
 
 /// Returns a lost worker's jobs to the head of the queue, oldest taken at
 /// the very head, and forgets the worker. KEYS: workers, its processing
@@ -187,27 +230,25 @@ pub static HEARTBEAT: LazyLock<Script> =
 /// so a worker that has just beaten is left alone and concurrent reapers
 /// move each job once. Returns the number of jobs moved, or -1 if the
 /// worker was not lost.
-pub static REAP: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/reap.lua")));
+pub static REAP: LazyLock<Script> = LazyLock::new(|| composed("reap.lua"));
 
 /// Removes a worker from the registry when it holds no jobs. KEYS:
 /// workers, its processing list, its hash. ARGV: instance.
-pub static DEREGISTER: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/deregister.lua")));
+pub static DEREGISTER: LazyLock<Script> = LazyLock::new(|| composed("deregister.lua"));
 
 /// Moves dead letters back onto the queue for a fresh start. KEYS: dead,
 /// queue. ARGV: pairs of the dead-letter entry as stored and the payload to
 /// push. An entry is moved only if it is still in the dead list, so two
 /// operators retrying at once move each job once. Returns how many moved.
-pub static RESURRECT: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/resurrect.lua")));
+pub static RESURRECT: LazyLock<Script> = LazyLock::new(|| composed("resurrect.lua"));
 
 /// Removes the given entries from a list. KEYS: the list. ARGV: entries
 /// as stored. Returns how many were removed.
-pub static REMOVE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/remove.lua")));
+pub static REMOVE: LazyLock<Script> = LazyLock::new(|| composed("remove.lua"));
 
 /// Removes a whole list in one step. KEYS: the list. Returns how many
 /// entries it had.
-pub static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/purge.lua")));
+pub static PURGE: LazyLock<Script> = LazyLock::new(|| composed("purge.lua"));
 
 /// Claims one fire of a recurring schedule and enqueues its job as
 /// [`ENQUEUE`] does, in one script: `enqueue.lua` runs inside it as a
@@ -215,13 +256,7 @@ pub static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/p
 /// the schedule, the fire time in unix ms, the payload, its id, its unique
 /// key ('' for none), the hold in ms. Returns `{1, at}` enqueued, `{0, at}`
 /// claimed and refused as a duplicate, `{-1, latest}` claimed before.
-pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
-    registered(format!(
-        "{GUARD}{NOW_MS}local function enqueue(KEYS, ARGV)\n{}\nend\n{}",
-        include_str!("lua/enqueue.lua"),
-        include_str!("lua/fire.lua")
-    ))
-});
+pub static FIRE: LazyLock<Script> = LazyLock::new(|| composed("fire.lua"));
 
 /// Reads a page of the dead list, each entry longer than a bound cut to
 /// its start and end with its digest. KEYS: dead. ARGV: first index (as
@@ -229,19 +264,100 @@ pub static FIRE: LazyLock<Script> = LazyLock::new(|| {
 /// bytes. Returns the list's
 /// length, then per entry its index from the oldest end, its length, the
 /// entry or its start, and for a cut one its end and SHA-1.
-pub static DEAD_PAGE: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/dead_page.lua")));
+pub static DEAD_PAGE: LazyLock<Script> = LazyLock::new(|| composed("dead_page.lua"));
 
 /// Removes dead letters found by their digest, or (`Q`) moves the payload
 /// a too_large one keeps back onto the queue. KEYS: dead, queue. ARGV: the
 /// action, then triples of index from the oldest end, length, SHA-1.
 /// Returns per triple 1 done, 0 gone, -1 left (not a too_large entry).
-pub static DEAD_PICK: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("lua/dead_pick.lua")));
+pub static DEAD_PICK: LazyLock<Script> = LazyLock::new(|| composed("dead_pick.lua"));
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+
+    /// The pieces a Lua file's `-- uses:` line names, in order (split at
+    /// the commas outside parentheses), if its header has one.
+    fn uses(text: &str) -> Option<Vec<&str>> {
+        let line = text
+            .lines()
+            .take_while(|l| l.starts_with("--"))
+            .find_map(|l| l.strip_prefix("-- uses:"))?;
+        let (mut pieces, mut depth, mut start) = (Vec::new(), 0, 0);
+        for (i, c) in line.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    pieces.push(line[start..i].trim());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        pieces.push(line[start..].trim());
+        Some(pieces)
+    }
+
+    #[test]
+    fn a_uses_line_is_read_from_the_header_only() {
+        assert_eq!(
+            uses("-- uses: guard.lua, now.lua\n-- Does a thing.\nlocal a = 1\n"),
+            Some(vec!["guard.lua", "now.lua"])
+        );
+        assert_eq!(
+            uses("-- Does a thing.\nlocal a = 1\n-- uses: now.lua\n"),
+            None
+        );
+    }
+
+    /// Every script's `-- uses:` line names exactly the pieces [`COMPOSED`]
+    /// puts in front of it, in order: a file that gets pieces and has no
+    /// such line fails, and so does a line naming a piece that is not put
+    /// there, or a line in a file that is not composed.
+    #[test]
+    fn every_script_names_the_pieces_it_is_composed_of() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua");
+        let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+            .expect("the Lua directory")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name.ends_with(".lua"))
+            .collect();
+        let known: BTreeSet<String> = LUA.iter().map(|(name, _)| name.to_string()).collect();
+        assert_eq!(on_disk, known, "every Lua file is in LUA");
+        for (file, text) in LUA {
+            let composed = COMPOSED
+                .iter()
+                .find(|(name, _)| name == file)
+                .map(|(_, pieces)| pieces.to_vec());
+            assert_eq!(uses(text), composed, "{file}: its `-- uses:` line");
+        }
+        // And the pieces are what goes in front, in that order.
+        for (file, pieces) in COMPOSED {
+            let source = source(file);
+            let mut at = 0;
+            for piece in *pieces {
+                let name = piece.split(" as ").next().unwrap_or(piece);
+                let found = source[at..]
+                    .find(lua(name))
+                    .unwrap_or_else(|| panic!("{file}: {name} is not in its source"));
+                at += found + lua(name).len();
+            }
+            // Only a wrapped piece's `end` stands between them and the file.
+            let between = source[at..].strip_suffix(lua(file));
+            assert!(
+                between.is_some_and(|b| ["", "end"].contains(&b.trim())),
+                "{file}: the file after its pieces"
+            );
+        }
+    }
 
     #[test]
     fn a_script_line_is_traced_to_the_command_it_calls() {

@@ -13,8 +13,7 @@ use serde::Serialize;
 use crate::job::field;
 use crate::keys::QueueKeys;
 
-static SNAPSHOT: LazyLock<Script> =
-    LazyLock::new(|| crate::scripts::script(include_str!("lua/snapshot.lua")));
+static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| crate::scripts::composed("snapshot.lua"));
 
 /// One registered worker instance.
 #[derive(Debug, Clone, PartialEq, Eq)]

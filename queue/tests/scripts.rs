@@ -13,9 +13,6 @@ use workerpool_tests::TestRedis;
 /// One operation of the contract, with its arguments.
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    Ack(&'static str),
-    Retry(&'static str, &'static str),
-    Bury(&'static str, &'static str),
     GiveBack(&'static [(&'static str, &'static str)]),
     Promote(usize),
     /// Takes up to `n` jobs (attempt limit 10).
@@ -29,10 +26,6 @@ enum Op {
     Settle(&'static [(char, &'static str)], usize),
     /// Enqueues JSON jobs through `admin::enqueue`.
     Enqueue(&'static [&'static str]),
-    /// Completes a payload, freeing a unique key with the token.
-    AckReleasing(&'static str, &'static str),
-    /// Dead-letters a payload, freeing a unique key with the token.
-    BuryReleasing(&'static str, &'static str, &'static str),
     /// Settles (kind, payload, release token) and takes nothing.
     SettleReleasing(&'static [(char, &'static str, &'static str)]),
     /// Dead-letters a fresh payload at intake, freeing a unique key.
@@ -174,52 +167,6 @@ const ROWS: &[Row] = &[
             "<q>=[j3]",
             "<q>:processing:w~1=[j2, j1]",
             "<q>:stats:processed=1",
-        ],
-    },
-    Row {
-        rule: "an ack removes the held payload and counts it",
-        given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
-        op: Op::Ack("j"),
-        reply: "true",
-        then: &["<q>:stats:processed=1"],
-    },
-    Row {
-        rule: "settling a payload a reaper already returned changes nothing: ack",
-        given: &[&["LPUSH", "<q>", "j"]],
-        op: Op::Ack("j"),
-        reply: "false",
-        then: &["<q>=[j]"],
-    },
-    Row {
-        rule: "settling a payload a reaper already returned changes nothing: retry",
-        given: &[&["LPUSH", "<q>", "j"]],
-        op: Op::Retry("j", "j2"),
-        reply: "false",
-        then: &["<q>=[j]"],
-    },
-    Row {
-        rule: "settling a payload a reaper already returned changes nothing: bury",
-        given: &[&["LPUSH", "<q>", "j"]],
-        op: Op::Bury("j", "letter"),
-        reply: "false",
-        then: &["<q>=[j]"],
-    },
-    Row {
-        rule: "a retry swaps the held payload for the next attempt in the retry set",
-        given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
-        op: Op::Retry("j", "j2"),
-        reply: "true",
-        then: &["<q>:retry={j2}", "<q>:stats:failed=1"],
-    },
-    Row {
-        rule: "burying dead-letters the envelope and counts a failure and a death",
-        given: &[&["LPUSH", "<q>:processing:w~1", "j"]],
-        op: Op::Bury("j", "letter"),
-        reply: "true",
-        then: &[
-            "<q>:dead=[letter]",
-            "<q>:stats:dead=1",
-            "<q>:stats:failed=1",
         ],
     },
     Row {
@@ -465,25 +412,14 @@ const ROWS: &[Row] = &[
         ],
     },
     Row {
-        rule: "completing a unique job frees its key",
-        given: &[
-            &["LPUSH", "<q>:processing:w~1", "p"],
-            &["HSET", "<q>:unique", "k", "a"],
-            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
-        ],
-        op: Op::AckReleasing("p", "1:ak"),
-        reply: "true",
-        then: &["<q>:stats:processed=1"],
-    },
-    Row {
         rule: "completing a job frees its key only while it holds it: a newer job keeps the key it took",
         given: &[
             &["LPUSH", "<q>:processing:w~1", "p"],
             &["HSET", "<q>:unique", "k", "b"],
             &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
         ],
-        op: Op::AckReleasing("p", "1:ak"),
-        reply: "true",
+        op: Op::SettleReleasing(&[('A', "p", "1:ak")]),
+        reply: "[true]",
         then: &[
             "<q>:stats:processed=1",
             "<q>:unique={k: b}",
@@ -496,24 +432,9 @@ const ROWS: &[Row] = &[
             &["HSET", "<q>:unique", "k", "a"],
             &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
         ],
-        op: Op::AckReleasing("p", "1:ak"),
-        reply: "false",
+        op: Op::SettleReleasing(&[('A', "p", "1:ak")]),
+        reply: "[false]",
         then: &["<q>:unique={k: a}", "<q>:unique:expiry={k}"],
-    },
-    Row {
-        rule: "dead-lettering a unique job frees its key",
-        given: &[
-            &["LPUSH", "<q>:processing:w~1", "p"],
-            &["HSET", "<q>:unique", "k", "a"],
-            &["ZADD", "<q>:unique:expiry", "99999999999999", "k"],
-        ],
-        op: Op::BuryReleasing("p", "letter", "1:ak"),
-        reply: "true",
-        then: &[
-            "<q>:dead=[letter]",
-            "<q>:stats:dead=1",
-            "<q>:stats:failed=1",
-        ],
     },
     Row {
         rule: "a settle round trip frees the keys of done and dead jobs; a retried job keeps its key",
@@ -706,14 +627,6 @@ const ROWS: &[Row] = &[
 async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
     let w = "w~1";
     let r = match op {
-        Op::Ack(p) => format!("{:?}", ops::ack(c, q, w, p.as_bytes(), None).await),
-        Op::AckReleasing(p, token) => {
-            format!("{:?}", ops::ack(c, q, w, p.as_bytes(), Some(token)).await)
-        }
-        Op::BuryReleasing(p, letter, token) => format!(
-            "{:?}",
-            ops::bury(c, q, w, p.as_bytes(), letter, Some(token)).await
-        ),
         Op::Enqueue(jobs) => {
             let jobs = jobs
                 .iter()
@@ -775,13 +688,6 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 .await
                 .map(|(kept, _)| kept)
             )
-        }
-        Op::Retry(p, next) => format!(
-            "{:?}",
-            ops::retry_later(c, q, w, p.as_bytes(), next, Duration::from_secs(60)).await
-        ),
-        Op::Bury(p, letter) => {
-            format!("{:?}", ops::bury(c, q, w, p.as_bytes(), letter, None).await)
         }
         Op::GiveBack(pairs) => {
             let pairs: Vec<(&[u8], &[u8])> = pairs

@@ -3,20 +3,14 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate is in the workspace")
-        .to_path_buf()
-}
+pub use workerpool_tests::{helm, root};
 
 /// Where the cluster comes from.
 #[derive(Debug)]
@@ -234,19 +228,6 @@ fn stop_on_signal(down: Arc<Mutex<Option<PathBuf>>>) {
             std::process::exit(130);
         }
     });
-}
-
-/// helm: `HELM`, else the one `scripts/install-helm.sh` puts in
-/// `target/tools/bin`, else the one on `PATH`.
-pub fn helm() -> PathBuf {
-    if let Some(path) = std::env::var_os("HELM") {
-        return path.into();
-    }
-    let installed = root().join("target/tools/bin/helm");
-    if installed.is_file() {
-        return installed;
-    }
-    PathBuf::from("helm")
 }
 
 /// Calls `check` every 250 ms until it returns `Some` or `timeout` passes;

@@ -8,9 +8,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod local;
 pub mod sentinel;
 pub mod tls;
 pub use cluster::TestRedisCluster;
+pub use local::{Local, collect_lines, local_command};
 pub use sentinel::TestRedisSentinel;
 pub use tls::TestTlsRedis;
 
@@ -214,6 +216,65 @@ pub fn bin_dir() -> &'static Path {
         assert!(present(&dir), "no binaries in {}", dir.display());
         dir
     })
+}
+
+/// The repository's root directory.
+pub fn root() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    root.canonicalize().unwrap_or(root)
+}
+
+/// The text of the repository's file `relative` (to [`root`]).
+pub fn read(relative: &str) -> String {
+    std::fs::read_to_string(root().join(relative))
+        .unwrap_or_else(|e| panic!("cannot read {relative}: {e}"))
+}
+
+/// The program `name` in a directory of `PATH`, if there is one.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The helm to run: `$HELM`, else the one `scripts/install-helm.sh` puts
+/// in `target/tools/bin`, else the one on `PATH`.
+pub fn helm() -> PathBuf {
+    if let Some(path) = std::env::var_os("HELM") {
+        return path.into();
+    }
+    let installed = root().join("target/tools/bin/helm");
+    if installed.is_file() {
+        return installed;
+    }
+    on_path("helm").unwrap_or_else(|| {
+        panic!(
+            "no helm binary: run scripts/install-helm.sh (it puts helm in target/tools/bin), or set HELM"
+        )
+    })
+}
+
+/// The instructions of a Dockerfile, with continuation lines joined and
+/// comments dropped.
+pub fn dockerfile_instructions(dockerfile: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines().map(str::trim) {
+        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(line);
+                out.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    out
 }
 
 /// The `redis-server` to run: `$REDIS_SERVER`, else the one on `PATH`.

@@ -6,7 +6,7 @@
 //! `scripts/install-helm.sh` installs), else the one on `PATH`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -21,36 +21,13 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use workerpool_operator::crd::WorkerPool;
 use workerpool_operator::{deployment, rbac};
+use workerpool_tests::{helm, read, root};
 
 const CHART: &str = "charts/workerpool-operator";
 const CHART_CRD: &str = "charts/workerpool-operator/crds/workerpools.workerpool.dev.yaml";
 const NON_DEFAULT_VALUES: &str = "charts/workerpool-operator/ci/non-default-values.yaml";
 const INSTALL_NAMESPACE: &str = "workerpool-system";
 const REGENERATE: &str = "UPDATE_MANIFESTS=1 cargo test -p workerpool-tests --test chart";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn helm() -> PathBuf {
-    if let Some(path) = std::env::var_os("HELM") {
-        return path.into();
-    }
-    let installed = root().join("target/tools/bin/helm");
-    if installed.is_file() {
-        return installed;
-    }
-    if let Some(path) = std::env::var_os("PATH")
-        && let Some(found) = std::env::split_paths(&path)
-            .map(|dir| dir.join("helm"))
-            .find(|candidate| candidate.is_file())
-    {
-        return found;
-    }
-    panic!(
-        "no helm binary: run scripts/install-helm.sh (it puts helm in target/tools/bin), or set HELM"
-    );
-}
 
 /// Runs helm in the workspace root; Ok(stdout) or Err(stderr).
 fn try_helm(args: &[&str]) -> Result<String, String> {
@@ -91,11 +68,6 @@ fn documents(yaml: &str) -> Vec<Value> {
         .map(|doc| Value::deserialize(doc).expect("valid YAML"))
         .filter(|doc| !doc.is_null())
         .collect()
-}
-
-fn read(relative: &str) -> String {
-    std::fs::read_to_string(root().join(relative))
-        .unwrap_or_else(|e| panic!("cannot read {relative}: {e}"))
 }
 
 fn kind(doc: &Value) -> (&str, &str) {

@@ -2,37 +2,7 @@
 //! built: a multi-stage build of the right package from the lock file, and a
 //! final stage that runs the right binary as a numeric non-root user.
 
-use std::path::Path;
-
-fn read(relative: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {relative}: {e}"))
-}
-
-/// Instructions with continuation lines joined and comments dropped.
-fn instructions(dockerfile: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for line in dockerfile.lines() {
-        let line = line.trim();
-        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
-            continue;
-        }
-        match line.strip_suffix('\\') {
-            Some(part) => {
-                current.push_str(part);
-                current.push(' ');
-            }
-            None => {
-                current.push_str(line);
-                out.push(std::mem::take(&mut current));
-            }
-        }
-    }
-    out
-}
+use workerpool_tests::{dockerfile_instructions, read};
 
 /// The instructions of the last stage (the image that ships).
 fn final_stage(all: &[String]) -> &[String] {
@@ -44,7 +14,7 @@ fn final_stage(all: &[String]) -> &[String] {
 }
 
 fn check(dockerfile: &str, package: &str, entrypoint: &[&str]) {
-    let all = instructions(&read(dockerfile));
+    let all = dockerfile_instructions(&read(dockerfile));
     let froms = all.iter().filter(|i| i.starts_with("FROM ")).count();
     assert!(froms >= 2, "{dockerfile}: multi-stage");
     assert!(
@@ -112,7 +82,7 @@ fn the_worker_image_runs_workerpool_worker_as_non_root_so_images_can_build_on_it
             "/usr/local/bin/workerpool-worker",
         ],
     );
-    let shipped = instructions(&read("images/worker/Dockerfile"));
+    let shipped = dockerfile_instructions(&read("images/worker/Dockerfile"));
     assert!(
         !final_stage(&shipped).iter().any(|i| i.starts_with("CMD ")),
         "no CMD: a pool's args (`--` and the handler command) follow the entrypoint"
@@ -132,7 +102,7 @@ fn the_build_context_leaves_out_build_output_and_git() {
 
 /// The value of the last `INSTRUCTION ` of the final stage, if any.
 fn last(dockerfile: &str, instruction: &str) -> Option<String> {
-    let all = instructions(&read(dockerfile));
+    let all = dockerfile_instructions(&read(dockerfile));
     final_stage(&all)
         .iter()
         .rev()

@@ -5,10 +5,7 @@
 //! so they see what a user sees: the pool's size, the engine's reason, and
 //! the notes about started, stopped and restarted workers.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -16,7 +13,8 @@ use rustix::process::{Pid, Signal, kill_process};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::sentinel::Auth;
 use workerpool_tests::{
-    TestRedis, TestRedisCluster, TestRedisSentinel, TestTlsRedis, bin_dir, eventually, free_port,
+    Local, TestRedis, TestRedisCluster, TestRedisSentinel, TestTlsRedis, collect_lines, eventually,
+    free_port, local_command,
 };
 
 /// A handler that takes `seconds` per job.
@@ -51,133 +49,6 @@ spec:
 /// The directory holding `workerpool-operator` and `workerpool-worker`: the
 /// one this test executable was built into (`<target>/<profile>/deps/..`),
 /// building them there when they are missing.
-/// A running `workerpool-operator local`, stopped with SIGTERM (its workers
-/// with it) when dropped.
-struct Local {
-    child: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<Vec<String>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Local {
-    fn start(redis: &TestRedis, manifest: &str) -> Self {
-        Self::start_at(&redis.url(), manifest)
-    }
-
-    fn start_at(url: &str, manifest: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("pool.yaml");
-        std::fs::write(&path, manifest).expect("write manifest");
-        let mut child = local_command(&path)
-            .args(["--redis-url", url, "--plain"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start workerpool-operator local");
-        let stdout = collect(child.stdout.take().expect("piped stdout"));
-        let stderr = collect(child.stderr.take().expect("piped stderr"));
-        Self {
-            child,
-            stdout,
-            stderr,
-            _dir: dir,
-        }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.stdout.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    /// Values of `key=` over every status line.
-    fn values(&self, key: &str) -> Vec<i64> {
-        let prefix = format!("{key}=");
-        self.lines()
-            .iter()
-            .filter(|l| l.starts_with("t="))
-            .filter_map(|l| {
-                l.split(' ')
-                    .find_map(|f| f.strip_prefix(&prefix))
-                    .and_then(|v| v.parse().ok())
-            })
-            .collect()
-    }
-
-    fn last_status(&self) -> String {
-        self.lines()
-            .into_iter()
-            .rev()
-            .find(|l| l.starts_with("t="))
-            .unwrap_or_default()
-    }
-
-    fn signal(&self, sig: Signal) {
-        let pid = Pid::from_raw(self.child.id() as i32).expect("a pid");
-        let _ = kill_process(pid, sig);
-    }
-
-    /// Waits for the process to exit and returns whether it exited with 0.
-    fn wait(&mut self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!(
-            "local mode still running after {timeout:?}: {:?}",
-            self.lines()
-        );
-    }
-
-    fn report(&self) -> String {
-        let err = self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default();
-        format!("stdout:\n{}\nstderr:\n{err}", self.lines().join("\n"))
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.signal(Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn local_command(manifest: &Path) -> Command {
-    let mut cmd = Command::new(bin_dir().join("workerpool-operator"));
-    cmd.arg("local")
-        .arg("-f")
-        .arg(manifest)
-        .arg("--worker-bin")
-        .arg(bin_dir().join("workerpool-worker"))
-        .env("RUST_LOG", "warn");
-    cmd
-}
-
-fn collect(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-        }
-    });
-    lines
-}
-
 async fn push(
     conn: &mut (impl redis::aio::ConnectionLike + Send + Sync),
     queue: &str,
@@ -376,7 +247,7 @@ async fn stops_the_pool_on(signal: Signal, key: &str) {
         async move { (held(&mut conn, &q).await == 2).then_some(()) }
     })
     .await;
-    let workers = KillWorkers(workers_of(local.child.id()));
+    let workers = KillWorkers(workers_of(local.id()));
     assert_eq!(workers.0.len(), 2, "{:?}: {}", workers.0, local.report());
 
     local.signal(signal);
@@ -611,7 +482,7 @@ async fn a_tls_pool_runs_locally_with_the_ca_file_standing_in_for_its_secret() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start local mode");
-    let stderr = collect(child.stderr.take().expect("piped stderr"));
+    let stderr = collect_lines(child.stderr.take().expect("piped stderr"));
     push(&mut conn, q.name(), 1, 40).await;
     eventually(Duration::from_secs(60), "40 jobs done over TLS", || {
         let mut conn = conn.clone();
@@ -731,26 +602,13 @@ async fn local_mode_runs_its_pool_and_dashboard_as_the_documented_acl_user() {
     let url = format!("redis://local:secret@127.0.0.1:{}", redis.port());
     let q = QueueKeys::new("jobs");
     let port = free_port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("pool.yaml");
     let scaling = "scaling: {minReplicas: 0, maxReplicas: 2, pollIntervalSeconds: 1, \
         targetBacklogPerReplica: 10, idleSecondsBeforeZero: 2}";
-    std::fs::write(&path, manifest("jobs", scaling, &handler("0.01"), 2, 5)).expect("manifest");
-    let mut child = local_command(&path)
-        .args(["--redis-url", &url, "--plain"])
-        .args(["--dashboard", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start workerpool-operator local");
-    let stdout = collect(child.stdout.take().expect("piped stdout"));
-    let stderr = collect(child.stderr.take().expect("piped stderr"));
-    let local = Local {
-        child,
-        stdout,
-        stderr,
-        _dir: dir,
-    };
+    let local = Local::start_with(
+        &url,
+        &manifest("jobs", scaling, &handler("0.01"), 2, 5),
+        &["--dashboard", &format!("127.0.0.1:{port}")],
+    );
     push(&mut conn, q.name(), 1, 60).await;
     eventually(Duration::from_secs(60), "every job done", || {
         let mut conn = conn.clone();

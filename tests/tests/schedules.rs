@@ -4,15 +4,11 @@
 //! and ended, so the tests see what ran and when.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use workerpool_tests::{TestRedis, bin_dir, eventually};
+use workerpool_tests::{Local, TestRedis, eventually, local_command};
 
 /// The directory holding `workerpool-operator` and `workerpool-worker`,
 /// building them there when they are missing.
@@ -44,92 +40,6 @@ spec:
   - {schedule}
 "#
     )
-}
-
-/// A running `workerpool-operator local`, stopped with SIGTERM when dropped.
-struct Local {
-    child: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<Vec<String>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Local {
-    fn start(redis: &TestRedis, manifest: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("pool.yaml");
-        std::fs::write(&path, manifest).expect("write manifest");
-        let mut child = local_command(&path)
-            .args(["--redis-url", &redis.url(), "--plain"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start workerpool-operator local");
-        let stdout = collect(child.stdout.take().expect("piped stdout"));
-        let stderr = collect(child.stderr.take().expect("piped stderr"));
-        Self {
-            child,
-            stdout,
-            stderr,
-            _dir: dir,
-        }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.stdout.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    fn report(&self) -> String {
-        let err = self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default();
-        format!("stdout:\n{}\nstderr:\n{err}", self.lines().join("\n"))
-    }
-
-    /// SIGTERM, then waits for the process to exit.
-    fn stop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let pid = Pid::from_raw(self.child.id() as i32).expect("a pid");
-            let _ = kill_process(pid, Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn local_command(manifest: &Path) -> Command {
-    let mut cmd = Command::new(bin_dir().join("workerpool-operator"));
-    cmd.arg("local")
-        .arg("-f")
-        .arg(manifest)
-        .arg("--worker-bin")
-        .arg(bin_dir().join("workerpool-worker"))
-        .env("RUST_LOG", "warn");
-    cmd
-}
-
-fn collect(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if let Ok(mut l) = sink.lock() {
-                l.push(line);
-            }
-        }
-    });
-    lines
 }
 
 /// One job as the handler saw it: its fire time (from its id) and when it

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Reads entries of a list of dead letters without sending any long one
 -- whole: a reader's memory is bounded by the page, not by the largest
 -- entry (a too_large dead letter keeps a payload of any size).

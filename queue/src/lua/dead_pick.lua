@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Removes dead letters named by where they were read and their digest
 -- (dead_page.lua), and with `Q` pushes the payload a too_large dead letter
 -- keeps whole onto the queue, exactly as it was taken, in the same step:

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Removes a worker from the registry when it holds no jobs. KEYS:
 -- workers, its processing list, its hash. ARGV: instance.
 local workers, processing, details = KEYS[1], KEYS[2], KEYS[3]

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Enqueues jobs; a job with a unique key goes in only when no job holding
 -- that key is waiting, scheduled, retrying or running, and then holds it
 -- until it is done or dead-lettered, or for its hold time in any case.

@@ -1,3 +1,4 @@
+-- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua
 -- Takes up to `ARGV[1]` jobs from the queues in `KEYS` (five keys each,
 -- highest priority first), each moved
 -- atomically and stamped on the way (stamp.lua), no more from a queue than

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua, enqueue.lua as enqueue(KEYS, ARGV)
 -- Claims one fire of a recurring schedule and enqueues its job in the same
 -- step, so however many operators fire the schedule at once, and whatever
 -- restarts in between, each fire is enqueued at most once. A schedule's

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Puts jobs back at the head of the queue (they run next). KEYS:
 -- processing, queue. ARGV: pairs of payload as held, payload to push.
 -- Pairs are pushed in order, so the last pair ends up at the very head.

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Records a heartbeat. KEYS: workers, worker hash. ARGV: instance,
 -- hash TTL in milliseconds, then field/value pairs for the hash.
 -- Returns {1 if the instance was not registered (new, or reaped), now}.

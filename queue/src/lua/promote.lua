@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Moves due entries of the retry and scheduled sets to the tail of the
 -- queue. KEYS: retry, scheduled, queue. ARGV: the most to move per set.
 -- Returns how many moved.

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Removes a whole list in one step (UNLINK: its memory is freed in the
 -- background, so a long list does not stall the server). KEYS: the list.
 -- Returns how many entries it had.

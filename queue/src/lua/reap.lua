@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Returns a lost worker's jobs to the head of the queue, oldest taken at
 -- the very head, and forgets the worker. KEYS: workers, its processing
 -- list, queue, its hash, stats:recovered. ARGV: instance, silence in

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Removes the given entries from a list. KEYS: the list. ARGV: entries
 -- as stored. Returns how many were removed.
 local list = KEYS[1]

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Moves dead letters back onto the queue for a fresh start. KEYS: dead,
 -- queue. ARGV: pairs of the dead-letter entry as stored and the payload to
 -- push. An entry is moved only if it is still in the dead list, so two

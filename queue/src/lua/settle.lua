@@ -1,7 +1,8 @@
--- Settles finished jobs in one round trip and takes the next jobs into the
--- slots they free (the batched form of ack.lua, retry.lua and bury.lua,
--- with fetch.lua after them, its jobs stamped by stamp.lua and limited by
--- rate.lua).
+-- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua
+-- Settles finished jobs (done, retried later, dead-lettered) in one round
+-- trip and takes the next jobs into the slots they free as fetch.lua does,
+-- its jobs stamped by stamp.lua and limited by rate.lua. This is how a
+-- worker settles: there is no single-job form.
 -- KEYS: ten per queue, highest priority first: queue, processing,
 -- stats:processed, retry, stats:failed, dead, stats:dead, unique,
 -- unique:expiry, rate.

@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua, unique.lua
 -- Settles freshly fetched payloads that the fetch script left untouched or
 -- that the worker read otherwise than the script's stamp.
 -- KEYS: processing, scheduled, dead, stats:dead, unique, unique:expiry.

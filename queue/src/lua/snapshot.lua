@@ -1,3 +1,4 @@
+-- uses: guard.lua, now.lua
 -- Everything a queue's readers need, for each queue, in one round trip.
 -- KEYS: per queue, 9 keys: queue, retry, scheduled, dead, workers,
 -- stats:processed, stats:failed, stats:dead, stats:recovered.
