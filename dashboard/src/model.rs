@@ -343,7 +343,7 @@ mod tests {
             name: "q".into(),
             waiting: 7,
             retries: 5,
-            due_retries: 2,
+            retries_due: 2,
             oldest_enqueued_at_ms: Some(1_000),
             workers: vec![
                 WorkerFigures {

@@ -137,7 +137,7 @@ fn replay(
             backlog: step.backlog,
             in_flight: if current > 0 { step.in_flight } else { 0 },
             // A part of the backlog, as the snapshot reads it.
-            due_retries: step.due_retries.min(step.backlog),
+            due: step.due_retries.min(step.backlog),
             oldest_job_age_seconds: step.age,
             processed_total: processed,
             current_replicas: current,

@@ -55,19 +55,19 @@ pub struct QueueFigures {
     /// Jobs in the list.
     pub waiting: u64,
     /// Failed jobs whose next attempt is due.
-    pub due_retries: u64,
+    pub retries_due: u64,
     /// Failed jobs waiting for their next attempt, due or not.
     pub retries: u64,
     /// Delayed jobs whose `run_at` has come.
-    pub due_scheduled: u64,
+    pub scheduled_due: u64,
     /// Delayed jobs, due or not.
     pub scheduled: u64,
     /// Dead letters.
     pub dead: u64,
     /// Jobs completed (monotonic counter).
-    pub processed: u64,
+    pub processed_total: u64,
     /// Failed attempts (monotonic counter).
-    pub failed: u64,
+    pub failed_total: u64,
     /// Jobs dead-lettered (monotonic counter).
     pub dead_total: u64,
     /// Jobs returned from lost workers (monotonic counter).
@@ -84,13 +84,13 @@ impl QueueFigures {
     pub fn counts(&self, now_ms: u64) -> Counts {
         let mut c = Counts {
             waiting: self.waiting,
-            retries_due: self.due_retries,
-            retries_scheduled: self.retries.saturating_sub(self.due_retries),
-            scheduled_due: self.due_scheduled,
+            retries_due: self.retries_due,
+            retries_scheduled: self.retries.saturating_sub(self.retries_due),
+            scheduled_due: self.scheduled_due,
             scheduled: self.scheduled,
             dead: self.dead,
-            processed_total: self.processed,
-            failed_total: self.failed,
+            processed_total: self.processed_total,
+            failed_total: self.failed_total,
             dead_total: self.dead_total,
             recovered_total: self.recovered_total,
             oldest_enqueued_at_ms: self.oldest_enqueued_at_ms,
@@ -368,13 +368,13 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
         out.push(QueueFigures {
             name: q.name().to_string(),
             waiting: int(&f[0])?,
-            due_retries: int(&f[1])?,
+            retries_due: int(&f[1])?,
             retries: int(&f[2])?,
-            due_scheduled: int(&f[3])?,
+            scheduled_due: int(&f[3])?,
             scheduled: int(&f[4])?,
             dead: int(&f[5])?,
-            processed: int(&f[6])?,
-            failed: int(&f[7])?,
+            processed_total: int(&f[6])?,
+            failed_total: int(&f[7])?,
             dead_total: int(&f[10])?,
             recovered_total: int(&f[11])?,
             oldest_enqueued_at_ms: oldest,
@@ -429,12 +429,12 @@ mod tests {
                 )| QueueFigures {
                     name: "q".into(),
                     waiting,
-                    due_retries,
+                    retries_due: due_retries,
                     retries: due_retries + later_retries,
-                    due_scheduled,
+                    scheduled_due: due_scheduled,
                     scheduled: due_scheduled + later_scheduled,
                     dead,
-                    processed,
+                    processed_total: processed,
                     oldest_enqueued_at_ms: oldest,
                     workers,
                     ..QueueFigures::default()
@@ -466,7 +466,7 @@ mod tests {
             prop_assert_eq!(all.processed_total, sum(|c| c.processed_total));
             prop_assert_eq!(all.dead, sum(|c| c.dead));
             for (q, c) in queues.iter().zip(&each) {
-                prop_assert_eq!(c.backlog(), q.waiting + q.due_retries + q.due_scheduled);
+                prop_assert_eq!(c.backlog(), q.waiting + q.retries_due + q.scheduled_due);
                 prop_assert_eq!(c.retries_due + c.retries_scheduled, q.retries);
                 prop_assert!(c.scheduled_due <= c.scheduled);
             }

@@ -8,9 +8,9 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value, json};
 
 use workerpool_queue::admin::{self, WorkerInfo};
-use workerpool_queue::snapshot::{self, Counts};
 use workerpool_queue::connection::{Connection, describe};
 use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::snapshot::{self, Counts};
 use workerpool_queue::text::{self, CELL_CHARS, LINE_CHARS};
 
 /// Characters of a long dead letter's job that `dead list --json` shows

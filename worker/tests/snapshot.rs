@@ -82,13 +82,13 @@ async fn a_snapshot_reads_backlog_retries_in_flight_counters_and_the_oldest_job(
     assert_eq!(
         (
             h.waiting,
-            h.due_retries,
+            h.retries_due,
             h.retries,
-            h.due_scheduled,
+            h.scheduled_due,
             h.scheduled,
             h.dead,
-            h.processed,
-            h.failed
+            h.processed_total,
+            h.failed_total
         ),
         (3, 1, 2, 1, 2, 1, 40, 3)
     );

@@ -101,12 +101,12 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
                 .map(|snap| {
                     Observation::from_counts(
                         &snap.counts(),
-                        observed.counts.current,
-                        observed.counts.ready,
+                        observed.replicas.current,
+                        observed.replicas.ready,
                     )
                 })
                 .as_ref(),
-            observed.counts.current,
+            observed.replicas.current,
             clock.now,
         );
         plan(pool, &observed, &fires, &verdict, memory, clock)

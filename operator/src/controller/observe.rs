@@ -232,14 +232,14 @@ pub(super) struct Observed {
     pub(super) memory: Option<(Memory, u64)>,
     /// Jobs dead-lettered lately (`None`: none, or the queue not read).
     pub(super) failing: Option<Failing>,
-    pub(super) counts: Counts,
+    pub(super) replicas: Replicas,
 }
 
 /// The pool's Deployment and, while workers are missing, its pods.
 pub(super) struct Workload {
     existing: Option<Deployment>,
     pods: Option<Vec<Pod>>,
-    counts: Counts,
+    replicas: Replicas,
 }
 
 /// Reads the Deployment, and the pods when workers are missing.
@@ -268,7 +268,7 @@ pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workloa
     Ok(Workload {
         existing,
         pods,
-        counts: Counts {
+        replicas: Replicas {
             desired: 0,
             replicas,
             ready,
@@ -309,13 +309,13 @@ pub(super) async fn queue(
         reading,
         memory,
         failing,
-        counts: workload.counts,
+        replicas: workload.replicas,
     }
 }
 
-/// Worker counts of one reconcile.
+/// Replica counts of one reconcile.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Counts {
+pub(super) struct Replicas {
     /// What the pool should have now.
     pub(super) desired: i32,
     /// Pods the Deployment has.

@@ -11,7 +11,7 @@ use workerpool_queue::memory::Memory;
 use super::Error;
 use super::fires::Fires;
 use super::memory::PoolMemory;
-use super::observe::{Counts, FAILING_FOR, Failing, Observed};
+use super::observe::{FAILING_FOR, Failing, Observed, Replicas};
 use super::status::{status, status_write};
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
@@ -98,11 +98,11 @@ pub(super) fn plan(
     clock: Clock,
 ) -> Result<Plan, Error> {
     let announced = memory.announced.as_deref();
-    let Counts { current, ready, .. } = observed.counts;
+    let Replicas { current, ready, .. } = observed.replicas;
     let desired = verdict.desired;
-    let counts = Counts {
+    let replicas = Replicas {
         desired,
-        ..observed.counts
+        ..observed.replicas
     };
     // Pods the cluster refuses first, then handlers that cannot run (the
     // workers' heartbeats say so even when the ready count looks fine).
@@ -173,7 +173,7 @@ pub(super) fn plan(
     }
     let mut status = status(
         pool,
-        counts,
+        replicas,
         observed,
         verdict,
         problem.as_ref(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::observe::{Counts, FAILING_FOR, Observed};
+use super::observe::{FAILING_FOR, Observed, Replicas};
 use super::plan::failing_note;
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
@@ -81,10 +81,10 @@ pub(super) fn shown_rate(rate: f64) -> f64 {
 }
 
 /// The status of `pool` after what was `observed`, with the worker
-/// `counts`, the engine's `verdict` and the workload's `problem`, at `now`.
+/// `replicas`, the engine's `verdict` and the workload's `problem`, at `now`.
 pub(super) fn status(
     pool: &WorkerPool,
-    counts: Counts,
+    replicas: Replicas,
     observed: &Observed,
     verdict: &Verdict,
     problem: Option<&workload::Problem>,
@@ -93,12 +93,12 @@ pub(super) fn status(
     let reading = &observed.reading;
     let memory = observed.memory.as_ref().map(|(m, _)| m);
     let failing = observed.failing.as_ref();
-    let Counts {
+    let Replicas {
         desired,
         replicas,
         ready,
         current,
-    } = counts;
+    } = replicas;
     let old = pool.status.clone().unwrap_or_default();
     let generation = pool.meta().generation;
     let condition = |type_: &str, ok: bool, reason: &str, message: String| {

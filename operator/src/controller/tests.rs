@@ -26,7 +26,7 @@ use workerpool_queue::snapshot::{self, QueueFigures, Snapshot, WorkerFigures};
 use super::endpoint::unreachable_problem;
 use super::fires::Fires;
 use super::memory::PoolMemory;
-use super::observe::{Counts, Failing, Observed};
+use super::observe::{Failing, Observed, Replicas};
 use super::plan::{Clock, Plan, plan};
 use super::status::{shown_rate, status_patch, status_write, transitions};
 use super::{Context, DELETION_COST, Error, QueueProblem, error_policy, reconcile, retry_delay};
@@ -701,7 +701,7 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
     let spec = existing.as_ref().and_then(|d| d.spec.as_ref());
     let status = existing.as_ref().and_then(|d| d.status.as_ref());
     Observed {
-        counts: Counts {
+        replicas: Replicas {
             desired: 0,
             replicas: status.and_then(|s| s.replicas).unwrap_or(0),
             ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
@@ -946,7 +946,7 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
     assert!(again.events.is_empty(), "{:?}", again.events);
     // Even with every pod counted ready, a worker that says its handler
     // cannot run is the pool's problem.
-    seen.counts.ready = 2;
+    seen.replicas.ready = 2;
     let counted = plan_for(&p, &seen, &manual(2), Some("HandlerFailing")).expect("plan");
     assert!(
         counted

@@ -49,7 +49,7 @@ pub struct Observation {
     pub in_flight: u64,
     /// Of the backlog, the due retries and due delayed jobs not yet moved
     /// back to the list (a part of `backlog`, never added to it).
-    pub due_retries: u64,
+    pub due: u64,
     /// Age in seconds of the oldest waiting job, when producers stamp `enqueued_at`.
     pub oldest_job_age_seconds: Option<f64>,
     /// Monotonic counter of jobs completed (done or dead-lettered). Arrivals are derived
@@ -74,7 +74,7 @@ impl Observation {
         Observation {
             backlog: counts.backlog(),
             in_flight: counts.held(),
-            due_retries: counts.due(),
+            due: counts.due(),
             oldest_job_age_seconds: counts.oldest_job_age_seconds(),
             processed_total: counts.processed_total,
             current_replicas,

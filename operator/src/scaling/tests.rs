@@ -322,7 +322,7 @@ fn due_retries_count_towards_activation_once() {
     let decision = Engine::new().tick(
         &spec,
         &Observation {
-            due_retries: 1,
+            due: 1,
             ..obs(1, 0, 0)
         },
         at(0),
@@ -338,7 +338,7 @@ fn observed(waiting: u64, due: u64) -> Observation {
         queues: vec![workerpool_queue::snapshot::QueueFigures {
             name: "q".into(),
             waiting,
-            due_retries: due,
+            retries_due: due,
             retries: due,
             ..Default::default()
         }],
@@ -389,7 +389,7 @@ fn any_pending_work_restarts_the_idle_countdown() {
     engine.tick(
         &spec,
         &Observation {
-            due_retries: 1,
+            due: 1,
             ..obs(1, 0, 1)
         },
         at(200),

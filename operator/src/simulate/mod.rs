@@ -271,7 +271,7 @@ impl World<'_> {
         Observation {
             backlog: self.queue.len() as u64,
             in_flight: self.in_flight,
-            due_retries: 0,
+            due: 0,
             oldest_job_age_seconds: self.queue.front().map(|&(arrived, _)| self.now - arrived),
             processed_total: self.processed,
             current_replicas: self.desired,
