@@ -14,7 +14,6 @@ pub use workerpool_queue::ops as queue;
 pub use workerpool_queue::{admin, job, keys, rate, scripts, snapshot, text};
 
 mod backoff;
-pub mod cli;
 pub mod config;
 pub mod handler;
 pub mod handlers;

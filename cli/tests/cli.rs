@@ -11,9 +11,10 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 use workerpool_tests::{TestRedis, eventually, free_port};
-use workerpool_worker::job::{DeadLetter, DeadReason, Intake, intake};
-use workerpool_worker::keys::QueueKeys;
-use workerpool_worker::{Config, Job, Outcome, handler_fn, queue, run_until};
+use workerpool_queue::job::{DeadLetter, DeadReason, Intake, Job, intake};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::ops as queue;
+use workerpool_worker::{Config, Outcome, handler_fn, run_until};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -59,7 +60,7 @@ fn json_of(output: Output) -> Value {
 }
 
 async fn now_ms(c: &mut MultiplexedConnection) -> u64 {
-    workerpool_worker::admin::server_time_ms(c)
+    workerpool_queue::admin::server_time_ms(c)
         .await
         .expect("time")
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value, json};
 
-use crate::admin::{self, Snapshot, WorkerInfo};
-use crate::keys::QueueKeys;
-use crate::text::{self, CELL_CHARS, LINE_CHARS};
+use workerpool_queue::admin::{self, Snapshot, WorkerInfo};
+use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::text::{self, CELL_CHARS, LINE_CHARS};
 use workerpool_queue::connection::{Connection, describe};
 
 /// Characters of a long dead letter's job that `dead list --json` shows
@@ -107,7 +107,7 @@ pub struct DashboardArgs {
     pub redis_url: String,
     /// Connection options.
     #[command(flatten)]
-    pub redis: crate::config::RedisArgs,
+    pub redis: workerpool_worker::config::RedisArgs,
     /// A queue to show; repeat for several (the environment variable takes
     /// a comma-separated list).
     #[arg(
@@ -195,7 +195,7 @@ pub struct Target {
     pub redis_url: String,
     /// Connection options.
     #[command(flatten)]
-    pub redis: crate::config::RedisArgs,
+    pub redis: workerpool_worker::config::RedisArgs,
     /// The queue.
     #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME", value_parser = queue_name)]
     pub queue: String,
@@ -393,7 +393,7 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(
-            crate::log::Stderr,
+            workerpool_worker::log::Stderr,
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
@@ -422,14 +422,14 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
         .await
         .unwrap_or_default();
     if let Some(warning) = memory.warning() {
-        let _ = writeln!(crate::log::Stderr, "warning: {url}: {warning}");
+        let _ = writeln!(workerpool_worker::log::Stderr, "warning: {url}: {warning}");
     }
     Ok((c, q))
 }
 
 /// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
 async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
-    crate::log::init();
+    workerpool_worker::log::init();
     let token = match &args.token_file {
         Some(path) => Some(read_token(path)?),
         None => None,
@@ -438,7 +438,7 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(
-            crate::log::Stderr,
+            workerpool_worker::log::Stderr,
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
@@ -462,7 +462,7 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
     for q in &queues {
         if !admin::exists(&mut conn, q).await? {
             let _ = writeln!(
-                crate::log::Stderr,
+                workerpool_worker::log::Stderr,
                 "note: queue {:?} has no keys at {url} yet (nothing pushed, served or counted)",
                 q.name()
             );
@@ -470,7 +470,7 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
     }
     if !args.listen.ip().is_loopback() && token.is_none() {
         let _ = writeln!(
-            crate::log::Stderr,
+            workerpool_worker::log::Stderr,
             "warning: --listen {} is not a loopback address and there is no --token-file: anyone who can reach it can read the jobs{}",
             args.listen,
             if args.read_only {
@@ -488,7 +488,7 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
         })?;
     let addr = listener.local_addr().unwrap_or(args.listen);
     let _ = writeln!(
-        crate::log::Stderr,
+        workerpool_worker::log::Stderr,
         "dashboard of {} on http://{addr}/ (Redis {url}{}{}); Ctrl-C stops it",
         args.queues.join(", "),
         if args.read_only { ", read-only" } else { "" },
