@@ -88,12 +88,12 @@ pub enum Command {
     /// Serve a web UI of the queues (counts, a live chart of the last hour,
     /// workers, waiting, scheduled and retrying jobs, dead letters with
     /// retry and purge) and the JSON it is drawn from, until Ctrl-C.
-    Dashboard(DashboardArgs),
+    Dashboard(DashboardFlags),
 }
 
 /// `dashboard` settings.
 #[derive(Debug, Clone, Args)]
-pub struct DashboardArgs {
+pub struct DashboardFlags {
     /// Redis URL, redis://[user:password@]host[:port][/db], or rediss://
     /// for TLS; through Redis Sentinel,
     /// redis+sentinel://[[user]:password@]host1:26379[,host2:26379]/<primary name>[/<db>]
@@ -428,7 +428,7 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
 }
 
 /// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
-async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
+async fn dashboard(args: DashboardFlags) -> Result<String, CliError> {
     workerpool_worker::log::init();
     let token = match &args.token_file {
         Some(path) => Some(read_token(path)?),
