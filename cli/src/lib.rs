@@ -8,9 +8,9 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value, json};
 
 use workerpool_queue::admin::{self, Snapshot, WorkerInfo};
+use workerpool_queue::connection::{Connection, describe};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::text::{self, CELL_CHARS, LINE_CHARS};
-use workerpool_queue::connection::{Connection, describe};
 
 /// Characters of a long dead letter's job that `dead list --json` shows
 /// (as `job`, with `"cut":true` and the entry's size in `entry_bytes`).
@@ -251,23 +251,9 @@ pub enum CliError {
     /// Reading stdin failed.
     #[error("reading stdin: {0}")]
     Stdin(#[source] std::io::Error),
-    /// The dashboard's token file cannot be used.
-    #[error("--token-file {path}: {reason}")]
-    TokenFile {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
-    /// The dashboard's address cannot be bound.
-    #[error("--listen {addr}: {source}")]
-    Listen {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The dashboard cannot be served as asked (token file, address).
+    #[error(transparent)]
+    DashboardStart(#[from] workerpool_dashboard::StartError),
     /// Serving the dashboard failed.
     #[error(transparent)]
     Dashboard(#[from] workerpool_dashboard::Error),
@@ -430,10 +416,6 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
 /// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
 async fn dashboard(args: DashboardFlags) -> Result<String, CliError> {
     workerpool_worker::log::init();
-    let token = match &args.token_file {
-        Some(path) => Some(read_token(path)?),
-        None => None,
-    };
     let endpoint = args.redis.endpoint(args.redis_url.clone())?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
@@ -468,58 +450,29 @@ async fn dashboard(args: DashboardFlags) -> Result<String, CliError> {
             );
         }
     }
-    if !args.listen.ip().is_loopback() && token.is_none() {
-        let _ = writeln!(
-            workerpool_worker::log::Stderr,
-            "warning: --listen {} is not a loopback address and there is no --token-file: anyone who can reach it can read the jobs{}",
-            args.listen,
-            if args.read_only {
-                ""
-            } else {
-                " and retry or purge dead letters"
-            }
-        );
-    }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| CliError::Listen {
-            addr: args.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().unwrap_or(args.listen);
+    let options = workerpool_dashboard::ServeOptions {
+        listen: args.listen,
+        listen_flag: "--listen",
+        token_file: args.token_file.clone(),
+        token_file_flag: "--token-file",
+        read_only: args.read_only,
+        redis_label: url.clone(),
+    };
+    let bound = workerpool_dashboard::bind(options, conn, queues).await?;
     let _ = writeln!(
         workerpool_worker::log::Stderr,
-        "dashboard of {} on http://{addr}/ (Redis {url}{}{}); Ctrl-C stops it",
+        "dashboard of {} on http://{}/ (Redis {url}{}{}); Ctrl-C stops it",
         args.queues.join(", "),
+        bound.addr(),
         if args.read_only { ", read-only" } else { "" },
-        if token.is_some() {
+        if args.token_file.is_some() {
             ", token required"
         } else {
             ""
         },
     );
-    let options = workerpool_dashboard::Options {
-        read_only: args.read_only,
-        token,
-        redis_label: url,
-    };
-    workerpool_dashboard::Dashboard::new(conn, queues, options)
-        .serve(listener, stop_signal())
-        .await?;
+    bound.serve(stop_signal()).await?;
     Ok(String::new())
-}
-
-fn read_token(path: &std::path::Path) -> Result<String, CliError> {
-    let fail = |reason: String| CliError::TokenFile {
-        path: path.display().to_string(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(fail("the file is empty".into()));
-    }
-    Ok(token.to_string())
 }
 
 /// SIGINT or SIGTERM.

@@ -10,10 +10,10 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
-use workerpool_tests::{TestRedis, eventually, free_port};
 use workerpool_queue::job::{DeadLetter, DeadReason, Intake, Job, intake};
 use workerpool_queue::keys::QueueKeys;
 use workerpool_queue::ops as queue;
+use workerpool_tests::{TestRedis, eventually, free_port};
 use workerpool_worker::{Config, Outcome, handler_fn, run_until};
 
 const WAIT: Duration = Duration::from_secs(15);
