@@ -29,7 +29,7 @@ for tool in valgrind redis-server redis-cli python3; do
   command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
 done
 if [ $# -eq 0 ]; then
-  cargo build --quiet --release -p workerpool-worker --bins
+  cargo build --quiet --release -p workerpool-worker -p workerpool-cli --bins
   set -- "$TARGET/release/workerpool-worker"
 fi
 

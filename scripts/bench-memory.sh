@@ -27,7 +27,7 @@ done
 if [ -n "${BIN_DIR:-}" ]; then
   WORKER=$BIN_DIR/workerpool-worker CLI=$BIN_DIR/workerpool
 else
-  cargo build --quiet -p workerpool-worker --bins
+  cargo build --quiet -p workerpool-worker -p workerpool-cli --bins
   WORKER=$TARGET/debug/workerpool-worker CLI=$TARGET/debug/workerpool
 fi
 

@@ -37,7 +37,7 @@ if [ -n "${BIN_DIR:-}" ]; then
   WORKER=$BIN_DIR/workerpool-worker CLI=$BIN_DIR/workerpool
   LATENCY=$BIN_DIR/bench FLOOR=$BIN_DIR/floor
 else
-  cargo build --quiet --release -p workerpool-worker --bins --example bench --example floor
+  cargo build --quiet --release -p workerpool-worker -p workerpool-cli --bins --example bench --example floor
   WORKER=$TARGET/release/workerpool-worker CLI=$TARGET/release/workerpool
   LATENCY=$TARGET/release/examples/bench FLOOR=$TARGET/release/examples/floor
 fi

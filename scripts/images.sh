@@ -52,7 +52,7 @@ done
 if [ -z "${BIN_DIR:-}" ]; then
   flags=()
   [ "$PROFILE" = release ] && flags+=(--release)
-  cargo build --locked "${flags[@]}" -p workerpool-operator -p workerpool-worker --bins
+  cargo build --locked "${flags[@]}" -p workerpool-operator -p workerpool-worker -p workerpool-cli --bins
   BIN_DIR=${CARGO_TARGET_DIR:-target}/$PROFILE
 fi
 for bin in workerpool-operator workerpool-worker workerpool; do

@@ -17,6 +17,9 @@ pub mod html;
 pub mod model;
 mod server;
 
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,6 +68,154 @@ pub enum Error {
     /// Serving HTTP failed.
     #[error("serving the dashboard: {0}")]
     Serve(#[source] std::io::Error),
+}
+
+/// How a program serves the dashboard: what [`bind`] is given. The flag
+/// names are the caller's, for its messages (`workerpool dashboard` has
+/// `--listen` and `--token-file`, the operator `--dashboard` and
+/// `--dashboard-token-file`).
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The address to serve on.
+    pub listen: SocketAddr,
+    /// The flag that gave `listen`.
+    pub listen_flag: &'static str,
+    /// A file holding the token every request must carry (surrounding
+    /// whitespace trimmed; an empty file is refused).
+    pub token_file: Option<PathBuf>,
+    /// The flag that gave `token_file`.
+    pub token_file_flag: &'static str,
+    /// No actions (see [`Options::read_only`]).
+    pub read_only: bool,
+    /// The Redis URL as the header shows it, password already hidden.
+    pub redis_label: String,
+}
+
+/// Why the dashboard cannot be served as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The token file cannot be used.
+    #[error("{flag} {path}: {reason}")]
+    TokenFile {
+        /// The flag that named it.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The address cannot be bound.
+    #[error("{flag} {addr}: {source}")]
+    Listen {
+        /// The flag that gave it.
+        flag: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The one way a program starts the dashboard: reads the token file, warns
+/// on stderr when the address is beyond loopback and no token guards it,
+/// and binds. [`Bound::serve`] then serves it.
+pub async fn bind(
+    options: ServeOptions,
+    conn: Connection,
+    queues: Vec<QueueKeys>,
+) -> Result<Bound, StartError> {
+    let token = token_of(&options)?;
+    if let Some(warning) = exposure_warning(&options, token.is_some()) {
+        // Never a panic for a closed stderr.
+        let _ = writeln!(std::io::stderr(), "warning: {warning}");
+    }
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            flag: options.listen_flag,
+            addr: options.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().unwrap_or(options.listen);
+    let dashboard = Dashboard::new(
+        conn,
+        queues,
+        Options {
+            read_only: options.read_only,
+            token,
+            redis_label: options.redis_label,
+        },
+    );
+    Ok(Bound {
+        dashboard,
+        listener,
+        addr,
+    })
+}
+
+/// The token in the token file, surrounding whitespace trimmed.
+fn token_of(options: &ServeOptions) -> Result<Option<String>, StartError> {
+    let Some(path) = &options.token_file else {
+        return Ok(None);
+    };
+    let fail = |reason: String| StartError::TokenFile {
+        flag: options.token_file_flag,
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(fail("the file is empty".into()));
+    }
+    Ok(Some(token.to_string()))
+}
+
+/// What to warn of when anyone who can reach the address can use it.
+fn exposure_warning(options: &ServeOptions, token: bool) -> Option<String> {
+    (!options.listen.ip().is_loopback() && !token).then(|| {
+        format!(
+            "{} {} is not a loopback address and there is no {}: anyone who can reach it can read the jobs{}",
+            options.listen_flag,
+            options.listen,
+            options.token_file_flag,
+            if options.read_only {
+                ""
+            } else {
+                " and retry or purge dead letters"
+            }
+        )
+    })
+}
+
+/// A dashboard bound to its address, not serving yet.
+#[derive(Debug)]
+pub struct Bound {
+    dashboard: Dashboard,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+}
+
+impl Bound {
+    /// The address it serves on (the port chosen when 0 was asked).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Shows the operator's pools on top of the overview.
+    pub fn with_pools(mut self, pools: Arc<dyn PoolSource>) -> Self {
+        self.dashboard = self.dashboard.with_pools(pools);
+        self
+    }
+
+    /// Serves until `shutdown` resolves (see [`Dashboard::serve`]).
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        self.dashboard.serve(self.listener, shutdown).await
+    }
 }
 
 /// The dashboard of a set of queues. Cheap to clone.
@@ -374,5 +525,82 @@ impl State {
             per_page,
             items,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(listen: &str, token_file: Option<PathBuf>, read_only: bool) -> ServeOptions {
+        ServeOptions {
+            listen: listen.parse().expect("an address"),
+            listen_flag: "--listen",
+            token_file,
+            token_file_flag: "--token-file",
+            read_only,
+            redis_label: "redis://127.0.0.1:6379".into(),
+        }
+    }
+
+    #[test]
+    fn the_token_file_is_trimmed_and_an_empty_or_missing_one_is_refused_by_its_flag() {
+        let dir = std::env::temp_dir().join(format!("workerpool-dashboard-{}", secret()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let file = dir.join("token");
+        std::fs::write(&file, "  s3cret \n").expect("write the token");
+        let token = token_of(&options("127.0.0.1:0", Some(file.clone()), false));
+        assert_eq!(token.expect("read").as_deref(), Some("s3cret"));
+        assert_eq!(
+            token_of(&options("127.0.0.1:0", None, false)).ok(),
+            Some(None)
+        );
+
+        std::fs::write(&file, " \n").expect("write an empty token");
+        let empty = token_of(&options("127.0.0.1:0", Some(file.clone()), false))
+            .expect_err("an empty file is refused")
+            .to_string();
+        assert!(empty.starts_with("--token-file "), "{empty}");
+        assert!(empty.ends_with(": the file is empty"), "{empty}");
+
+        let missing = dir.join("missing");
+        let mut o = options("127.0.0.1:0", Some(missing), false);
+        o.token_file_flag = "--dashboard-token-file";
+        let err = token_of(&o)
+            .expect_err("a missing file is refused")
+            .to_string();
+        assert!(err.starts_with("--dashboard-token-file "), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_an_unguarded_address_beyond_loopback_is_warned_of() {
+        assert_eq!(
+            exposure_warning(&options("127.0.0.1:9090", None, false), false),
+            None
+        );
+        assert_eq!(
+            exposure_warning(&options("[::1]:9090", None, false), false),
+            None
+        );
+        assert_eq!(
+            exposure_warning(&options("0.0.0.0:9090", None, false), true),
+            None
+        );
+        let open =
+            exposure_warning(&options("0.0.0.0:9090", None, false), false).expect("a warning");
+        assert!(
+            open.starts_with(
+                "--listen 0.0.0.0:9090 is not a loopback address and there is no --token-file"
+            ),
+            "{open}"
+        );
+        assert!(
+            open.ends_with("read the jobs and retry or purge dead letters"),
+            "{open}"
+        );
+        let read_only =
+            exposure_warning(&options("10.0.0.1:9090", None, true), false).expect("a warning");
+        assert!(read_only.ends_with("read the jobs"), "{read_only}");
     }
 }

@@ -168,6 +168,8 @@ fn build_binaries() -> PathBuf {
             "workerpool-worker",
             "-p",
             "workerpool-operator",
+            "-p",
+            "workerpool-cli",
             "--bins",
         ])
         .arg("--target-dir")

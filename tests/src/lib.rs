@@ -206,6 +206,8 @@ pub fn bin_dir() -> &'static Path {
                     "workerpool-worker",
                     "-p",
                     "workerpool-operator",
+                    "-p",
+                    "workerpool-cli",
                 ])
                 .arg("--target-dir")
                 .arg(target)

@@ -686,6 +686,13 @@ fn the_release_workflow_publishes_what_users_install() {
     for bin in ["workerpool", "workerpool-worker", "workerpool-operator"] {
         assert!(build.contains(bin), "{bin} is built and checked");
     }
+    // Each binary is its package's: `workerpool` is workerpool-cli's.
+    for package in ["workerpool-cli", "workerpool-worker", "workerpool-operator"] {
+        assert!(
+            build.contains(&format!("-p {package}")),
+            "the package {package} is built"
+        );
+    }
     assert!(build.contains("ldd") && build.contains("--version"));
 
     // Both images, both platforms, with SBOM and provenance.
@@ -852,5 +859,12 @@ fn the_images_ship_the_static_binaries_and_the_worker_runs_under_tini() {
             && i.contains("apt-get install")
             && i.split_whitespace().any(|w| w == "tini")),
         "the worker's final stage installs tini, its PID 1"
+    );
+    // The image holds the `workerpool` command too, which is workerpool-cli's.
+    assert!(
+        worker.iter().any(|i| i.starts_with("RUN ")
+            && i.contains("-p workerpool-worker -p workerpool-cli")
+            && i.contains("release/workerpool\" /out/workerpool")),
+        "the worker image builds both workerpool-worker and workerpool"
     );
 }

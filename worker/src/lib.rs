@@ -9,7 +9,6 @@
 //! `docs/queue-contract.md`.
 
 mod backoff;
-pub mod cli;
 pub mod config;
 pub mod handler;
 pub mod handlers;

@@ -6,6 +6,7 @@ use workerpool_worker::config::Args;
 use workerpool_worker::log::Stderr;
 use workerpool_worker::{Metrics, Shutdown, build_handler, run};
 
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -407,7 +407,7 @@ async fn a_worker_refused_a_command_inside_a_script_is_unready_naming_it_until_g
 
 /// Runs the `workerpool` binary; its exit status, stdout and stderr.
 fn cli(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_workerpool"))
+    let out = Command::new(workerpool_tests::bin_dir().join("workerpool"))
         .args(args)
         .args(["--redis-url", url, "--queue", QUEUE])
         .stdin(Stdio::null())
@@ -737,7 +737,7 @@ async fn on_a_cluster_the_lines_work_for_a_hash_tagged_queue_with_the_cluster_ex
     let without = setuser("workerpool-cli", "no-slots", &["+ping"]);
 
     let run = |url: &str, args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_workerpool"))
+        Command::new(workerpool_tests::bin_dir().join("workerpool"))
             .args(args)
             .args(["--redis-url", url, "--queue", q.name()])
             .env_remove("WORKERPOOL_REDIS_MODE")

@@ -21,7 +21,7 @@ use common::{http_get, stop};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn cli(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_workerpool"))
+    let mut child = Command::new(workerpool_tests::bin_dir().join("workerpool"))
         .args(args)
         .env("WORKERPOOL_REDIS_URL", url)
         .env_remove("WORKERPOOL_QUEUE")

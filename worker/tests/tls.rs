@@ -17,7 +17,7 @@ use common::{counter, http_get, len, stop};
 const WAIT: Duration = Duration::from_secs(20);
 
 fn cli(redis: &TestTlsRedis, ca: &Path, client: bool, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_workerpool"));
+    let mut cmd = Command::new(workerpool_tests::bin_dir().join("workerpool"));
     cmd.args(args)
         .env("WORKERPOOL_REDIS_URL", redis.url())
         .env("WORKERPOOL_REDIS_CA_FILE", ca)
@@ -217,7 +217,7 @@ fn a_password_in_the_url_never_reaches_logs_metrics_or_errors() {
     assert!(!logs.contains(PASSWORD), "{logs}");
     assert!(!metrics.contains(PASSWORD), "{metrics}");
 
-    let cli = Command::new(env!("CARGO_BIN_EXE_workerpool"))
+    let cli = Command::new(workerpool_tests::bin_dir().join("workerpool"))
         .args(["stats", "--queue", "q", "--redis-url", &url])
         .output()
         .expect("run workerpool");

@@ -4,7 +4,6 @@
 //! see (from a watch of its own, so a standby replica serves it too) and
 //! the queues named by `--dashboard-queue` on `--dashboard-redis-url`.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -12,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
-use workerpool_dashboard::{Dashboard, Options, PoolRow, PoolSource};
+use workerpool_dashboard::{PoolRow, PoolSource, ServeOptions};
 use workerpool_queue::connection::{Connection, Endpoint, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
 
@@ -66,54 +65,28 @@ impl DashboardArgs {
         redis_label: String,
         pools: Arc<dyn PoolSource>,
     ) -> Result<Option<SocketAddr>, String> {
-        let Some(addr) = self.dashboard else {
+        let Some(listen) = self.dashboard else {
             return Ok(None);
         };
-        let token = match &self.dashboard_token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--dashboard-token-file {}: {e}", path.display()))?;
-                let token = text.trim().to_string();
-                if token.is_empty() {
-                    return Err(format!(
-                        "--dashboard-token-file {}: the file is empty",
-                        path.display()
-                    ));
-                }
-                Some(token)
-            }
-            None => None,
+        let options = ServeOptions {
+            listen,
+            listen_flag: "--dashboard",
+            token_file: self.dashboard_token_file.clone(),
+            token_file_flag: "--dashboard-token-file",
+            read_only: self.dashboard_read_only,
+            redis_label,
         };
-        if !addr.ip().is_loopback() && token.is_none() {
-            tracing::warn!(
-                %addr,
-                "the dashboard listens beyond loopback without --dashboard-token-file: anyone who can reach it can read the jobs"
-            );
-            let _ = writeln!(
-                std::io::stderr(),
-                "warning: --dashboard {addr} is not a loopback address and there is no --dashboard-token-file: anyone who can reach it can read the jobs"
-            );
-        }
-        let listener = tokio::net::TcpListener::bind(addr)
+        let bound = workerpool_dashboard::bind(options, conn, queues)
             .await
-            .map_err(|e| format!("--dashboard {addr}: {e}"))?;
-        let bound = listener.local_addr().unwrap_or(addr);
-        let dashboard = Dashboard::new(
-            conn,
-            queues,
-            Options {
-                read_only: self.dashboard_read_only,
-                token,
-                redis_label,
-            },
-        )
-        .with_pools(pools);
+            .map_err(|e| e.to_string())?
+            .with_pools(pools);
+        let addr = bound.addr();
         tokio::spawn(async move {
-            if let Err(e) = dashboard.serve(listener, std::future::pending()).await {
+            if let Err(e) = bound.serve(std::future::pending()).await {
                 tracing::error!(error = %e, "the dashboard stopped");
             }
         });
-        Ok(Some(bound))
+        Ok(Some(addr))
     }
 }
 

@@ -93,13 +93,13 @@ pub enum Command {
     /// Serve a web UI of the queues (counts, a live chart of the last hour,
     /// workers, waiting, scheduled and retrying jobs, dead letters with
     /// retry and purge) and the JSON it is drawn from, until Ctrl-C.
-    Dashboard(DashboardArgs),
+    Dashboard(DashboardFlags),
 }
 
 /// `dashboard` settings.
 #[derive(Debug, Clone, Args)]
 #[command(mut_arg("redis_url", |a| a.default_value(DEFAULT_REDIS_URL)))]
-pub struct DashboardArgs {
+pub struct DashboardFlags {
     /// Where Redis is (the page shows the URL with the password hidden) and
     /// how to connect.
     #[command(flatten)]
@@ -245,23 +245,9 @@ pub enum CliError {
     /// Reading stdin failed.
     #[error("reading stdin: {0}")]
     Stdin(#[source] std::io::Error),
-    /// The dashboard's token file cannot be used.
-    #[error("--token-file {path}: {reason}")]
-    TokenFile {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
-    /// The dashboard's address cannot be bound.
-    #[error("--listen {addr}: {source}")]
-    Listen {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The dashboard cannot be served as asked (token file, address).
+    #[error(transparent)]
+    DashboardStart(#[from] workerpool_dashboard::StartError),
     /// Serving the dashboard failed.
     #[error(transparent)]
     Dashboard(#[from] workerpool_dashboard::Error),
@@ -387,7 +373,7 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(
-            crate::log::Stderr,
+            workerpool_worker::log::Stderr,
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
@@ -416,23 +402,19 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
         .await
         .unwrap_or_default();
     if let Some(warning) = memory.warning() {
-        let _ = writeln!(crate::log::Stderr, "warning: {url}: {warning}");
+        let _ = writeln!(workerpool_worker::log::Stderr, "warning: {url}: {warning}");
     }
     Ok((c, q))
 }
 
 /// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
-async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
-    crate::log::init();
-    let token = match &args.token_file {
-        Some(path) => Some(read_token(path)?),
-        None => None,
-    };
+async fn dashboard(args: DashboardFlags) -> Result<String, CliError> {
+    workerpool_worker::log::init();
     let endpoint = args.redis.endpoint(redis_url(&args.redis))?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(
-            crate::log::Stderr,
+            workerpool_worker::log::Stderr,
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
@@ -456,64 +438,35 @@ async fn dashboard(args: DashboardArgs) -> Result<String, CliError> {
     for q in &queues {
         if !admin::exists(&mut conn, q).await? {
             let _ = writeln!(
-                crate::log::Stderr,
+                workerpool_worker::log::Stderr,
                 "note: queue {:?} has no keys at {url} yet (nothing pushed, served or counted)",
                 q.name()
             );
         }
     }
-    if !args.listen.ip().is_loopback() && token.is_none() {
-        let _ = writeln!(
-            crate::log::Stderr,
-            "warning: --listen {} is not a loopback address and there is no --token-file: anyone who can reach it can read the jobs{}",
-            args.listen,
-            if args.read_only {
-                ""
-            } else {
-                " and retry or purge dead letters"
-            }
-        );
-    }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| CliError::Listen {
-            addr: args.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().unwrap_or(args.listen);
+    let options = workerpool_dashboard::ServeOptions {
+        listen: args.listen,
+        listen_flag: "--listen",
+        token_file: args.token_file.clone(),
+        token_file_flag: "--token-file",
+        read_only: args.read_only,
+        redis_label: url.clone(),
+    };
+    let bound = workerpool_dashboard::bind(options, conn, queues).await?;
     let _ = writeln!(
-        crate::log::Stderr,
-        "dashboard of {} on http://{addr}/ (Redis {url}{}{}); Ctrl-C stops it",
+        workerpool_worker::log::Stderr,
+        "dashboard of {} on http://{}/ (Redis {url}{}{}); Ctrl-C stops it",
         args.queues.join(", "),
+        bound.addr(),
         if args.read_only { ", read-only" } else { "" },
-        if token.is_some() {
+        if args.token_file.is_some() {
             ", token required"
         } else {
             ""
         },
     );
-    let options = workerpool_dashboard::Options {
-        read_only: args.read_only,
-        token,
-        redis_label: url,
-    };
-    workerpool_dashboard::Dashboard::new(conn, queues, options)
-        .serve(listener, stop_signal())
-        .await?;
+    bound.serve(stop_signal()).await?;
     Ok(String::new())
-}
-
-fn read_token(path: &std::path::Path) -> Result<String, CliError> {
-    let fail = |reason: String| CliError::TokenFile {
-        path: path.display().to_string(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(fail("the file is empty".into()));
-    }
-    Ok(token.to_string())
 }
 
 /// SIGINT or SIGTERM.

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use workerpool_worker::cli::{Cli, execute};
+use workerpool_cli::{Cli, execute};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
