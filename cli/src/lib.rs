@@ -367,9 +367,10 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
     }
 }
 
-/// Connects, and with `must_exist` refuses a queue without any key.
-async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, QueueKeys), CliError> {
-    let endpoint = target.redis.endpoint(redis_url(&target.redis))?;
+/// Connects to the Redis of `redis` (a line on stderr when its certificate
+/// is not checked); the connection and the URL with its password hidden.
+async fn open(redis: &workerpool_settings::RedisArgs) -> Result<(Connection, String), CliError> {
+    let endpoint = redis.endpoint(redis_url(redis))?;
     let url = endpoint.redacted();
     if endpoint.tls().insecure_skip_verify {
         let _ = writeln!(
@@ -377,13 +378,19 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
             "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
         );
     }
-    let mut c = endpoint
+    let conn = endpoint
         .connect(Duration::from_secs(3), Duration::from_secs(10))
         .await
         .map_err(|e| CliError::Connect {
             url: url.clone(),
             reason: endpoint.describe(&e),
         })?;
+    Ok((conn, url))
+}
+
+/// Connects, and with `must_exist` refuses a queue without any key.
+async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, QueueKeys), CliError> {
+    let (mut c, url) = open(&target.redis).await?;
     let q = QueueKeys::new(target.queue.clone());
     if c.is_cluster()
         && let Some(problem) = workerpool_queue::keys::cluster_problem(std::slice::from_ref(&q))
@@ -410,21 +417,7 @@ async fn connect(target: &Target, must_exist: bool) -> Result<(Connection, Queue
 /// Serves the dashboard until SIGINT or SIGTERM; notes go to stderr.
 async fn dashboard(args: DashboardFlags) -> Result<String, CliError> {
     workerpool_worker::log::init();
-    let endpoint = args.redis.endpoint(redis_url(&args.redis))?;
-    let url = endpoint.redacted();
-    if endpoint.tls().insecure_skip_verify {
-        let _ = writeln!(
-            workerpool_worker::log::Stderr,
-            "warning: --redis-tls-insecure-skip-verify: the certificate of {url} is not checked"
-        );
-    }
-    let mut conn = endpoint
-        .connect(Duration::from_secs(3), Duration::from_secs(10))
-        .await
-        .map_err(|e| CliError::Connect {
-            url: url.clone(),
-            reason: describe(&e),
-        })?;
+    let (mut conn, url) = open(&args.redis).await?;
     let queues: Vec<QueueKeys> = args.queues.iter().map(QueueKeys::new).collect();
     if conn.is_cluster() {
         // Each queue is read on its own, so only its own keys must share a slot.
