@@ -75,9 +75,9 @@ impl Worker {
         if self.lost_reply.swap(false, Ordering::Relaxed) {
             if let Err(e) = self.recheck_lost_replies().await {
                 self.suspect_lost_reply();
-                return Err(RedisFailure::new("reconcile", e));
+                return Err(RedisFailure::new("recheck_lost_replies", e));
             }
-            self.redis.succeeded("reconcile");
+            self.redis.succeeded("recheck_lost_replies");
         }
         let mut c = self
             .redis
