@@ -69,13 +69,13 @@ impl Worker {
             } = plan;
             let mut mine = mine.into_iter();
             // Stamped as they were taken: they start now.
-            for (job, stamped) in ready {
+            for job in ready {
                 let Some(permit) = mine.next() else { break };
-                self.start_job(qi, job, stamped, permit);
+                self.start_job(qi, job, permit);
             }
             let runs: Vec<_> = runs
                 .into_iter()
-                .map(|run| run.and_then(|(job, stamped)| mine.next().map(|p| (job, stamped, p))))
+                .map(|run| run.and_then(|job| mine.next().map(|p| (job, p))))
                 .collect();
             // Slots no job here needed are the next queue's.
             permits.extend(mine);
@@ -113,8 +113,8 @@ impl Worker {
             };
             for ((action, run), kept) in actions.iter().zip(runs).zip(settled) {
                 match (action, run) {
-                    (IntakeAction::Run { .. }, Some((job, stamped, permit))) if kept => {
-                        self.start_job(qi, job, stamped, permit);
+                    (IntakeAction::Run { .. }, Some((job, permit))) if kept => {
+                        self.start_job(qi, job, permit);
                     }
                     (IntakeAction::Schedule { .. }, _) if kept => {
                         self.metrics
@@ -130,31 +130,35 @@ impl Worker {
     }
 
     /// Records a job in the ledger and starts its task.
-    fn start_job(
-        self: &Arc<Self>,
-        qi: usize,
-        job: Arc<Job>,
-        held: Arc<str>,
-        permit: OwnedSemaphorePermit,
-    ) {
-        let in_hand = InHand::start(qi, job, held);
+    fn start_job(self: &Arc<Self>, qi: usize, ready: Ready, permit: OwnedSemaphorePermit) {
+        let in_hand = InHand::start(qi, ready.job, ready.held);
         let entry = self.ledger().enter(in_hand.clone());
         self.tracker
             .spawn(self.clone().run_job(entry, in_hand, permit));
     }
 }
 
+/// A job taken and planned to run, before it starts (then it is
+/// [`InHand`]).
+#[derive(Debug)]
+struct Ready {
+    /// The job.
+    job: Arc<Job>,
+    /// Its payload as the processing list holds it (once stamped).
+    held: Arc<str>,
+}
+
 /// What intake does with one queue's fresh payloads.
 #[derive(Debug, Default)]
 struct Plan {
-    /// Jobs the taking script stamped as the worker reads them, with their
-    /// payload as held: they start without another round trip.
-    ready: Vec<(Arc<Job>, Arc<str>)>,
+    /// Jobs the taking script stamped as the worker reads them: they start
+    /// without another round trip.
+    ready: Vec<Ready>,
     /// One per payload that needs the intake script (runs after a stamp of
     /// the worker's, is scheduled or dead-lettered), in order.
     actions: Vec<IntakeAction>,
-    /// Beside each action: the job and its stamped payload when it runs.
-    runs: Vec<Option<(Arc<Job>, Arc<str>)>>,
+    /// Beside each action: the job to start when it runs.
+    runs: Vec<Option<Ready>>,
     /// Jobs beyond the free slots, as held and as they were before any
     /// stamp: back to the head of the queue, their attempt not counted.
     back: Vec<(Payload, Payload)>,
@@ -185,7 +189,10 @@ fn plan(
                     Some(text) => text.clone(),
                     None => Arc::from(String::from_utf8_lossy(&held)),
                 };
-                plan.ready.push((Arc::new(job), text));
+                plan.ready.push(Ready {
+                    job: Arc::new(job),
+                    held: text,
+                });
             } else {
                 let original = job::unstamped(&held, stamp);
                 plan.back.push((held, original));
@@ -201,8 +208,10 @@ fn plan(
             Intake::Run { job, stamped } => {
                 if running < free {
                     running += 1;
-                    plan.runs
-                        .push(Some((Arc::new(job), Arc::<str>::from(stamped.as_str()))));
+                    plan.runs.push(Some(Ready {
+                        job: Arc::new(job),
+                        held: Arc::from(stamped.as_str()),
+                    }));
                     plan.actions.push(IntakeAction::Run { held, stamped });
                 } else {
                     // More arrived at once than slots are free.
@@ -331,11 +340,11 @@ mod tests {
         );
         assert!(plan.actions.is_empty(), "{:?}", plan.actions);
         assert_eq!(plan.ready.len(), 2);
-        assert_eq!(plan.ready[0].0.attempt(), 1);
-        assert_eq!(plan.ready[0].0.id(), "00112233445566778899aabbccddeeff");
-        assert_eq!(plan.ready[1].0.attempt(), 3);
+        assert_eq!(plan.ready[0].job.attempt(), 1);
+        assert_eq!(plan.ready[0].job.id(), "00112233445566778899aabbccddeeff");
+        assert_eq!(plan.ready[1].job.attempt(), 3);
         assert_eq!(
-            &*plan.ready[1].1,
+            &*plan.ready[1].held,
             std::str::from_utf8(&counted).expect("UTF-8")
         );
     }
@@ -357,7 +366,7 @@ mod tests {
             panic!("{:?}", plan.actions[0]);
         };
         assert_eq!(*h, held);
-        let (job, _) = plan.runs[0].as_ref().expect("runs");
+        let job = &plan.runs[0].as_ref().expect("runs").job;
         assert_eq!(job.attempt(), 1);
         assert_eq!(job.id().len(), 32, "a fresh id: {stamped}");
         assert_eq!(job.data()["id"], 7);
