@@ -919,8 +919,12 @@ fn too_large_shown(jobs: String, taken: &ops::Taken) -> String {
 
 /// To the nearest 50 (ms): the rows' waits and buckets, which the time
 /// between a row's steps shifts by a few ms.
+/// A time ahead of the server's clock, up to the next 50 ms: time only
+/// passes between the scene and the read, so such a figure can only come
+/// out short of the row's (by the round trips between, longer on a busy
+/// machine), never long.
 fn round_50(ms: i64) -> i64 {
-    (ms + 25).div_euclid(50) * 50
+    (ms + 49).div_euclid(50) * 50
 }
 
 /// A taken payload as a row states it: with `~fresh` or `~counted` when
@@ -996,6 +1000,8 @@ async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
         .await
         .expect("keys");
     keys.sort();
+    // One clock for every key, read before any of them.
+    let now = server_ms(c).await;
     let mut out = Vec::new();
     for key in keys {
         let kind: String = redis::cmd("TYPE")
@@ -1044,7 +1050,6 @@ async fn state(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<String> {
                     .query_async(c)
                     .await
                     .expect("get");
-                let now = server_ms(c).await;
                 format!("now+{}ms", round_50(v as i64 - now))
             }
             _ => {
