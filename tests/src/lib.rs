@@ -309,3 +309,21 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `GET path` on 127.0.0.1:`port`: the status and the body.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    std::io::Write::write_fmt(
+        &mut s,
+        format_args!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"),
+    )
+    .ok()?;
+    let mut response = String::new();
+    std::io::Read::read_to_string(&mut s, &mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}

@@ -24,7 +24,8 @@ use workerpool_queue::schedule::{self, Fired};
 use workerpool_tests::{TestRedis, TestRedisCluster, eventually, free_port};
 
 mod common;
-use common::{counter, http_get};
+use common::counter;
+use workerpool_tests::http_get;
 
 const WAIT: Duration = Duration::from_secs(20);
 const DOC: &str = include_str!("../../docs/redis-acl.md");

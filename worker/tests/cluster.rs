@@ -13,7 +13,8 @@ use workerpool_queue::keys::{QueueKeys, slot};
 use workerpool_tests::{TestRedisCluster, eventually, free_port};
 
 mod common;
-use common::{http_get, stderr, stop};
+use common::{stderr, stop};
+use workerpool_tests::http_get;
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -15,7 +15,8 @@ use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestRedis, eventually, free_port};
 
 mod common;
-use common::{counter, http_get, processing_total, push};
+use common::{counter, processing_total, push};
+use workerpool_tests::http_get;
 
 const WAIT: Duration = Duration::from_secs(20);
 const FAST: [&str; 4] = ["--heartbeat-interval", "200ms", "--dead-after", "1s"];

@@ -8,7 +8,8 @@ use workerpool_tests::{TestRedis, eventually, free_port};
 use workerpool_worker::Outcome;
 
 mod common;
-use common::{Recorder, config, http_get, start};
+use common::{Recorder, config, start};
+use workerpool_tests::http_get;
 
 async fn info_stat(redis: &TestRedis, name: &str) -> u64 {
     let mut c = redis.conn().await;

@@ -16,7 +16,8 @@ use workerpool_tests::sentinel::{Auth, TestRedisSentinel};
 use workerpool_tests::{eventually, free_port};
 
 mod common;
-use common::{http_get, stop};
+use common::stop;
+use workerpool_tests::http_get;
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -12,7 +12,8 @@ use workerpool_queue::keys::QueueKeys;
 use workerpool_tests::{TestTlsRedis, eventually, free_port};
 
 mod common;
-use common::{counter, http_get, len, stop};
+use common::{counter, len, stop};
+use workerpool_tests::http_get;
 
 const WAIT: Duration = Duration::from_secs(20);
 
