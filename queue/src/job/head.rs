@@ -44,6 +44,10 @@ pub(super) struct Head<'a> {
     pub(super) attempt: Option<Scalar<'a>>,
     pub(super) enqueued_at: Option<Scalar<'a>>,
     pub(super) unique_key: Option<Scalar<'a>>,
+    /// Whether `attempt` occurs more than once: the stamp counts the
+    /// leading one and a map keeps the last, so such a job is not run
+    /// from its stamp.
+    pub(super) attempt_repeated: bool,
 }
 
 /// Reads `text`: `None` unless it is exactly one JSON object without a
@@ -111,7 +115,10 @@ impl<'de> Visitor<'de> for ObjectVisitor {
             let slot = match name {
                 Name::Task => &mut head.task,
                 Name::Id => &mut head.id,
-                Name::Attempt => &mut head.attempt,
+                Name::Attempt => {
+                    head.attempt_repeated |= head.attempt.is_some();
+                    &mut head.attempt
+                }
                 Name::EnqueuedAt => &mut head.enqueued_at,
                 Name::UniqueKey => &mut head.unique_key,
                 Name::RunAt => return Err(de::Error::custom("run_at")),
@@ -236,6 +243,7 @@ mod tests {
         )
         .expect("an object");
         assert_eq!(head.attempt, Some(Scalar::U64(3)));
+        assert!(head.attempt_repeated);
         assert_eq!(head.id, Some(Scalar::Str("a")));
         assert_eq!(head.task, Some(Scalar::Escaped));
         assert_eq!(head.enqueued_at, Some(Scalar::Other));

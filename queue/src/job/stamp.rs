@@ -101,6 +101,9 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
     // One pass that checks the whole object and reads the known fields:
     // this runs for every job taken, and most jobs never need the rest.
     let head = head::read(text)?;
+    if head.attempt_repeated {
+        return None;
+    }
     let (Some(Scalar::U64(attempt)), Some(Scalar::U64(enqueued_at))) =
         (head.attempt, head.enqueued_at)
     else {
@@ -209,6 +212,16 @@ mod tests {
             "no id"
         );
         assert_eq!(stamped(br#"{"id":"a"}"#, Stamp::Untouched), None);
+        // The stamp counted the leading attempt to 2; a map keeps the last,
+        // which intake counts to 3: the worker's own intake decides.
+        assert_eq!(
+            stamped(
+                br#"{"attempt":2,"id":"a","enqueued_at":1,"attempt":2}"#,
+                Stamp::Counted
+            ),
+            None,
+            "attempt twice"
+        );
     }
 
     #[test]
