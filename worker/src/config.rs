@@ -439,6 +439,21 @@ mod tests {
         parse(args).expect_err("must be refused").0
     }
 
+    /// `Config::new` (the Rust handler's start) and the command line (the
+    /// binary's) give a worker the same defaults, but for the probes: the
+    /// binary serves them on :8080, a library user chooses.
+    #[test]
+    fn the_library_and_the_command_line_share_their_defaults() {
+        let (mut parsed, _) =
+            parse(&["--redis-url=redis://h", "--queue=q", "--handler=noop"]).expect("defaults");
+        let built = Config::new("redis://h", vec!["q".to_string()]);
+        assert_eq!(parsed.listen.map(|a| a.port()), Some(8080));
+        assert_eq!(built.listen, None);
+        parsed.listen = built.listen;
+        parsed.worker_id.clone_from(&built.worker_id);
+        assert_eq!(format!("{parsed:?}"), format!("{built:?}"));
+    }
+
     #[test]
     fn the_payload_limit_defaults_to_16_mib_and_is_refused_outside_1_to_512_mib() {
         let base = ["--redis-url=redis://h", "--queue=q", "--handler=noop"];
