@@ -134,12 +134,40 @@ fn object_text() -> impl Strategy<Value = String> {
     })
 }
 
+/// How many times `attempt` is a name of the object in `text` (escaped
+/// names decoded); `None` when `text` is not one object.
+fn attempts_named(text: &str) -> Option<usize> {
+    struct Count;
+    impl<'de> serde::de::Visitor<'de> for Count {
+        type Value = usize;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+            let mut n = 0;
+            while let Some(name) = map.next_key::<String>()? {
+                n += usize::from(name == "attempt");
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+            Ok(n)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let n = serde::Deserializer::deserialize_map(&mut de, Count).ok()?;
+    de.end().ok()?;
+    Some(n)
+}
+
 /// The job a stamp stands for, read the plain way: the whole object
-/// parsed, then the known fields checked.
+/// parsed, then the known fields checked. `attempt` named twice never
+/// stands: the stamp counts the first, a map keeps the last.
 fn stamped_by_full_parse(text: &str, expected: u64) -> Option<Map<String, Value>> {
     let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
         return None;
     };
+    if attempts_named(text) != Some(1) {
+        return None;
+    }
     let string_or_absent = |name| fields.get(name).is_none_or(Value::is_string);
     let stands = string_or_absent("task")
         && fields.get("id").is_some_and(Value::is_string)
@@ -268,4 +296,13 @@ fn answers_that_are_not_utf8_are_protocol_breaks_that_show_the_bytes() {
             .expect_err("too long")
             .contains("without a newline")
     );
+}
+
+/// A fresh stamp before a producer's own `attempt`: the full parse and
+/// `stamped` agree that it does not stand (the worker's intake decides).
+#[test]
+fn a_stamp_before_a_second_attempt_does_not_stand() {
+    let held = br#"{"attempt":1,"id":"0011","enqueued_at":5,"attempt":1}"#;
+    assert!(stamped(held, Stamp::Fresh(1)).is_none());
+    check_stamped(held).expect("the full parse agrees");
 }
