@@ -108,7 +108,7 @@ pub struct DashboardFlags {
     /// a comma-separated list).
     #[arg(
         long = "queue",
-        env = "WORKERPOOL_QUEUE",
+        env = workerpool_settings::QUEUE,
         value_name = "NAME",
         value_delimiter = ',',
         required = true,
@@ -183,7 +183,7 @@ pub struct Target {
     #[command(flatten)]
     pub redis: workerpool_settings::RedisArgs,
     /// The queue.
-    #[arg(long, env = "WORKERPOOL_QUEUE", value_name = "NAME", value_parser = queue_name)]
+    #[arg(long, env = workerpool_settings::QUEUE, value_name = "NAME", value_parser = queue_name)]
     pub queue: String,
 }
 
