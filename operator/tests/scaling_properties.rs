@@ -142,6 +142,7 @@ fn replay(
             processed_total: processed,
             current_replicas: current,
             ready_replicas: ready,
+            job_seconds: None,
         };
         check(&engine, &observation, now, step);
         let desired = if step.failed {

@@ -41,6 +41,7 @@ pub async fn exists(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<bool> {
         .arg(q.stats_failed())
         .arg(q.stats_dead())
         .arg(q.stats_recovered())
+        .arg(q.stats_duration())
         .query_async(conn)
         .await?;
     Ok(n > 0)

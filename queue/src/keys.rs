@@ -105,6 +105,13 @@ impl QueueKeys {
         format!("{}:stats:recovered", self.name)
     }
 
+    /// The mean duration of the queue's jobs, in milliseconds, as its
+    /// workers measure it (a moving average the heartbeats fold into; kept
+    /// without expiry).
+    pub fn stats_duration(&self) -> String {
+        format!("{}:stats:duration", self.name)
+    }
+
     /// Hash of the recurring schedules that enqueue on the queue:
     /// `<namespace>/<pool>/<schedule>` -> unix ms of its latest claimed
     /// fire (see `fire.lua`).
@@ -174,6 +181,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
         (keys.stats_failed(), "a counter"),
         (keys.stats_dead(), "a counter"),
         (keys.stats_recovered(), "a counter"),
+        (keys.stats_duration(), "the mean job duration"),
     ]
     .into_iter()
     .find(|(key, _)| key == name)
@@ -348,6 +356,7 @@ mod tests {
             k.stats_failed(),
             k.stats_dead(),
             k.stats_recovered(),
+            k.stats_duration(),
             k.rate(),
         ] {
             assert!(key.starts_with("{mail}"), "{key}");

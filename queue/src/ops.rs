@@ -566,6 +566,31 @@ pub struct Beat {
     pub server_time_ms: u64,
 }
 
+/// Jobs a worker finished since its last heartbeat, for the queue's mean
+/// job duration (`<q>:stats:duration`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobsTimed {
+    /// How many jobs.
+    pub jobs: u64,
+    /// Their mean duration.
+    pub mean: Duration,
+}
+
+/// How many jobs move the queue's mean job duration `1 - 1/e` of the way
+/// to their own mean (`heartbeat.lua` has the same number).
+pub const DURATION_TIME_CONSTANT_JOBS: f64 = 20.0;
+
+/// The queue's mean job duration after `jobs` more jobs with this mean, as
+/// `heartbeat.lua` folds them (in any unit).
+pub fn fold_duration(old: Option<f64>, mean: f64, jobs: u64) -> f64 {
+    match old {
+        None => mean,
+        Some(old) => {
+            old + (1.0 - (-(jobs as f64) / DURATION_TIME_CONSTANT_JOBS).exp()) * (mean - old)
+        }
+    }
+}
+
 /// Records a heartbeat with the worker's details.
 pub async fn heartbeat(
     conn: &mut impl Conn,
@@ -574,12 +599,33 @@ pub async fn heartbeat(
     ttl: Duration,
     details: &[(&str, String)],
 ) -> RedisResult<Beat> {
+    heartbeat_with(conn, queue, instance, ttl, details, None).await
+}
+
+/// [`heartbeat`], also folding the jobs finished since the last beat into
+/// the queue's mean job duration, which the scaling engine reads before a
+/// pool's first job runs (`docs/queue-contract.md`, "Keys").
+pub async fn heartbeat_with(
+    conn: &mut impl Conn,
+    queue: &QueueKeys,
+    instance: &str,
+    ttl: Duration,
+    details: &[(&str, String)],
+    finished: Option<JobsTimed>,
+) -> RedisResult<Beat> {
     let mut invocation = scripts::HEARTBEAT.prepare_invoke();
     invocation
         .key(queue.workers())
         .key(queue.worker(instance))
+        .key(queue.stats_duration())
         .arg(instance)
         .arg(ttl.as_millis() as u64);
+    match finished.filter(|f| f.jobs > 0) {
+        Some(f) => invocation
+            .arg(format!("{:.3}", f.mean.as_secs_f64() * 1000.0))
+            .arg(f.jobs),
+        None => invocation.arg("").arg(0),
+    };
     for (field, value) in details {
         invocation.arg(*field).arg(value);
     }

@@ -72,6 +72,9 @@ pub struct QueueFigures {
     pub dead_total: u64,
     /// Jobs returned from lost workers (monotonic counter).
     pub recovered_total: u64,
+    /// The mean job duration the workers measured, in microseconds, once
+    /// a job has finished.
+    pub job_duration_us: Option<u64>,
     /// `enqueued_at` of the job at the head of the queue, when it has one.
     pub oldest_enqueued_at_ms: Option<u64>,
     /// Registered workers.
@@ -93,6 +96,7 @@ impl QueueFigures {
             failed_total: self.failed_total,
             dead_total: self.dead_total,
             recovered_total: self.recovered_total,
+            job_duration_us: self.job_duration_us,
             oldest_enqueued_at_ms: self.oldest_enqueued_at_ms,
             taken_at_ms: now_ms,
             rate_limit: self.rate_limit(now_ms).map(str::to_string),
@@ -166,6 +170,10 @@ pub struct Counts {
     pub dead_total: u64,
     /// Jobs returned from lost workers, ever.
     pub recovered_total: u64,
+    /// The mean duration of a job, in microseconds, as the workers
+    /// measured it (`<q>:stats:duration`), once one has finished: known
+    /// before the next job runs, after an idle spell or a restart.
+    pub job_duration_us: Option<u64>,
     /// `enqueued_at` of the oldest job at the head of a list, when it has
     /// one.
     pub oldest_enqueued_at_ms: Option<u64>,
@@ -193,6 +201,11 @@ impl Counts {
         self.in_flight + self.held_by_lost_workers
     }
 
+    /// [`Counts::job_duration_us`] in seconds.
+    pub fn job_seconds(&self) -> Option<f64> {
+        self.job_duration_us.map(|us| us as f64 / 1e6)
+    }
+
     /// Age in seconds of the oldest waiting job that carries `enqueued_at`.
     pub fn oldest_job_age_seconds(&self) -> Option<f64> {
         self.oldest_enqueued_at_ms
@@ -201,7 +214,8 @@ impl Counts {
 }
 
 /// Two queues' counts, read at the same instant, as one: every number
-/// added, the oldest job the older, the first rate limit kept.
+/// added, the oldest job the older, the first rate limit kept, the job
+/// durations averaged over the jobs each queue has processed.
 impl std::ops::Add<&Counts> for Counts {
     type Output = Counts;
 
@@ -222,10 +236,22 @@ impl std::ops::Add<&Counts> for Counts {
             failed_total,
             dead_total,
             recovered_total,
+            job_duration_us,
             oldest_enqueued_at_ms,
             taken_at_ms,
             rate_limit,
         } = other;
+        self.job_duration_us = match (self.job_duration_us, *job_duration_us) {
+            (Some(a), Some(b)) => {
+                let (wa, wb) = (self.processed_total as f64, *processed_total as f64);
+                Some(if wa + wb > 0.0 {
+                    ((a as f64 * wa + b as f64 * wb) / (wa + wb)).round() as u64
+                } else {
+                    a.max(b)
+                })
+            }
+            (a, b) => a.or(b),
+        };
         self.waiting += waiting;
         self.in_flight += in_flight;
         self.held_by_lost_workers += held_by_lost_workers;
@@ -319,7 +345,8 @@ pub async fn read(conn: &mut impl Conn, queues: &[QueueKeys]) -> RedisResult<Sna
             .key(q.stats_processed())
             .key(q.stats_failed())
             .key(q.stats_dead())
-            .key(q.stats_recovered());
+            .key(q.stats_recovered())
+            .key(q.stats_duration());
     }
     for q in queues {
         invocation.arg(q.processing("")).arg(q.worker(""));
@@ -336,7 +363,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
     let mut out = Vec::with_capacity(queues.len());
     for (q, entry) in queues.iter().zip(entries) {
         let Value::Array(f) = entry else { return None };
-        if f.len() != 12 {
+        if f.len() != 13 {
             return None;
         }
         // The head is whatever a producer pushed: read it as bytes.
@@ -377,6 +404,12 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             failed_total: int(&f[7])?,
             dead_total: int(&f[10])?,
             recovered_total: int(&f[11])?,
+            // Written by the workers' heartbeats: one that does not read
+            // as a duration is as good as none.
+            job_duration_us: string(&f[12])
+                .and_then(|ms| ms.parse::<f64>().ok())
+                .filter(|ms| ms.is_finite() && *ms >= 0.0)
+                .map(|ms| (ms * 1000.0).round() as u64),
             oldest_enqueued_at_ms: oldest,
             workers,
         });

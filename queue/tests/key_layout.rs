@@ -22,6 +22,7 @@ fn keys_of(q: &QueueKeys, instances: &[String]) -> Vec<String> {
         q.stats_failed(),
         q.stats_dead(),
         q.stats_recovered(),
+        q.stats_duration(),
         q.fires(),
         q.wait_probe(),
     ];

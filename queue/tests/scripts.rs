@@ -1155,6 +1155,7 @@ fn layout(q: &QueueKeys) -> Vec<(String, &'static str)> {
         (q.stats_failed(), "string"),
         (q.stats_dead(), "string"),
         (q.stats_recovered(), "string"),
+        (q.stats_duration(), "string"),
         (q.fires(), "hash"),
     ];
     for instance in ["w~1", "w~2"] {

@@ -1167,6 +1167,23 @@ impl<'a> Redis<'a> {
         self.cli(&args);
     }
 
+    /// How many jobs of `queue` are anywhere (waiting, held by a worker,
+    /// waiting to retry, scheduled or dead), read in one script so a job
+    /// that moves between two places while the test reads is counted once.
+    pub fn jobs_anywhere(&self, queue: &str) -> usize {
+        const COUNT: &str = "local q = ARGV[1] \
+            local n = redis.call('LLEN', q) + redis.call('ZCARD', q .. ':retry') \
+            + redis.call('ZCARD', q .. ':scheduled') + redis.call('LLEN', q .. ':dead') \
+            for _, key in ipairs(redis.call('KEYS', q .. ':processing:*')) do \
+            n = n + redis.call('LLEN', key) end \
+            return n";
+        let reply = self.cli(&["EVAL", COUNT, "0", queue]);
+        reply
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("a count of jobs ({e}): {reply:?}"))
+    }
+
     /// The jobs each worker (Pod) holds in its processing list, by id.
     pub fn holding(&self, queue: &str) -> BTreeMap<String, Vec<String>> {
         let pattern = format!("{queue}:processing:*");

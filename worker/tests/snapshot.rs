@@ -165,3 +165,52 @@ async fn an_unknown_queue_reads_as_empty() {
     assert!(c.oldest_job_age_seconds().is_none());
     assert!(s.server_time_ms > 0);
 }
+
+/// Sleeps 50 ms per job.
+struct Sleeps;
+
+impl workerpool_worker::Handler for Sleeps {
+    fn handle<'a>(
+        &'a self,
+        _job: &'a workerpool_worker::Job,
+    ) -> futures::future::BoxFuture<'a, workerpool_worker::Outcome> {
+        Box::pin(async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            workerpool_worker::Outcome::Done
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_worker_keeps_its_queues_mean_job_duration_in_redis_for_the_engine() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("timed");
+    let jobs: Vec<String> = (0..20).map(|n| json!({"data": n}).to_string()).collect();
+    common::push(&mut c, q.name(), &jobs).await;
+    let mut config = common::config(&redis, &[q.name()], "timer");
+    config.concurrency = 4;
+    let worker = common::start(config, std::sync::Arc::new(Sleeps));
+    let seconds = workerpool_tests::eventually(
+        std::time::Duration::from_secs(20),
+        "the mean job duration in the snapshot",
+        || {
+            let mut c = c.clone();
+            let q = q.clone();
+            async move {
+                let counts = snapshot::counts(&mut c, &q).await.ok()?;
+                (counts.processed_total == 20)
+                    .then_some(counts.job_seconds())
+                    .flatten()
+            }
+        },
+    )
+    .await;
+    worker.stop().await;
+    assert!(
+        (0.05..0.5).contains(&seconds),
+        "jobs that sleep 50 ms: a mean of {seconds} s"
+    );
+    let ttl: i64 = c.pttl(q.stats_duration()).await.expect("pttl");
+    assert_eq!(ttl, -1, "kept after the worker left");
+}

@@ -272,13 +272,35 @@ impl Normalizer {
         min: i32,
         max: i32,
     ) -> Normalized {
+        self.normalize_under(behavior, now, current, recommendation, min, max, None)
+    }
+
+    /// [`Normalizer::normalize`], with a `ceiling` that the scale-down window
+    /// does not hold the count above: earlier, higher recommendations keep
+    /// the pool up against a noisy signal, but not above a count that is
+    /// known to be idle (the workers a rate limit keeps busy). The rate
+    /// policies still pace the way down.
+    #[allow(clippy::too_many_arguments)]
+    pub fn normalize_under(
+        &mut self,
+        behavior: &Behavior,
+        now: f64,
+        current: i32,
+        recommendation: i32,
+        min: i32,
+        max: i32,
+        ceiling: Option<i32>,
+    ) -> Normalized {
         // A freshly started autoscaler must not scale down at once: it behaves as if the
         // current count had been recommended just now (HPA's
         // maybeInitScaleDownStabilizationWindow).
         if self.recommendations.is_empty() && behavior.down.window > 0.0 {
             self.recommendations.push((now, current));
         }
-        let stabilized = self.stabilize(behavior, now, current, recommendation);
+        let mut stabilized = self.stabilize(behavior, now, current, recommendation);
+        if let Some(ceiling) = ceiling {
+            stabilized = stabilized.min(ceiling.max(recommendation));
+        }
         let mut limit = None;
         if stabilized != recommendation {
             limit = Some(if recommendation >= current {

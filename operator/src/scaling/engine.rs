@@ -279,12 +279,17 @@ impl Engine {
         let (min, max) = spec.bounds();
         let current = obs.current_replicas.max(0);
         let (proposals, largest, rule) = self.propose(spec, &behavior, obs);
-        // More workers than the rate limit keeps busy would only wait for it. Until a
-        // job's duration is measured there is nothing to size the cap on: no cap.
-        let cap = self
+        // More workers than the rate limit keeps busy would only wait for it. The job
+        // duration is the engine's own estimate (Little's law, smoothed over a minute),
+        // else the workers' measure kept in Redis, which is there from the first
+        // decision on (after a restart, a leader change or an idle spell); until either
+        // is known there is nothing to size the cap on.
+        let busy_at_limit = self
             .rates
             .job_seconds()
-            .and_then(|seconds| self.workers.busy_at_limit(seconds))
+            .or(obs.job_seconds)
+            .and_then(|seconds| self.workers.busy_at_limit(seconds));
+        let cap = busy_at_limit
             .filter(|cap| largest > *cap)
             .zip(self.workers.rate_limit)
             .map(|(workers, limit)| RateCap { limit, workers });
@@ -315,8 +320,8 @@ impl Engine {
         if current == 0 {
             // The backlog already holds the due retries and delayed jobs.
             if obs.backlog >= u64::from(spec.activation_backlog.max(1).unsigned_abs()) {
-                // Waking: straight to the computed size. The HPA has no say at zero (it is
-                // inactive there), and a rate limit here only makes the first jobs wait.
+                // Waking: straight to the computed size (capped by the rate limit, as
+                // at any size). The HPA has no say at zero (it is inactive there).
                 let recommendation = largest.max(1);
                 let desired = recommendation.clamp(min.max(1), max.max(1));
                 let limit = (desired < recommendation).then_some(Limit::MaxReplicas);
@@ -386,9 +391,17 @@ impl Engine {
         } else {
             (largest, rule)
         };
-        let Normalized { desired, limit } =
-            self.normalizer
-                .normalize(&behavior, now, current, recommendation, min.max(1), max);
+        // The scale-down window does not hold the pool above what the rate limit keeps
+        // busy: those workers are known to be idle, not a noisy reading.
+        let Normalized { desired, limit } = self.normalizer.normalize_under(
+            &behavior,
+            now,
+            current,
+            recommendation,
+            min.max(1),
+            max,
+            busy_at_limit,
+        );
         decision(
             desired,
             Reason {

@@ -14,7 +14,10 @@
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
 //! 3. a queue with a rate limit (`spec.worker.rateLimit`) caps the proposal at the
 //!    workers the limit keeps busy: with `J = rate × job seconds`,
-//!    `ceil((J + √J) / concurrency) + 1` ([`Workers::busy_at_limit`]);
+//!    `ceil((J + √J) / concurrency) + 1` ([`Workers::busy_at_limit`]), at a wake as at
+//!    any size, and the scale-down window does not hold the pool above it; the job
+//!    duration is the workers' own, kept in Redis, so the cap holds from the first
+//!    decision after a restart or an idle spell;
 //! 4. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
 //!
@@ -59,6 +62,10 @@ pub struct Observation {
     pub current_replicas: i32,
     /// Replicas that are ready to take jobs.
     pub ready_replicas: i32,
+    /// The mean job duration in seconds as the workers measured it, kept in
+    /// Redis (`<q>:stats:duration`) once a job has finished.
+    #[serde(default)]
+    pub job_seconds: Option<f64>,
 }
 
 impl Observation {
@@ -79,6 +86,7 @@ impl Observation {
             processed_total: counts.processed_total,
             current_replicas,
             ready_replicas,
+            job_seconds: counts.job_seconds(),
         }
     }
 

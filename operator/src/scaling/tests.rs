@@ -1035,3 +1035,95 @@ fn a_pool_waking_from_zero_wakes_no_larger_than_the_rate_limit_keeps_busy() {
     );
     assert_eq!((verdict.desired, verdict.code()), (14, "RateLimit"));
 }
+
+/// The queue of a rate-limited pool that has run jobs before: 100 jobs
+/// waiting, jobs of 400 ms as the workers measured them (kept in Redis), a
+/// limit of 5/s and one job per worker. 5/s × 0.4 s keeps J = 2 jobs
+/// running: the cap is ceil(2 + √2) + 1 = 5.
+fn rate_limited_wake(current: i32) -> Observation {
+    let snapshot = workerpool_queue::snapshot::Snapshot {
+        server_time_ms: 1_000,
+        queues: vec![workerpool_queue::snapshot::QueueFigures {
+            name: "q".into(),
+            waiting: 100,
+            processed_total: 500,
+            job_duration_us: Some(400_000),
+            ..Default::default()
+        }],
+    };
+    Observation::from_counts(&snapshot.counts(), current, current)
+}
+
+#[test]
+fn a_fresh_engine_wakes_a_rate_limited_pool_at_its_cap_from_the_duration_kept_in_redis() {
+    let spec = ScalingSpec {
+        max_replicas: 8,
+        ..ScalingSpec::default()
+    };
+    let observation = rate_limited_wake(0);
+    assert_eq!(observation.job_seconds, Some(0.4));
+    // An engine that knows nothing of the queue (a new operator, a leader change).
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(Some("5/s"), 1));
+    let decision = engine.tick(&spec, &observation, at(0));
+    assert_eq!(decision.reason.rule, Rule::Activation);
+    assert_eq!(decision.desired, 5, "{decision:?}");
+    assert_eq!(decision.reason.limit, Some(Limit::RateLimit));
+    assert_eq!(
+        decision.reason.rate_cap.map(|cap| cap.workers),
+        Some(5),
+        "{decision:?}"
+    );
+    // Without the kept duration the first wake has nothing to size the cap on.
+    let mut blind = Engine::new();
+    blind.set_workers(Workers::new(Some("5/s"), 1));
+    let unknown = Observation {
+        job_seconds: None,
+        ..observation
+    };
+    let decision = blind.tick(&spec, &unknown, at(0));
+    assert_eq!(
+        (decision.desired, decision.reason.limit),
+        (8, Some(Limit::MaxReplicas))
+    );
+}
+
+#[test]
+fn the_scale_down_window_does_not_hold_a_rate_limited_pool_above_its_cap() {
+    // The default behavior: a 300 s scale-down window.
+    let spec = ScalingSpec {
+        max_replicas: 8,
+        ..ScalingSpec::default()
+    };
+    let blind = |o: Observation| Observation {
+        job_seconds: None,
+        ..o
+    };
+    for limited in [true, false] {
+        let mut engine = Engine::new();
+        engine.set_workers(Workers::new(limited.then_some("5/s"), 1));
+        // Woken before any duration was known: the whole range.
+        let woke = engine.tick(&spec, &blind(rate_limited_wake(0)), at(0));
+        assert_eq!(woke.desired, 8);
+        engine.applied(at(0), 0, 8);
+        // The next poll knows the duration: 5 workers are all the limit keeps busy,
+        // and the window's memory of 8 does not hold the other 3.
+        let next = engine.tick(&spec, &rate_limited_wake(8), at(15));
+        if limited {
+            assert_eq!(next.desired, 5, "{next:?}");
+            assert_eq!(next.reason.limit, Some(Limit::RateLimit), "{next:?}");
+        } else {
+            // Without a limit the backlog target asks for all 8 (100 / 5 = 20).
+            assert_eq!(next.desired, 8, "{next:?}");
+        }
+        // Later, the backlog falls to a few jobs: the window holds the pool at its
+        // earlier recommendations (5 capped, or 8), as the HPA's does.
+        let quiet = Observation {
+            backlog: 3,
+            ..rate_limited_wake(next.desired)
+        };
+        let later = engine.tick(&spec, &quiet, at(30));
+        assert_eq!(later.desired, next.desired, "{later:?}");
+        assert_eq!(later.reason.limit, Some(Limit::ScaleDownStabilized));
+    }
+}

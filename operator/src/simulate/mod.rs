@@ -154,7 +154,8 @@ enum Controller {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Event {
     PodReady(usize),
-    JobDone(usize),
+    /// A pod finished a job that took this many seconds.
+    JobDone(usize, f64),
     /// The rate limit allows the next start.
     RateAllows,
     /// A controller's periodic tick; the number tells which loop (KEDA has two).
@@ -218,6 +219,10 @@ struct World<'a> {
     rate_tat: f64,
     /// A [`Event::RateAllows`] is scheduled.
     rate_wake: bool,
+    /// Jobs finished since the last reading, and their seconds.
+    timed: (u64, f64),
+    /// The queue's mean job duration as the workers keep it in Redis.
+    job_seconds: Option<f64>,
 }
 
 impl World<'_> {
@@ -276,6 +281,7 @@ impl World<'_> {
             processed_total: self.processed,
             current_replicas: self.desired,
             ready_replicas: self.ready(),
+            job_seconds: self.job_seconds,
         }
     }
 
@@ -297,8 +303,22 @@ impl World<'_> {
             self.pods[pod].busy += 1;
             self.in_flight += 1;
             self.waits.push((self.now - arrived) as f32);
-            self.schedule(self.now + duration, Event::JobDone(pod));
+            self.schedule(self.now + duration, Event::JobDone(pod, duration));
         }
+    }
+
+    /// Folds the jobs finished since the last reading into the mean job
+    /// duration, as the workers' heartbeats do (`heartbeat.lua`).
+    fn fold_job_durations(&mut self) {
+        let (jobs, seconds) = std::mem::take(&mut self.timed);
+        if jobs == 0 {
+            return;
+        }
+        self.job_seconds = Some(workerpool_queue::ops::fold_duration(
+            self.job_seconds,
+            seconds / jobs as f64,
+            jobs,
+        ));
     }
 
     fn pod_ready(&mut self, pod: usize) {
@@ -309,7 +329,9 @@ impl World<'_> {
         }
     }
 
-    fn job_done(&mut self, pod: usize) {
+    fn job_done(&mut self, pod: usize, seconds: f64) {
+        self.timed.0 += 1;
+        self.timed.1 += seconds;
         self.in_flight -= 1;
         self.processed += 1;
         let p = &mut self.pods[pod];
@@ -387,6 +409,8 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         scale_events: 0,
         rate_tat: 0.0,
         rate_wake: false,
+        timed: (0, 0.0),
+        job_seconds: None,
     };
     let (mut controller, periods) = match policy {
         Policy::Engine(spec) => {
@@ -438,9 +462,10 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                 world.advance(e.at);
                 match e.event {
                     Event::PodReady(pod) => world.pod_ready(pod),
-                    Event::JobDone(pod) => world.job_done(pod),
+                    Event::JobDone(pod, seconds) => world.job_done(pod, seconds),
                     Event::RateAllows => world.rate_wake = false,
                     Event::Tick(kind) => {
+                        world.fold_job_durations();
                         let observation = world.observation();
                         let now = Duration::from_secs_f64(world.now);
                         let desired = match &mut controller {

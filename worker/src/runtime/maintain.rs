@@ -243,8 +243,9 @@ impl Worker {
             return Ok(());
         }
         let details = self.beat_details();
-        for q in &self.queues {
-            let beat = ops::heartbeat(&mut c, q, &self.instance, ttl, &details).await?;
+        for (q, jobs) in self.queues.iter().zip(&self.job_metrics) {
+            let timed = jobs.timed_since_told();
+            let beat = ops::heartbeat_with(&mut c, q, &self.instance, ttl, &details, timed).await?;
             self.note_server_time(beat.server_time_ms);
             if beat.registered_anew {
                 tracing::warn!(

@@ -99,6 +99,28 @@ struct JobMetrics {
     duration: prometheus::Histogram,
     /// `workerpool_jobs_in_flight`.
     in_flight: prometheus::IntGauge,
+    /// The duration histogram's sum and count at the last heartbeat.
+    told: Mutex<(f64, u64)>,
+}
+
+impl JobMetrics {
+    /// The jobs timed since the last call: what the next heartbeat folds
+    /// into the queue's mean job duration.
+    fn timed_since_told(&self) -> Option<workerpool_queue::ops::JobsTimed> {
+        let (sum, count) = (
+            self.duration.get_sample_sum(),
+            self.duration.get_sample_count(),
+        );
+        let mut told = self.told.lock().unwrap_or_else(|e| e.into_inner());
+        let (jobs, seconds) = (count.saturating_sub(told.1), sum - told.0);
+        *told = (sum, count);
+        (jobs > 0 && seconds.is_finite() && seconds >= 0.0).then(|| {
+            workerpool_queue::ops::JobsTimed {
+                jobs,
+                mean: Duration::from_secs_f64(seconds / jobs as f64),
+            }
+        })
+    }
 }
 
 /// Errors that stop the worker.
@@ -174,6 +196,7 @@ pub async fn run(
                 dead: metrics.jobs.with_label_values(&[q.name(), "dead"]),
                 duration: metrics.job_duration.with_label_values(&[q.name()]),
                 in_flight: metrics.in_flight.with_label_values(&[q.name()]),
+                told: Mutex::new((0.0, 0)),
             })
             .collect(),
         queues,
