@@ -519,8 +519,10 @@ class Client {
     if (isReplyError(e)) {
       return new RedisError(`Redis refused ${what} at ${this._parsed.shown}: ${e.message}`, { cause: e });
     }
-    const last = this._lastError && this._lastError !== e ? `: ${this._lastError.message}` : '';
-    return new ConnectionError(`cannot reach Redis at ${this._parsed.shown} (${e.message})${last}`, { cause: e });
+    // ioredis's own message ("Reached the max retries per request limit")
+    // says less than the connection's last error, which says why.
+    const why = this._lastError ? this._lastError.message : e.message;
+    return new ConnectionError(`cannot reach Redis at ${this._parsed.shown}: ${why}`, { cause: e });
   }
 
   async _run(fn, what) {
