@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import Redis from 'ioredis';
 import { Client, ConnectionError, InvalidQueueError } from '../index.mjs';
-import { eventually, startCluster, startTlsRedis, startWorker } from './helpers.mjs';
+import { eventually, raw, startCluster, startRedis, startSentinel, startTlsRedis, startWorker } from './helpers.mjs';
 
 describe('TLS', () => {
   let plain;
@@ -131,6 +131,42 @@ describe('Redis Cluster', () => {
       assert.equal(await reader.hlen('{run}:unique'), 0);
     } finally {
       await worker.stop();
+      await c.close();
+    }
+  });
+});
+
+describe('Redis Sentinel', () => {
+  let primary;
+  let sentinel;
+  before(async () => {
+    primary = await startRedis();
+    sentinel = await startSentinel(primary.port, 'mymaster');
+  });
+  after(async () => {
+    await sentinel?.stop();
+    await primary?.stop();
+  });
+
+  test('redis+sentinel:// finds the primary through the sentinel', async () => {
+    const c = new Client(`redis+sentinel://127.0.0.1:${sentinel.port}/mymaster/2`);
+    const r = raw(`${primary.url}/2`);
+    try {
+      const id = await c.enqueue('via-sentinel', 't', null, { uniqueKey: 'k' });
+      assert.equal(JSON.parse(await r.lindex('via-sentinel', 0)).id, id);
+      assert.equal(await c.enqueue('via-sentinel', 't', null, { uniqueKey: 'k' }), null);
+    } finally {
+      await c.close();
+      r.disconnect();
+    }
+  });
+
+  test('a primary name the sentinels do not know is a ConnectionError', async () => {
+    const c = new Client(`redis+sentinel://127.0.0.1:${sentinel.port}/nosuch`);
+    try {
+      await assert.rejects(c.enqueue('q', 't'), (e) => e instanceof ConnectionError
+        && /cannot reach Redis at redis\+sentinel:\/\/127\.0\.0\.1:\d+\/nosuch: .*No such master/.test(e.message));
+    } finally {
       await c.close();
     }
   });

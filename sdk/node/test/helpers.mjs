@@ -187,6 +187,26 @@ export async function startTlsRedis({ mutual }) {
   return server;
 }
 
+/** A Redis Sentinel watching the primary on `primaryPort` as `name`. */
+export async function startSentinel(primaryPort, name) {
+  const dir = tempDir('sentinel');
+  for (let tries = 0; tries < 5; tries++) {
+    const port = await freePort();
+    const conf = path.join(dir, `sentinel-${port}.conf`);
+    fs.writeFileSync(conf, [
+      `port ${port}`, 'bind 127.0.0.1', `dir ${dir}`,
+      `sentinel monitor ${name} 127.0.0.1 ${primaryPort} 1`,
+      `sentinel down-after-milliseconds ${name} 1000`, '',
+    ].join('\n'));
+    const child = spawn(REDIS_SERVER, [conf, '--sentinel'], { stdio: ['ignore', 'ignore', 'inherit'] });
+    if (await answers(port, child, false)) {
+      return new Server(child, port, dir);
+    }
+    child.kill('SIGKILL');
+  }
+  throw new Error('redis-server --sentinel did not start on 5 free ports');
+}
+
 /** A free port whose cluster bus port (+10000) is free too. */
 async function clusterPort() {
   for (;;) {
