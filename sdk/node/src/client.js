@@ -117,8 +117,8 @@ function parseUrl(url) {
       username = decode(auth.slice(0, colon), 'user name', shown) || undefined;
       password = decode(auth.slice(colon + 1), 'password', shown) || undefined;
     } else {
-      // `redis://password@host` is how some clients write a bare password.
-      password = decode(auth, 'password', shown) || undefined;
+      // A user name alone, as the worker reads `redis://user@host`.
+      username = decode(auth, 'user name', shown) || undefined;
     }
   }
   const params = new URLSearchParams(query);
