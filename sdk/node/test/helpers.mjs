@@ -33,8 +33,18 @@ export function binDir() {
   return dir;
 }
 
+const made = [];
+process.on('exit', () => {
+  for (const dir of made) {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+/** A fresh temporary folder, removed when the test process exits. */
 export function tempDir(what) {
-  return fs.mkdtempSync(path.join(os.tmpdir(), `wp-node-${what}-`));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `wp-node-${what}-`));
+  made.push(dir);
+  return dir;
 }
 
 /** A TCP port of 127.0.0.1 that was free a moment ago. */
