@@ -60,6 +60,15 @@ describe('through the worker', () => {
     await eventually('job-1 counted as processed', async () => Number(await redis.get(`${Q}:stats:processed`)) >= 1);
   });
 
+  test('job.raw is the whole object the worker sent, stamp included', async () => {
+    const id = await client.enqueue(Q, 'raw', { k: 'v' }, { uniqueKey: 'raw-1' });
+    const seen = await eventually('the raw record', () => records().find((r) => r.id === id));
+    assert.deepEqual(Object.keys(seen.raw).sort(), ['attempt', 'data', 'enqueued_at', 'id', 'task', 'unique_key']);
+    assert.equal(seen.raw.attempt, 1);
+    assert.equal(seen.raw.unique_key, 'raw-1');
+    assert.deepEqual(seen.raw.data, { k: 'v' });
+  });
+
   test('a thrown Error is retried: the second attempt sees attempt 2 and the same id', async () => {
     const id = await client.enqueue(Q, 'flaky', null);
     const seen = await eventually('the flaky job to succeed', () => records().find((r) => r.id === id));
@@ -86,7 +95,7 @@ describe('through the worker', () => {
     const id = await client.enqueue(Q, 'send_fax', {});
     const dead = await deadOf(id);
     assert.equal(dead.reason, 'permanent');
-    assert.equal(dead.error, 'unknown task "send_fax": this handler knows "record", "fail", "permanent", "flaky", "noisy", "reject"');
+    assert.equal(dead.error, 'unknown task "send_fax": this handler knows "record", "raw", "fail", "permanent", "flaky", "noisy", "reject"');
   });
 
   test('a rejection with a non-Error value is retried with that value as the error', async () => {
@@ -109,6 +118,15 @@ describe('through the worker', () => {
 });
 
 describe('the protocol, line by line', () => {
+  test('tasks are registered once each, as functions', async () => {
+    const { App, WorkerpoolError } = await import('../index.mjs');
+    const app = new App().task('a', () => {});
+    assert.throws(() => app.task('a', () => {}), (e) => e instanceof WorkerpoolError && /task "a" is registered twice/.test(e.message));
+    assert.throws(() => app.task('b', 'not a function'), /task "b": the handler must be a function/);
+    assert.throws(() => app.task('', () => {}), /a task name must be a non-empty string/);
+    assert.deepEqual(app.tasks, ['a']);
+  });
+
   test('lines that are not jobs get a permanent failure and the process keeps serving', async () => {
     const child = spawn(process.execPath, [APP], { stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, RECORD: recordFile } });
     const answers = readline.createInterface({ input: child.stdout })[Symbol.asyncIterator]();
@@ -125,7 +143,7 @@ describe('the protocol, line by line', () => {
       assert.deepEqual(await ask('[1,2]'), { ok: false, retry: false, error: 'the handler got JSON that is not a job object: "[1,2]"' });
       assert.deepEqual(await ask('{"attempt":1,"id":"x"}'), {
         ok: false, retry: false,
-        error: 'the job has no "task" naming one of this handler\'s tasks ("record", "fail", "permanent", "flaky", "noisy", "reject")',
+        error: 'the job has no "task" naming one of this handler\'s tasks ("record", "raw", "fail", "permanent", "flaky", "noisy", "reject")',
       });
       assert.deepEqual(await ask('{"attempt":1,"id":"direct","task":"record","data":12345678901234567890}'), { ok: true });
       // Past 2^53 an integer arrives as the nearest double (JSON.parse).

@@ -178,6 +178,15 @@ describe('enqueueMany', () => {
     assert.deepEqual(list.map((j) => j.id), ids);
   });
 
+  test('one enqueue is one command: LPUSH, ZADD when delayed, EVALSHA when unique', async () => {
+    await client.enqueue('single', 't', null, { uniqueKey: 'warm' }); // connected, clock read, script loaded
+    for (const [options, command] of [[{}, 'lpush'], [{ delay: 10 }, 'zadd'], [{ uniqueKey: 'one' }, 'evalsha']]) {
+      const { result: id, sent } = await watching(() => client.enqueue('single', 't', { n: 1 }, options));
+      assert.match(id, /^[0-9a-f]{32}$/);
+      assert.deepEqual(sent, [command], `enqueue with ${JSON.stringify(options)}`);
+    }
+  });
+
   test('with unique jobs: one EVALSHA for the lot, duplicates null in place', async () => {
     await client.enqueue('many-u', 't', null, { uniqueKey: 'warm' }); // script loaded
     const before = await commandCalls(redis);
