@@ -422,7 +422,8 @@ class Client {
         tls: this._tls,
         sentinelTLS: this._tls,
         enableTLSForSentinelMode: Boolean(this._tls),
-        // The primary's address as the sentinels announce it.
+        // A few rounds over the sentinels, then the call fails with what
+        // they said rather than waiting for ever.
         sentinelRetryStrategy: (times) => (times > 3 ? null : Math.min(times * 100, 1000)),
       });
     }
@@ -656,10 +657,10 @@ class Client {
       }
       return out;
     }
-    const now_ = jobs.filter((j) => j.runAt === undefined);
+    const immediate = jobs.filter((j) => j.runAt === undefined);
     const later = jobs.filter((j) => j.runAt !== undefined);
-    for (let i = 0; i < now_.length; i += BATCH) {
-      pipeline.lpush(queue, ...now_.slice(i, i + BATCH).map((j) => j.payload));
+    for (let i = 0; i < immediate.length; i += BATCH) {
+      pipeline.lpush(queue, ...immediate.slice(i, i + BATCH).map((j) => j.payload));
     }
     for (let i = 0; i < later.length; i += BATCH) {
       const members = [];
