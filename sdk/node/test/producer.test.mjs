@@ -214,6 +214,20 @@ describe('enqueueMany', () => {
     assert.equal(await redis.zcard('many-u:scheduled'), 1);
   });
 
+  test('past 500 jobs: one command per 500 in one pipeline, order kept across them', async () => {
+    const jobs = Array.from({ length: 1201 }, (_, i) => ({ task: 't', data: i }));
+    const plain = await watching(() => client.enqueueMany('big', jobs));
+    assert.deepEqual(plain.sent, ['lpush', 'lpush', 'lpush']);
+    const list = (await redis.lrange('big', 0, -1)).reverse().map((p) => JSON.parse(p).data);
+    assert.deepEqual(list, jobs.map((j) => j.data));
+    const unique = await watching(() => client.enqueueMany('big-u', jobs.map((j) => ({ ...j, uniqueKey: `k${j.data % 600}` }))));
+    assert.deepEqual(unique.sent, ['evalsha', 'evalsha', 'evalsha']);
+    assert.equal(unique.result.filter((id) => id !== null).length, 600);
+    assert.ok(unique.result.slice(600).every((id) => id === null), 'the second of each key is refused, across chunks');
+    const mixed = await watching(() => client.enqueueMany('big-m', [{ task: 'a' }, { task: 'b', delay: 1000 }, { task: 'c' }]));
+    assert.deepEqual(mixed.sent, ['lpush', 'zadd']);
+  });
+
   test('a script flushed from the server is loaded again (EVAL) and the jobs go in once', async () => {
     await redis.script('FLUSH');
     const ids = await client.enqueueMany('reload', [{ task: 't', uniqueKey: 'r' }, { task: 't', uniqueKey: 'r' }]);
