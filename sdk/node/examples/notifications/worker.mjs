@@ -13,7 +13,7 @@ import { App } from '@workerpool-dev/client';
 // measures how many notifications ran at once.
 const RECORD = process.env.NOTIFICATIONS_RECORD;
 
-function note(event, job) {
+function note(event, job = {}) {
   const line = JSON.stringify({ event, id: job.id, attempt: job.attempt, pid: process.pid, t: performance.timeOrigin + performance.now() });
   if (RECORD) {
     fs.appendFileSync(RECORD, `${line}\n`);
@@ -40,4 +40,5 @@ app.task('broken', (data, job) => {
   process.exit(1);
 });
 
+note('ready');
 await app.run();
