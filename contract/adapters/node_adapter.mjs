@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The Node.js client's conformance adapter (the protocol is in contract/README.md):
+// The Node.js client's conformance adapter, run by the conformance runner (tests/tests/contract.rs):
 //   node contract/adapters/node_adapter.mjs produce   JSON requests on stdin, one JSON answer line each
 //   node contract/adapters/node_adapter.mjs handle    the exec handler (workerpool-worker --handler exec -- ...)
 // It loads the library straight from the checkout (sdk/node), with no build step.
