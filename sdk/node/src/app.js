@@ -9,6 +9,15 @@ const { Permanent, WorkerpoolError } = require('./errors');
 
 /** How much of a line that is not a job an answer quotes. */
 const QUOTE = 200;
+/**
+ * The longest error an answer carries (characters): the worker takes
+ * answer lines up to 1 MiB and replaces a process that writes a longer one.
+ */
+const ERROR_CHARS = 64 * 1024;
+
+function cap(text) {
+  return text.length > ERROR_CHARS ? `${text.slice(0, ERROR_CHARS)}… (cut at ${ERROR_CHARS} characters)` : text;
+}
 
 function errorText(e) {
   if (e instanceof Error) {
@@ -104,9 +113,9 @@ class App {
       return { ok: true };
     } catch (e) {
       if (e instanceof Permanent) {
-        return { ok: false, error: e.message, retry: false };
+        return { ok: false, error: cap(e.message), retry: false };
       }
-      return { ok: false, error: errorText(e) };
+      return { ok: false, error: cap(errorText(e)) };
     }
   }
 

@@ -118,6 +118,17 @@ describe('through the worker', () => {
 });
 
 describe('the protocol, line by line', () => {
+  test('an error too long for one answer line is cut, and the answer stays valid', async () => {
+    const { App, Permanent } = await import('../index.mjs');
+    const app = new App().task('huge', () => {
+      throw new Permanent('x'.repeat(2 * 1024 * 1024));
+    });
+    const answer = await app.handle('{"attempt":1,"id":"h","task":"huge"}');
+    assert.equal(answer.retry, false);
+    assert.ok(JSON.stringify(answer).length < 1024 * 1024, 'under the worker\'s 1 MiB answer limit');
+    assert.match(answer.error, /… \(cut at 65536 characters\)$/);
+  });
+
   test('tasks are registered once each, as functions', async () => {
     const { App, WorkerpoolError } = await import('../index.mjs');
     const app = new App().task('a', () => {});
