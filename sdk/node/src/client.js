@@ -401,9 +401,6 @@ class Client {
     redis.on('error', (e) => {
       this._lastError = e;
     });
-    redis.on('node error', (e) => {
-      this._lastError = e;
-    });
     return redis;
   }
 
@@ -476,7 +473,7 @@ class Client {
     const p = this._parsed;
     if (this._mode === 'cluster') {
       const c = this._watch(this._cluster());
-      await this._run(() => c.connect(), 'connect');
+      await this._connect(c);
       this._isCluster = true;
       this._redis = c;
       return c;
@@ -501,16 +498,63 @@ class Client {
           throw new ConfigError(`${p.shown} is a Redis Cluster, which has only database 0; drop the /${p.db}`);
         }
         const c = this._watch(this._cluster());
-        await this._run(() => c.connect(), 'connect');
+        await this._connect(c);
         this._isCluster = true;
         this._redis = c;
         return c;
       }
     } else {
-      await this._run(() => r.connect(), 'connect');
+      await this._connect(r);
     }
     this._redis = r;
     return r;
+  }
+
+  /** Connects `redis`, or stops its reconnecting and throws why it failed. */
+  async _connect(redis) {
+    try {
+      await redis.connect();
+    } catch (e) {
+      redis.disconnect();
+      if (redis instanceof Redis.Cluster) {
+        // ioredis says only that no node gave the slot map; one plain
+        // connection to the node of the URL says why (refused, TLS, auth).
+        const why = await this._probe();
+        if (why) {
+          throw new ConnectionError(`cannot reach the Redis Cluster at ${this._parsed.shown}: ${why}`, { cause: e });
+        }
+      }
+      throw this._wrap(e, 'connect');
+    }
+  }
+
+  /** Why one connection to the URL's node fails, or null when it works. */
+  async _probe() {
+    const p = this._parsed;
+    const probe = new Redis({
+      host: p.host,
+      port: p.port,
+      username: p.username,
+      password: p.password,
+      tls: this._tls,
+      lazyConnect: true,
+      retryStrategy: () => null,
+      maxRetriesPerRequest: 0,
+      connectTimeout: 5000,
+    });
+    let failure = null;
+    probe.on('error', (e) => {
+      failure = failure ?? e;
+    });
+    try {
+      await probe.connect();
+      await probe.ping();
+      return null;
+    } catch (e) {
+      return (failure ?? e).message;
+    } finally {
+      probe.disconnect();
+    }
   }
 
   _wrap(e, what) {
@@ -522,7 +566,7 @@ class Client {
     }
     // ioredis's own message ("Reached the max retries per request limit")
     // says less than the connection's last error, which says why.
-    const why = this._lastError ? this._lastError.message : e.message;
+    const why = (this._lastError ?? e).message;
     return new ConnectionError(`cannot reach Redis at ${this._parsed.shown}: ${why}`, { cause: e });
   }
 

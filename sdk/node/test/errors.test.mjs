@@ -135,11 +135,13 @@ describe('client', () => {
 
   test('an unreachable Redis is a ConnectionError naming the URL without its password', async () => {
     const port = await freePort();
-    const c = new Client(`redis://:s3cret@127.0.0.1:${port}`);
-    try {
-      await rejects(c.enqueue('q', 't'), ConnectionError, new RegExp(`cannot reach Redis at redis://:\\*\\*\\*@127.0.0.1:${port}.*ECONNREFUSED`));
-    } finally {
-      await c.close();
+    for (const options of [{}, { cluster: false }, { cluster: true }]) {
+      const c = new Client(`redis://:s3cret@127.0.0.1:${port}`, options);
+      try {
+        await rejects(c.enqueue('{q}', 't'), ConnectionError, new RegExp(`cannot reach (the )?Redis( Cluster)? at redis://:\\*\\*\\*@127.0.0.1:${port}: .*ECONNREFUSED`));
+      } finally {
+        await c.close();
+      }
     }
   });
 
