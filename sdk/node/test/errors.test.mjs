@@ -12,7 +12,7 @@ import {
   RedisError,
   WorkerpoolError,
 } from '../index.mjs';
-import { freePort, raw, startRedis } from './helpers.mjs';
+import { eventually, freePort, raw, startRedis } from './helpers.mjs';
 
 let server;
 let redis;
@@ -142,6 +142,31 @@ describe('client', () => {
       } finally {
         await c.close();
       }
+    }
+  });
+
+  test('calls during an outage fail at once with a ConnectionError; the next after it works', async () => {
+    const own = await startRedis();
+    const c = new Client(own.url);
+    try {
+      await c.enqueue('outage', 't');
+      await own.stop();
+      await rejects(c.enqueue('outage', 't'), ConnectionError, /cannot reach Redis at redis:\/\/127\.0\.0\.1:\d+: .*(ECONNREFUSED|closed)/);
+      await own.start();
+      const id = await eventually('an enqueue to work again after the restart', async () => {
+        try {
+          return await c.enqueue('outage', 't');
+        } catch (e) {
+          assert.ok(e instanceof ConnectionError, `${e.name}: ${e.message}`);
+          return null;
+        }
+      });
+      const r = raw(own.url);
+      assert.equal(JSON.parse(await r.lindex('outage', 0)).id, id);
+      r.disconnect();
+    } finally {
+      await c.close();
+      await own.stop();
     }
   });
 

@@ -116,10 +116,11 @@ async function answers(port, child, tls) {
 }
 
 class Server {
-  constructor(child, port, dir) {
+  constructor(child, port, dir, args) {
     this.child = child;
     this.port = port;
     this.dir = dir;
+    this.args = args;
   }
   get url() {
     return `redis://127.0.0.1:${this.port}`;
@@ -130,6 +131,15 @@ class Server {
       this.child.kill('SIGKILL');
       await done;
     }
+  }
+  /** Starts the server again, empty, on its port (after `stop`). */
+  async start() {
+    const child = spawn(REDIS_SERVER, this.args, { stdio: ['ignore', 'ignore', 'inherit'] });
+    if (!(await answers(this.port, child, false))) {
+      child.kill('SIGKILL');
+      throw new Error(`redis-server did not start again on port ${this.port}`);
+    }
+    this.child = child;
   }
 }
 
@@ -146,7 +156,7 @@ async function launch(dir, portArgs, extra, tls) {
       throw new Error(`redis-server could not start (apt-get install redis-server): ${e.message}`);
     });
     if (await answers(port, child, tls)) {
-      return new Server(child, port, dir);
+      return new Server(child, port, dir, args);
     }
     child.kill('SIGKILL');
   }
