@@ -1,0 +1,108 @@
+#!/usr/bin/env node
+// The Node.js client's conformance adapter, run by the conformance runner (tests/tests/contract.rs):
+//   node contract/adapters/node_adapter.mjs produce   JSON requests on stdin, one JSON answer line each
+//   node contract/adapters/node_adapter.mjs handle    the exec handler (workerpool-worker --handler exec -- ...)
+// It loads the library straight from the checkout (sdk/node), with no build step.
+
+import fs from 'node:fs';
+import readline from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { App, Client, Permanent } from '../../sdk/node/index.mjs';
+
+const given = (v) => (v === null ? undefined : v);
+
+async function produce() {
+  const clients = new Map();
+  const lines = readline.createInterface({ input: process.stdin, crlfDelay: Infinity });
+  for await (const line of lines) {
+    if (line.trim() === '') {
+      continue;
+    }
+    let answer;
+    try {
+      const req = JSON.parse(line);
+      const tls = req.tls ?? {};
+      const options = {
+        ca: given(tls.ca),
+        cert: given(tls.cert),
+        key: given(tls.key),
+        cluster: req.cluster ? true : undefined,
+      };
+      const key = JSON.stringify([req.url, options]);
+      let client = clients.get(key);
+      if (!client) {
+        client = new Client(req.url, options);
+        clients.set(key, client);
+      }
+      const jobs = (req.jobs ?? []).map((j) => ({
+        task: j.task,
+        data: j.data,
+        id: given(j.id),
+        delay: given(j.delay_ms),
+        runAt: given(j.run_at_ms),
+        uniqueKey: given(j.unique_key),
+        uniqueFor: given(j.unique_for_s),
+      }));
+      let ids;
+      if (req.many) {
+        ids = await client.enqueueMany(req.queue, jobs);
+      } else {
+        ids = [];
+        for (const { task, data, ...options } of jobs) {
+          ids.push(await client.enqueue(req.queue, task, data, options));
+        }
+      }
+      answer = { ids };
+    } catch (e) {
+      answer = { error: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
+    }
+    // A write to a pipe is synchronous on Linux, so each answer is out
+    // (flushed) before the next request is read.
+    process.stdout.write(`${JSON.stringify(answer)}\n`);
+  }
+  await Promise.all([...clients.values()].map((c) => c.close()));
+}
+
+function record(job) {
+  const line = JSON.stringify({ id: job.id, attempt: job.attempt, task: job.task, data: job.data === undefined ? null : job.data });
+  // One write of the whole line: records of concurrent processes never interleave.
+  fs.appendFileSync(process.env.CONTRACT_RECORD, `${line}\n`);
+}
+
+async function handle() {
+  if (!process.env.CONTRACT_RECORD) {
+    process.stderr.write('node_adapter.mjs handle: set CONTRACT_RECORD to the file to record jobs in\n');
+    process.exit(2);
+  }
+  const app = new App();
+  app.task('record', (data, job) => record(job));
+  app.task('sleep', async (data, job) => {
+    await sleep(data.ms);
+    record(job);
+  });
+  app.task('print', (data, job) => {
+    console.log('stray output');
+    record(job);
+  });
+  app.task('fail', (data) => {
+    throw new Error(data.message);
+  });
+  app.task('permanent', (data) => {
+    throw new Permanent(data.message);
+  });
+  app.task('crash', (data) => {
+    fs.writeSync(2, data.message);
+    process.exit(3);
+  });
+  await app.run();
+}
+
+const mode = process.argv[2];
+if (mode === 'produce') {
+  await produce();
+} else if (mode === 'handle') {
+  await handle();
+} else {
+  process.stderr.write(`usage: node_adapter.mjs produce|handle (got ${JSON.stringify(mode ?? '')})\n`);
+  process.exit(2);
+}

@@ -1,0 +1,18 @@
+// ESM entry point: the same objects as the CommonJS one (src/index.js), so
+// `instanceof` holds whichever way a program loads the package.
+import lib from './src/index.js';
+
+export const {
+  Client,
+  App,
+  Job,
+  Permanent,
+  WorkerpoolError,
+  ConfigError,
+  InvalidQueueError,
+  InvalidJobError,
+  ConnectionError,
+  RedisError,
+  version,
+} = lib;
+export default lib;

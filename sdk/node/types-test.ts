@@ -1,0 +1,45 @@
+// Compiled with `tsc --noEmit` only: checks that index.d.ts describes a
+// typical producer and handler.
+import { App, Client, ConfigError, InvalidJobError, Permanent, WorkerpoolError, type Job } from './index';
+
+async function produce(): Promise<void> {
+  const client = new Client('rediss://redis.example:6380', { ca: 'ca.pem', cert: 'c.pem', key: 'k.pem' });
+  const id: string | null = await client.enqueue('emails', 'send_email', { to: 'a@example.com' });
+  await client.enqueue('emails', 'send_email', null, { delay: 60_000, uniqueKey: 'a', uniqueFor: 60 });
+  await client.enqueue('emails', 'send_email', undefined, { runAt: new Date(), id: 'order-1' });
+  const ids: Array<string | null> = await client.enqueueMany('{mail}:high', [
+    { task: 'send_email', data: [1, 2] },
+    { task: 'report', runAt: Date.now() + 1000 },
+  ]);
+  console.log(id, ids.length, client.isCluster);
+  await client.close();
+  // @ts-expect-error: the task is required
+  await client.enqueueMany('emails', [{ data: 1 }]);
+  // @ts-expect-error: runAt is a Date or a number
+  await client.enqueue('emails', 't', null, { runAt: 'tomorrow' });
+  // @ts-expect-error: no such option
+  new Client('redis://localhost', { tls: true });
+}
+
+interface Email {
+  to: string;
+}
+
+const app = new App();
+app
+  .task<Email>('send_email', async (data, job: Job<Email>) => {
+    const to: string = data.to;
+    const attempt: number = job.attempt;
+    if (!to) {
+      throw new Permanent(`no address in job ${job.id} (attempt ${attempt})`);
+    }
+  })
+  .task('report', () => undefined);
+const names: string[] = app.tasks;
+void app.run();
+void app.handle('{"task":"report"}').then((a) => (a.ok ? 1 : a.error.length));
+
+const e: WorkerpoolError = new ConfigError('x');
+const f: Error = new InvalidJobError('y');
+void produce;
+console.log(names, e, f);
