@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use super::compare::Comparison;
+use super::fuzz::{Case, Outcome};
 use super::keda::{DEFAULT_COOLDOWN_SECONDS, DEFAULT_SCALE_DOWN_WINDOW_SECONDS};
 use super::{DurationDist, KedaSettings, Policy, Shape, SimConfig, Trace};
 use crate::scaling::ScalingSpec;
@@ -27,6 +28,12 @@ pub struct SimulateArgs {
     /// Print the trace as CSV and exit.
     #[arg(long)]
     emit_trace: bool,
+    /// Run N random cases (traffic shapes, job durations, concurrency, start-up times,
+    /// rate limits drawn from seeds --seed, --seed + 1, ...) against every KEDA setting,
+    /// print one line per case and the worst; exits non-zero when KEDA beats the engine
+    /// on any. Replay one case with --fuzz 1 --seed S.
+    #[arg(long, value_name = "N", conflicts_with_all = ["trace", "emit_trace", "policy", "compare_keda", "keda_min_replicas", "keda_cooldown", "keda_scale_down_window"])]
+    fuzz: Option<u64>,
     /// Which policies to simulate.
     #[arg(long, value_enum, default_value_t = Which::Both)]
     policy: Which,
@@ -94,6 +101,9 @@ pub enum Which {
 /// Runs the simulation the arguments describe; returns the report as text
 /// (tables, or JSON with `--json`).
 pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
+    if let Some(cases) = args.fuzz {
+        return fuzz(args, cases);
+    }
     let traces: Vec<(String, Trace)> = if args.trace.is_empty() {
         vec![(
             format!("generated {} (seed {})", args.generate.name(), args.seed),
@@ -118,21 +128,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             )),
         };
     }
-    let target = i32::try_from(args.target_backlog)
-        .map_err(|_| SimulateError("--target-backlog is too large".into()))?;
-    let mut spec = match &args.engine_spec {
-        Some(path) => {
-            let text = read(path)?;
-            serde_json::from_str(&text)
-                .map_err(|e| SimulateError(format!("parsing {}: {e}", path.display())))?
-        }
-        None => ScalingSpec::default(),
-    };
-    spec.target_backlog_per_replica = target;
-    spec.max_replicas = args.max_replicas;
-    if let Some(problem) = spec.problems().first() {
-        return Err(SimulateError(format!("engine spec: {problem}")));
-    }
+    let spec = engine_spec(args)?;
     let engine = Policy::Engine(Box::new(spec.clone()));
     let keda = Policy::Keda(KedaSettings {
         min_replicas: args.keda_min_replicas,
@@ -179,7 +175,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             continue;
         }
         out.push_str(&format!(
-            "{:<8} {:>9} {:>9} {:>9} {:>9} {:>11} {:>15} {:>12}\n",
+            "{:<8} {:>9} {:>9} {:>9} {:>9} {:>11} {:>15} {:>12} {:>11}\n",
             "policy",
             "jobs",
             "p50 wait",
@@ -187,11 +183,12 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             "p99 wait",
             "max backlog",
             "replica-seconds",
-            "scale events"
+            "scale events",
+            "utilization"
         ));
         for (name, r) in &report.policies {
             out.push_str(&format!(
-                "{:<8} {:>9} {:>8.2}s {:>8.2}s {:>8.2}s {:>11} {:>15.0} {:>12}\n",
+                "{:<8} {:>9} {:>8.2}s {:>8.2}s {:>8.2}s {:>11} {:>15.0} {:>12} {:>10.0}%\n",
                 name,
                 r.jobs,
                 r.p50_wait_s,
@@ -199,7 +196,8 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
                 r.p99_wait_s,
                 r.max_backlog,
                 r.replica_seconds,
-                r.scale_events
+                r.scale_events,
+                100.0 * r.utilization
             ));
         }
     }
@@ -217,6 +215,85 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         return Ok(text + "\n");
     }
     Ok(out)
+}
+
+/// The engine's spec: `--engine-spec` or the defaults, with the target and maximum that
+/// both policies share.
+fn engine_spec(args: &SimulateArgs) -> Result<ScalingSpec, SimulateError> {
+    let target = i32::try_from(args.target_backlog)
+        .map_err(|_| SimulateError("--target-backlog is too large".into()))?;
+    let mut spec = match &args.engine_spec {
+        Some(path) => {
+            let text = read(path)?;
+            serde_json::from_str(&text)
+                .map_err(|e| SimulateError(format!("parsing {}: {e}", path.display())))?
+        }
+        None => ScalingSpec::default(),
+    };
+    spec.target_backlog_per_replica = target;
+    spec.max_replicas = args.max_replicas;
+    if let Some(problem) = spec.problems().first() {
+        return Err(SimulateError(format!("engine spec: {problem}")));
+    }
+    Ok(spec)
+}
+
+/// `--fuzz N`: N generated cases against every KEDA setting, one line each, then the
+/// worst; an error (a non-zero exit) when KEDA beats the engine on any.
+fn fuzz(args: &SimulateArgs, cases: u64) -> Result<String, SimulateError> {
+    let spec = engine_spec(args)?;
+    let outcomes: Vec<Outcome> = (args.seed..args.seed.saturating_add(cases))
+        .map(|seed| Outcome::run(&Case::new(seed), &spec))
+        .collect();
+    let beaten: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| !o.comparison.beaten_by().is_empty())
+        .collect();
+    let out = if args.json {
+        serde_json::to_string_pretty(&outcomes)
+            .map_err(|e| SimulateError(format!("report: {e}")))?
+            + "\n"
+    } else {
+        let mut out = String::new();
+        for outcome in &outcomes {
+            out.push_str(&outcome.line());
+            out.push('\n');
+        }
+        let worst = outcomes
+            .iter()
+            .filter_map(|o| o.closest().map(|(_, ratio)| (o, ratio)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((o, ratio)) = worst {
+            out.push_str(&format!(
+                "worst: seed {} (the engine costs {ratio:.2}x the closest KEDA setting that waits as little; beaten above {:.2}x)\n",
+                o.seed,
+                1.0 / super::compare::COST_SHARE
+            ));
+        }
+        out.push_str(&format!(
+            "{} of {} cases beaten by a KEDA setting{}\n",
+            beaten.len(),
+            outcomes.len(),
+            if beaten.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ": seeds {}",
+                    beaten
+                        .iter()
+                        .map(|o| o.seed.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        ));
+        out
+    };
+    if beaten.is_empty() {
+        Ok(out)
+    } else {
+        Err(SimulateError(out))
+    }
 }
 
 /// `--rate-limit`, with the accepted forms in the error.

@@ -196,6 +196,7 @@ mod tests {
             replica_seconds: cost,
             scale_events: 0,
             jobs: 0,
+            utilization: 0.0,
         }
     }
 

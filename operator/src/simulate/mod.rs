@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod compare;
 mod dist;
+pub mod fuzz;
 mod keda;
 mod trace;
 
@@ -99,6 +100,9 @@ pub struct PolicyReport {
     pub replica_seconds: f64,
     /// Times the replica count was changed.
     pub scale_events: u64,
+    /// The share of the job slots paid for that ran a job: job-seconds over
+    /// replica-seconds × concurrency (start-up and draining count as paid).
+    pub utilization: f64,
     /// Jobs completed.
     pub jobs: u64,
 }
@@ -221,6 +225,8 @@ struct World<'a> {
     rate_wake: bool,
     /// Jobs finished since the last reading, and their seconds.
     timed: (u64, f64),
+    /// Seconds of jobs run.
+    busy: f64,
     /// The queue's mean job duration as the workers keep it in Redis.
     job_seconds: Option<f64>,
 }
@@ -332,6 +338,7 @@ impl World<'_> {
     fn job_done(&mut self, pod: usize, seconds: f64) {
         self.timed.0 += 1;
         self.timed.1 += seconds;
+        self.busy += seconds;
         self.in_flight -= 1;
         self.processed += 1;
         let p = &mut self.pods[pod];
@@ -410,6 +417,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         rate_tat: 0.0,
         rate_wake: false,
         timed: (0, 0.0),
+        busy: 0.0,
         job_seconds: None,
     };
     let (mut controller, periods) = match policy {
@@ -503,6 +511,13 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         replica_seconds: world.replica_seconds.round(),
         scale_events: world.scale_events,
         jobs: world.processed,
+        utilization: if world.replica_seconds > 0.0 {
+            (1000.0 * world.busy / (world.replica_seconds * f64::from(config.concurrency.max(1))))
+                .round()
+                / 1000.0
+        } else {
+            0.0
+        },
     }
 }
 

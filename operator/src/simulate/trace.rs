@@ -278,7 +278,7 @@ pub(super) fn standard_normal(rng: &mut StdRng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (2.0 * PI * u2).cos()
 }
 
-fn poisson(rng: &mut StdRng, mean: f64) -> u64 {
+pub(super) fn poisson(rng: &mut StdRng, mean: f64) -> u64 {
     if mean <= 0.0 {
         return 0;
     }
