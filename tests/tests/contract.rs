@@ -398,10 +398,10 @@ fn adapter(root: &Path, name: &str, mode: &str) -> Result<Program, String> {
         "python" => {
             let script = root.join("contract/adapters/python_adapter.py");
             if !script.is_file() {
-                return Err(format!(
+                return Err(
                     "the python adapter contract/adapters/python_adapter.py is missing (it comes \
                      with the Python client in sdk/python; run with CONTRACT_ADAPTERS=rust until then)"
-                ));
+                    .into());
             }
             static PYTHON: OnceLock<Result<String, String>> = OnceLock::new();
             let python = if root == self::root() {
@@ -428,10 +428,10 @@ fn adapter(root: &Path, name: &str, mode: &str) -> Result<Program, String> {
         "node" => {
             let script = root.join("contract/adapters/node_adapter.mjs");
             if !script.is_file() {
-                return Err(format!(
+                return Err(
                     "the node adapter contract/adapters/node_adapter.mjs is missing (it comes with \
                      the Node client in sdk/node; run with CONTRACT_ADAPTERS=rust until then)"
-                ));
+                    .into());
             }
             static NODE: OnceLock<Result<String, String>> = OnceLock::new();
             if root == self::root() {
@@ -449,9 +449,26 @@ fn adapter(root: &Path, name: &str, mode: &str) -> Result<Program, String> {
                 env: vec![],
             })
         }
-        other => Err(format!(
-            "unknown adapter {other:?} in CONTRACT_ADAPTERS (known: rust, python, node)"
-        )),
+        other => {
+            // Another language's client: its command from the environment.
+            let var = format!(
+                "CONTRACT_ADAPTER_{}",
+                other
+                    .to_uppercase()
+                    .replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            );
+            match std::env::var(&var) {
+                Ok(command) if !command.trim().is_empty() => Ok(Program {
+                    name: other.into(),
+                    argv: vec!["sh".into(), "-c".into(), format!("exec {command} {mode}")],
+                    env: vec![],
+                }),
+                _ => Err(format!(
+                    "unknown adapter {other:?} in CONTRACT_ADAPTERS (known: rust, python, node); \
+                     for another client set {var} to the command that runs its adapter"
+                )),
+            }
+        }
     }
 }
 
@@ -1829,5 +1846,8 @@ fn a_missing_adapter_names_what_to_run() {
     let node = adapter(empty.path(), "node", "produce").expect_err("no environment there");
     assert!(node.contains("run scripts/sdk-env-node.sh"), "{node}");
     let other = adapter(empty.path(), "ruby", "produce").expect_err("unknown");
-    assert!(other.contains("known: rust, python, node"), "{other}");
+    assert!(
+        other.contains("known: rust, python, node") && other.contains("set CONTRACT_ADAPTER_RUBY"),
+        "{other}"
+    );
 }
