@@ -1016,7 +1016,7 @@ impl Run<'_> {
                 Some(at) if (t0..=t1).contains(&at) => {}
                 Some(at) => {
                     return fail(format!(
-                        "\"enqueued_at\" {at} is outside the enqueue call ({t0}..={t1} unix ms)"
+                        "\"enqueued_at\" {at} is outside the enqueue call ({t0}..={t1} unix ms): it must be the Redis clock during the call, as `workerpool enqueue` reads it (TIME), not an estimate from an earlier reading"
                     ));
                 }
                 None => return fail("\"enqueued_at\" (unix ms, an integer) is missing".into()),
@@ -1595,7 +1595,19 @@ fn run_all(cases: &HashMap<String, Case>, entries: Vec<Entry>, threads: usize) -
                         return;
                     };
                     let started = Instant::now();
-                    let result = run_case(&cases[&entry.case], &entry.producer, &entry.handler);
+                    // A helper that panics (a Redis that would not start) fails
+                    // this run only, named like any other failure.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_case(&cases[&entry.case], &entry.producer, &entry.handler)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let said = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        Err(format!("panicked: {said}"))
+                    });
                     let name = format!(
                         "case {} (producer {}, handler {})",
                         entry.case,
@@ -1742,7 +1754,8 @@ fn a_case_file_that_does_not_parse_is_named() {
 }
 
 /// A producer adapter in Python's standard library that enqueues through
-/// `workerpool enqueue` and then misbehaves as `FAKE_MODE` says: `wrong-id`
+/// `workerpool enqueue`, passing on neither `unique_key` nor `delay_ms`,
+/// and misbehaves further as `FAKE_MODE` says: `wrong-id`
 /// answers an id it did not enqueue, `mangle` loses non-ASCII text.
 const FAKE_PRODUCER: &str = r#"
 import json, os, subprocess, sys
@@ -1849,5 +1862,32 @@ fn a_missing_adapter_names_what_to_run() {
     assert!(
         other.contains("known: rust, python, node") && other.contains("set CONTRACT_ADAPTER_RUBY"),
         "{other}"
+    );
+}
+
+#[test]
+fn a_producer_that_ignores_unique_keys_is_caught() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The fake producer passes neither unique_key nor delay_ms on.
+    let producer = Producer::Adapter(fake(dir.path(), "careless", FAKE_PRODUCER, "careless"));
+    let cases = cases_by_name();
+    let err = run_case(&cases["unique_concurrent"], &producer, &reference_handler())
+        .expect_err("four accepted duplicates must fail the case");
+    assert!(
+        err.contains("job \"first\": of 4 producers at once, exactly one must be accepted"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_producer_that_ignores_delays_is_caught() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let producer = Producer::Adapter(fake(dir.path(), "careless", FAKE_PRODUCER, "careless"));
+    let cases = cases_by_name();
+    let err = run_case(&cases["delayed"], &producer, &reference_handler())
+        .expect_err("a job run at once must fail the case");
+    assert!(
+        err.contains("job \"delayed\": a delayed job must carry \"run_at\""),
+        "{err}"
     );
 }
