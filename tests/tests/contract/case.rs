@@ -225,6 +225,12 @@ pub(crate) fn load_case(path: &Path) -> Result<Case, String> {
                         ));
                     }
                 }
+                let recorded: HashSet<&String> = e.records.iter().map(|r| &r.job).collect();
+                if let Some(label) = e.order.iter().flatten().find(|l| !recorded.contains(l)) {
+                    return bad(format!(
+                        "step {n}: job {label:?} is in \"order\" but not in the step's \"records\""
+                    ));
+                }
             }
         }
     }

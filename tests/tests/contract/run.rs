@@ -101,6 +101,15 @@ impl Conn {
     }
 }
 
+/// `text` cut to a length that keeps a failure readable.
+fn short(text: &str) -> String {
+    const MAX: usize = 600;
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
+        None => text.to_string(),
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -360,8 +369,9 @@ impl Run<'_> {
         let held = self.held.get(q).copied().unwrap_or(0);
         if list.len() + scheduled.len() != held {
             return Err(format!(
-                "step {n}: {q} and {q}:scheduled hold {} payloads, {held} jobs were accepted: {list:?} {scheduled:?}",
-                list.len() + scheduled.len()
+                "step {n}: {q} and {q}:scheduled hold {} payloads, {held} jobs were accepted: {}",
+                list.len() + scheduled.len(),
+                short(&format!("{list:?} {scheduled:?}"))
             ));
         }
         let entries = list
@@ -383,14 +393,16 @@ impl Run<'_> {
                 .unwrap_or_default();
             let [(payload, score, raw)] = found else {
                 return Err(format!(
-                    "step {n}: job {label:?}: {} payloads with the id {:?} on {q} and {q}:scheduled (one expected); they hold {list:?} {scheduled:?}",
+                    "step {n}: job {label:?}: {} payloads with the id {:?} on {q} and {q}:scheduled (one expected); they hold {}",
                     found.len(),
-                    produced.id
+                    produced.id,
+                    short(&format!("{list:?} {scheduled:?}"))
                 ));
             };
             let fail = |what: String| {
                 Err(format!(
-                    "step {n}: job {label:?}: {what}; the payload: {raw}"
+                    "step {n}: job {label:?}: {what}; the payload: {}",
+                    short(raw)
                 ))
             };
             let Some(fields) = payload.as_object() else {
@@ -573,8 +585,9 @@ impl Run<'_> {
             .await?;
         raw.iter()
             .map(|r| {
-                serde_json::from_str(r)
-                    .map_err(|e| format!("a dead letter on {q}:dead is not JSON ({e}): {r}"))
+                serde_json::from_str(r).map_err(|e| {
+                    format!("a dead letter on {q}:dead is not JSON ({e}): {}", short(r))
+                })
             })
             .collect()
     }
@@ -639,7 +652,11 @@ impl Run<'_> {
                     .iter()
                     .map(|s| {
                         let id = s.record["id"].as_str().unwrap_or_default();
-                        format!("{} {}", self.label_of(id).unwrap_or("?"), s.record)
+                        format!(
+                            "{} {}",
+                            self.label_of(id).unwrap_or("?"),
+                            short(&s.record.to_string())
+                        )
                     })
                     .collect();
                 return Err(format!(
@@ -677,7 +694,12 @@ impl Run<'_> {
         let mut first: HashMap<&str, usize> = HashMap::new();
         for (pos, seen) in self.seen.iter().enumerate() {
             let r = &seen.record;
-            let fail = |what: String| Err(format!("step {n}: the handler's record {r}: {what}"));
+            let fail = |what: String| {
+                Err(format!(
+                    "step {n}: the handler's record {}: {what}",
+                    short(&r.to_string())
+                ))
+            };
             let Some(id) = r["id"].as_str() else {
                 return fail("no \"id\" string".into());
             };
@@ -742,8 +764,9 @@ impl Run<'_> {
             .expect("waited for");
         let fail = |what: String| {
             Err(format!(
-                "step {n}: the dead letter of {:?}: {what}; it is {entry}",
-                d.job
+                "step {n}: the dead letter of {:?}: {what}; it is {}",
+                d.job,
+                short(&entry.to_string())
             ))
         };
         if entry["reason"] != *d.reason {
