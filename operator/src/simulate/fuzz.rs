@@ -198,9 +198,8 @@ impl Case {
             pod_startup.as_secs(),
             rate_limit.map_or(String::new(), |l| format!(", rate limit {l}")),
         );
-        let trace = Trace::new(rows).unwrap_or_else(|_| {
-            unreachable!("rows are generated in time order from zero")
-        });
+        let trace = Trace::new(rows)
+            .unwrap_or_else(|_| unreachable!("rows are generated in time order from zero"));
         Case {
             seed,
             shape,
@@ -330,7 +329,10 @@ mod tests {
         let limited = (0..200)
             .filter(|&s| Case::new(s).config.rate_limit.is_some())
             .count();
-        assert!((20..100).contains(&limited), "{limited} of 200 rate-limited");
+        assert!(
+            (20..100).contains(&limited),
+            "{limited} of 200 rate-limited"
+        );
         let kinds: std::collections::BTreeSet<&str> = (0..200)
             .map(|s| match Case::new(s).config.job_duration {
                 DurationDist::Const(_) => "const",
@@ -347,7 +349,11 @@ mod tests {
             let case = Case::new(seed);
             assert_eq!(case.config.trace.end(), LENGTH, "seed {seed}");
             if case.shape != FuzzShape::ColdSpike {
-                assert!(case.config.trace.jobs() > 0, "seed {seed}: {}", case.description);
+                assert!(
+                    case.config.trace.jobs() > 0,
+                    "seed {seed}: {}",
+                    case.description
+                );
             }
         }
     }

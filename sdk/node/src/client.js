@@ -584,10 +584,11 @@ class Client {
     if (!this._clock || local - this._clock.at > CLOCK_TTL) {
       const before = Date.now();
       const [secs, micros] = await this._run(() => redis.time(), 'TIME');
-      // The server read its clock after `before`: an offset from it never
-      // puts a job's times ahead of the server's reading.
+      const after = Date.now();
+      // The server read its clock between `before` and `after`: taking the
+      // middle keeps the offset within half the round trip of the truth.
       const server = Number(secs) * 1000 + Math.floor(Number(micros) / 1000);
-      this._clock = { offset: server - before, at: Date.now() };
+      this._clock = { offset: server - Math.round((before + after) / 2), at: after };
     }
     return Date.now() + this._clock.offset;
   }
