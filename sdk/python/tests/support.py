@@ -118,6 +118,8 @@ class RedisServer:
             try:
                 if self.client().ping():
                     return True
+            except (redis.AuthenticationError, redis.ResponseError):
+                return True  # it answers: up, with a password
             except redis.RedisError:
                 time.sleep(0.02)
         return False
