@@ -78,7 +78,7 @@ def python_env() -> dict:
 class RedisServer:
     """One redis-server in a temp dir, killed by stop()."""
 
-    def __init__(self, *extra: str, tls: Optional["Certs"] = None, mutual: bool = False,
+    def __init__(self, *extra: str, tls: Optional[Certs] = None, mutual: bool = False,
                  cluster: bool = False) -> None:
         self.dir = tempfile.mkdtemp(prefix="wp-redis-")
         self.tls = tls
@@ -107,7 +107,8 @@ class RedisServer:
         raise AssertionError(f"redis-server did not start on 5 ports; log: {self.read_log()}")
 
     def read_log(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-2000:]
 
     def _wait_up(self) -> bool:
@@ -232,7 +233,8 @@ class Worker:
                                      env=env or python_env(), stdin=subprocess.DEVNULL)
 
     def read_log(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return Path(self.log_path).read_text(errors="replace")
 
     def stop(self) -> str:
@@ -248,7 +250,7 @@ class Worker:
         shutil.rmtree(self.dir, ignore_errors=True)
         return text
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: object) -> None:
