@@ -79,13 +79,19 @@ class RedisServer:
     """One redis-server in a temp dir, killed by stop()."""
 
     def __init__(self, *extra: str, tls: Optional[Certs] = None, mutual: bool = False,
-                 cluster: bool = False) -> None:
+                 cluster: bool = False, sentinel_conf: Optional[str] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="wp-redis-")
         self.tls = tls
         for _ in range(5):
             self.port = free_port(bus=cluster)
-            args = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                    "--dir", self.dir, "--daemonize", "no"]
+            args = ["redis-server"]
+            if sentinel_conf is not None:
+                # Sentinel rewrites its configuration file: a copy of its own.
+                conf = os.path.join(self.dir, f"sentinel-{self.port}.conf")
+                Path(conf).write_text(sentinel_conf)
+                args += [conf, "--sentinel"]
+            args += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--dir", self.dir, "--daemonize", "no"]
             if tls:
                 args += ["--port", "0", "--tls-port", str(self.port),
                          "--tls-cert-file", str(tls.server_cert),
