@@ -14,7 +14,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+import redis
 import redis.exceptions as rex
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFound
+from redis.backoff import NoBackoff
+from redis.sentinel import MasterNotFoundError
 
 from ._conn import Endpoint
 from ._job import BATCH, Prepared, script_args
@@ -103,6 +107,20 @@ class Clock:
         return int(time.monotonic() * 1000 + self._offset)
 
 
+def no_resend(retry_class: type, cluster: bool) -> dict:
+    """Options that keep redis-py from sending a command again after a lost reply.
+
+    A write may have landed before its reply was lost: sent again, a job would
+    be pushed twice, or a unique job refused as a duplicate of itself. The
+    workers do not resend either. (redis-py 6 retries by default; 5 only on a
+    cluster.) Redirections (MOVED, ASK) are still followed.
+    """
+    options: dict = {"retry": retry_class(NoBackoff(), 0)}
+    if cluster and int(redis.__version__.split(".")[0]) < 6:
+        options["cluster_error_retry_attempts"] = 0
+    return options
+
+
 @contextlib.contextmanager
 def translated(endpoint: Endpoint) -> Iterator[None]:
     """redis-py's exceptions as this library's, naming the server (password hidden)."""
@@ -111,6 +129,8 @@ def translated(endpoint: Endpoint) -> Iterator[None]:
         yield
     except WorkerpoolError:
         raise
+    except (MasterNotFoundError, AsyncMasterNotFound) as e:
+        raise ConnectionError(f"no sentinel of {where} named a reachable primary: {e}") from e
     except rex.AuthenticationError as e:
         raise ConnectionError(f"Redis at {where} refused the credentials ({e}): check the "
                               f"user and password in the URL") from e

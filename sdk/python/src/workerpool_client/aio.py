@@ -10,6 +10,7 @@ from typing import Any, Optional
 import redis.asyncio as aredis
 import redis.exceptions as rex
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 
 from . import _plan
@@ -70,13 +71,16 @@ class AsyncClient(_Settings):
             if ep.sentinel:
                 sentinel = Sentinel(ep.sentinels, sentinel_kwargs={**ep.sentinel_kwargs,
                                                                    **self._common})
-                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **self._common)
+                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **self._common,
+                                        **_plan.no_resend(Retry, cluster=False))
                 cluster = False
             else:
                 kwargs = {**ep.tls_kwargs, **self._common}
+                single = {**kwargs, **_plan.no_resend(Retry, cluster=False)}
+                many = {**kwargs, **_plan.no_resend(Retry, cluster=True)}
                 cluster = ep.cluster
                 if cluster is None:
-                    probe = aredis.Redis.from_url(ep.url, **kwargs)
+                    probe = aredis.Redis.from_url(ep.url, **single)
                     try:
                         info = await probe.info("cluster")
                         cluster = str(info.get("cluster_enabled", 0)) == "1"
@@ -88,15 +92,15 @@ class AsyncClient(_Settings):
                         raise
                     if cluster:
                         await _close(probe)
-                        r = RedisCluster.from_url(ep.url, **kwargs)
+                        r = RedisCluster.from_url(ep.url, **many)
                         await r.initialize()
                     else:
                         r = probe
                 elif cluster:
-                    r = RedisCluster.from_url(ep.url, **kwargs)
+                    r = RedisCluster.from_url(ep.url, **many)
                     await r.initialize()
                 else:
-                    r = aredis.Redis.from_url(ep.url, **kwargs)
+                    r = aredis.Redis.from_url(ep.url, **single)
         self._redis, self._cluster = r, cluster
 
     async def enqueue(self, queue: str, task: str, data: Any = None, *,

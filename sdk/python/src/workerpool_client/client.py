@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 import redis
 import redis.exceptions as rex
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from . import _plan
@@ -92,13 +93,16 @@ class Client(_Settings):
             if ep.sentinel:
                 sentinel = Sentinel(ep.sentinels, sentinel_kwargs={**ep.sentinel_kwargs,
                                                                    **self._common})
-                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **self._common)
+                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **self._common,
+                                        **_plan.no_resend(Retry, cluster=False))
                 cluster = False
             else:
                 kwargs = {**ep.tls_kwargs, **self._common}
+                single = {**kwargs, **_plan.no_resend(Retry, cluster=False)}
+                many = {**kwargs, **_plan.no_resend(Retry, cluster=True)}
                 cluster = ep.cluster
                 if cluster is None:
-                    probe = redis.Redis.from_url(ep.url, **kwargs)
+                    probe = redis.Redis.from_url(ep.url, **single)
                     try:
                         info = probe.info("cluster")
                         cluster = str(info.get("cluster_enabled", 0)) == "1"
@@ -107,13 +111,13 @@ class Client(_Settings):
                         cluster = False
                     if cluster:
                         probe.close()
-                        r = RedisCluster.from_url(ep.url, **kwargs)
+                        r = RedisCluster.from_url(ep.url, **many)
                     else:
                         r = probe
                 elif cluster:
-                    r = RedisCluster.from_url(ep.url, **kwargs)
+                    r = RedisCluster.from_url(ep.url, **many)
                 else:
-                    r = redis.Redis.from_url(ep.url, **kwargs)
+                    r = redis.Redis.from_url(ep.url, **single)
         self._redis, self._cluster = r, cluster
         return r
 
