@@ -173,7 +173,7 @@ def test_enqueue_many_is_one_command_and_keeps_the_order(redis_server, r, queue)
 
         # With unique keys: one script call for the whole batch, warm or cold.
         r.script_flush()
-        client.enqueue(queue, "warm-up", unique_key="w")  # loads the script again (EVAL)
+        client.enqueue(queue, "warm-up", unique_key="w")  # loads the script again (SCRIPT LOAD)
         with Monitor(redis_server) as monitor:
             ids = client.enqueue_many(queue, [
                 {"task": "t", "data": 1, "unique_key": "k"},
@@ -220,3 +220,33 @@ def test_data_round_trips(redis_server, r, queue, payload):
     with Client(redis_server.url) as client:
         client.enqueue(queue, "t", payload)
     assert json.loads(r.lrange(queue, 0, -1)[0])["data"] == payload
+
+
+def test_the_documented_acl_of_an_enqueueing_user_is_enough(redis_server, r):
+    # docs/redis-acl.md, `workerpool enqueue`'s user, for the queue `jobs`.
+    r.execute_command(*"ACL SETUSER workerpool-cli-enqueue on >secret resetkeys ~jobs ~jobs:* "
+                       "resetchannels -@all +evalsha +script|load +time +type +get +lpush +zadd "
+                       "+hset +hdel +zrangebyscore +zrem +zscore +info".split())
+    r.delete("jobs", "jobs:scheduled", "jobs:unique", "jobs:unique:expiry")
+    r.script_flush()
+    url = f"redis://workerpool-cli-enqueue:secret@127.0.0.1:{redis_server.port}"
+    try:
+        with Client(url) as client:
+            assert client.enqueue("jobs", "t")
+            assert client.enqueue("jobs", "t", delay=5)
+            assert client.enqueue("jobs", "t", unique_key="k")
+            assert client.enqueue_many("jobs", [Job("t", unique_key="k"), Job("t")])[0] is None
+        assert r.llen("jobs") == 3 and r.zcard("jobs:scheduled") == 1
+    finally:
+        r.execute_command("ACL", "DELUSER", "workerpool-cli-enqueue")
+        r.delete("jobs", "jobs:scheduled", "jobs:unique", "jobs:unique:expiry")
+
+
+def test_threads_share_one_client(redis_server, r, queue):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(redis_server.url) as client, ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda i: client.enqueue(queue, "t", i, unique_key=f"k{i % 10}"),
+                            range(40)))
+    # Ten keys: ten jobs got in, whichever threads won.
+    assert sum(1 for i in ids if i) == 10 and r.llen(queue) == 10

@@ -89,6 +89,8 @@ def test_a_cluster_is_detected_and_a_hash_tagged_queue_works(cluster, tmp_path):
     tag = uuid.uuid4().hex[:8]
     high, low = f"{{{tag}}}:high", f"{{{tag}}}:low"
     rc = cluster.client()
+    for node in cluster.nodes:
+        node.client().script_flush()
     with Client(cluster.url) as client:
         a = client.enqueue(high, "record", {"n": 1})
         b = client.enqueue(high, "record", {"n": 2}, unique_key="k")
@@ -104,6 +106,10 @@ def test_a_cluster_is_detected_and_a_hash_tagged_queue_works(cluster, tmp_path):
 
     async def main():
         async with AsyncClient(cluster.url) as client:
+            # Another tag, likely another node: the script is loaded there first.
+            other = f"{{{uuid.uuid4().hex[:8]}}}"
+            assert await client.enqueue(other, "t", unique_key="k")
+            assert await client.enqueue(other, "t", unique_key="k") is None
             ids = await client.enqueue_many(high, [Job("record", 8, unique_key="k2"),
                                                    Job("record", 9)])
             with pytest.raises(wp.InvalidQueue, match="has no hash tag"):

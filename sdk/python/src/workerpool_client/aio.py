@@ -149,7 +149,10 @@ class AsyncClient(_Settings):
         try:
             return await r.evalsha(sha, len(keys), *keys, *args)
         except rex.NoScriptError:
-            return await r.eval(source, len(keys), *keys, *args)
+            # SCRIPT LOAD, not EVAL: the ACL of an enqueueing user grants
+            # EVALSHA and SCRIPT LOAD, as for `workerpool enqueue`.
+            await r.script_load(source)
+            return await r.evalsha(sha, len(keys), *keys, *args)
 
 
 def _queue_plain(target: Any, call: _plan.Call) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Optional, Union
@@ -67,6 +68,8 @@ class Client(_Settings):
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self._redis: Any = None
+        # One connection set-up when threads share the client.
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Client:
         return self
@@ -86,8 +89,12 @@ class Client(_Settings):
 
     def _connect(self) -> Any:
         self._check_open()
-        if self._redis is not None:
-            return self._redis
+        with self._lock:
+            if self._redis is None:
+                self._open()
+        return self._redis
+
+    def _open(self) -> None:
         ep = self._endpoint
         with _plan.translated(ep):
             if ep.sentinel:
@@ -119,7 +126,6 @@ class Client(_Settings):
                 else:
                     r = redis.Redis.from_url(ep.url, **single)
         self._redis, self._cluster = r, cluster
-        return r
 
     def enqueue(self, queue: str, task: str, data: Any = None, *, id: Optional[str] = None,
                 delay: Optional[Delay] = None, run_at: Optional[datetime] = None,
@@ -183,5 +189,7 @@ class Client(_Settings):
         try:
             return r.evalsha(sha, len(keys), *keys, *args)
         except rex.NoScriptError:
-            # EVAL sends the source once; the server keeps it for EVALSHA.
-            return r.eval(source, len(keys), *keys, *args)
+            # SCRIPT LOAD, not EVAL: the ACL of an enqueueing user grants
+            # EVALSHA and SCRIPT LOAD, as for `workerpool enqueue`.
+            r.script_load(source)
+            return r.evalsha(sha, len(keys), *keys, *args)
