@@ -71,7 +71,6 @@ def python_env() -> dict:
     """The environment for a Python handler or adapter: the library from the checkout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(APPS)])
-    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 

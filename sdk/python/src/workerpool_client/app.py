@@ -169,10 +169,11 @@ class App:
         """
         if not self._tasks:
             raise ConfigError("the App has no tasks: add some with @app.task(\"name\")")
-        sys.stdout.flush()
         out_fd = os.dup(1)
         in_fd = os.dup(0)
         os.dup2(2, 1)
+        # After the switch: what earlier prints left in the buffer goes to stderr too.
+        sys.stdout.flush()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
