@@ -15,7 +15,9 @@ from workerpool_client import Client, Job
 @pytest.mark.parametrize("name, says", [
     ("", "non-empty and without white space"),
     ("my queue", "non-empty and without white space"),
-    ("emails:retry", "would share the keys of the queue 'emails'"),
+    ("emails:retry", "is the retry set of the queue 'emails'"),
+    ("emails:stats:dead", "is a counter of the queue 'emails'"),
+    ("emails:dead:old", "would share the keys of the queue 'emails' \\(emails:dead:…\\)"),
     ("a:b:dead:x", "rename it, for example 'a-b-dead-x'"),
     (7, "must be a string"),
 ])

@@ -38,6 +38,23 @@ KEY_PARTS = (
     "wait-probe",
 )
 
+# A queue's own keys, by their suffix, as the workers name them in the error.
+_KEY_NAMES = {
+    "retry": "the retry set",
+    "scheduled": "the set of delayed jobs",
+    "dead": "the dead-letter list",
+    "workers": "the set of live workers",
+    "unique": "the hash of unique keys",
+    "unique:expiry": "the expiry set of unique keys",
+    "rate": "the rate-limit bucket",
+    "fires": "the hash of schedule fires",
+    "wait-probe": "the probe list of blocking waits",
+    "stats:processed": "a counter",
+    "stats:failed": "a counter",
+    "stats:dead": "a counter",
+    "stats:recovered": "a counter",
+}
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 
@@ -71,9 +88,11 @@ def check_queue(name: Any) -> str:
     for at in range(1, len(parts)):
         if parts[at] in KEY_PARTS:
             owner = ":".join(parts[:at])
+            what = _KEY_NAMES.get(name[len(owner) + 1 :])
+            how = (f"is {what} of the queue {owner!r}" if what else
+                   f"would share the keys of the queue {owner!r} ({owner}:{parts[at]}:…)")
             raise InvalidQueue(
-                f"queue name {name!r} would share the keys of the queue {owner!r} "
-                f"({owner}:{parts[at]}:…); no part of a queue name after a colon may be "
+                f"queue name {name!r} {how}; no part of a queue name after a colon may be "
                 f"{', '.join(KEY_PARTS)}: rename it, for example {name.replace(':', '-')!r}"
             )
     return name
