@@ -6,6 +6,7 @@ import calendar
 import json
 import re
 import socket
+import subprocess
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -250,3 +251,26 @@ def test_threads_share_one_client(redis_server, r, queue):
                             range(40)))
     # Ten keys: ten jobs got in, whichever threads won.
     assert sum(1 for i in ids if i) == 10 and r.llen(queue) == 10
+
+
+def test_the_same_job_is_written_as_workerpool_enqueue_writes_it(redis_server, r, queue):
+    from support import bin_dir
+
+    cli = [str(bin_dir() / "workerpool"), "enqueue", "--redis-url", redis_server.url,
+           "--queue", queue]
+    jobs = [({"task": "t", "data": {"a": [1, "é"]}}, {}),
+            ({"task": "t", "data": 1, "unique_key": "k", "unique_for": 60},
+             {"unique_key": "k", "unique_for": 60})]
+    with Client(redis_server.url) as client:
+        for job, options in jobs:
+            out = subprocess.run(cli + [json.dumps(job, ensure_ascii=False)],
+                                 capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            rust = r.lpop(queue)
+            r.delete(f"{queue}:unique", f"{queue}:unique:expiry")
+            client.enqueue(queue, job["task"], job["data"], **options)
+            python = r.lpop(queue)
+            r.delete(f"{queue}:unique", f"{queue}:unique:expiry")
+            strip = re.compile(rb'"id":"[0-9a-f]{32}","enqueued_at":\d+')
+            # Byte for byte, but the id and the time.
+            assert strip.sub(b"", rust) == strip.sub(b"", python), (rust, python)
