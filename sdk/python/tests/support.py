@@ -109,7 +109,10 @@ class RedisServer:
                 return
             self.proc.kill()
             self.proc.wait()
-        raise AssertionError(f"redis-server did not start on 5 ports; log: {self.read_log()}")
+        log = self.read_log()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        raise AssertionError(f"redis-server did not start on 5 ports; log: {log}")
 
     def read_log(self) -> str:
         if not self.log.closed:
