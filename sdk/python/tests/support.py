@@ -109,6 +109,7 @@ class RedisServer:
                 return
             self.proc.kill()
             self.proc.wait()
+            self.log.close()
         log = self.read_log()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
