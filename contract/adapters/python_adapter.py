@@ -1,0 +1,132 @@
+"""The Python client's conformance adapter (protocol in contract/README.md).
+
+    python_adapter.py produce   JSON requests on stdin, one answer line each on stdout
+    python_adapter.py handle    the exec handler run by workerpool-worker
+
+Run with the library from the checkout: PYTHONPATH=sdk/python/src.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from datetime import datetime, timedelta, timezone
+
+from workerpool_client import App, Client, Job, Permanent
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def job_of(spec: dict) -> Job:
+    """A request's job with null mapped to "not given"."""
+    delay = spec.get("delay_ms")
+    run_at = spec.get("run_at_ms")
+    return Job(
+        task=spec["task"],
+        data=spec.get("data"),
+        id=spec.get("id"),
+        delay=None if delay is None else timedelta(milliseconds=delay),
+        run_at=None if run_at is None else EPOCH + timedelta(milliseconds=run_at),
+        unique_key=spec.get("unique_key"),
+        unique_for=spec.get("unique_for_s"),
+    )
+
+
+def produce() -> None:
+    clients: dict = {}
+    out = sys.stdout
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                tls = request.get("tls") or {}
+                key = (request["url"], json.dumps(tls, sort_keys=True),
+                       bool(request.get("cluster")))
+                client = clients.get(key)
+                if client is None:
+                    client = Client(request["url"], ca=tls.get("ca"), cert=tls.get("cert"),
+                                    key=tls.get("key"),
+                                    cluster=True if request.get("cluster") else None)
+                    clients[key] = client
+                jobs = [job_of(spec) for spec in request["jobs"]]
+                queue = request["queue"]
+                if request.get("many"):
+                    ids = client.enqueue_many(queue, jobs)
+                else:
+                    ids = [client.enqueue(queue, j.task, j.data, id=j.id, delay=j.delay,
+                                          run_at=j.run_at, unique_key=j.unique_key,
+                                          unique_for=j.unique_for) for j in jobs]
+                answer = {"ids": ids}
+            except Exception as e:  # every failure is an answer; the next request goes on
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            out.write(json.dumps(answer) + "\n")
+            out.flush()
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+app = App()
+
+
+def record(job) -> None:
+    line = json.dumps({"id": job.id, "attempt": job.attempt, "task": job.task,
+                       "data": job.data}, separators=(",", ":"), ensure_ascii=False)
+    # One write of the whole line, so lines of concurrent handlers never mix.
+    fd = os.open(os.environ["CONTRACT_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+@app.task("record")
+def record_task(data, job):
+    record(job)
+
+
+@app.task("sleep")
+async def sleep_task(data, job):
+    await asyncio.sleep(data["ms"] / 1000)
+    record(job)
+
+
+@app.task("print")
+def print_task(data, job):
+    print("stray output")
+    record(job)
+
+
+@app.task("fail")
+def fail_task(data, job):
+    raise RuntimeError(data["message"])
+
+
+@app.task("permanent")
+def permanent_task(data, job):
+    raise Permanent(data["message"])
+
+
+@app.task("crash")
+def crash_task(data, job):
+    sys.stderr.write(data["message"] + "\n")
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "produce":
+        produce()
+    elif mode == "handle":
+        app.run()
+    else:
+        sys.exit("usage: python_adapter.py produce|handle")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""A small workerpool project in Python: a producer and a worker with two tasks."""

@@ -1,0 +1,37 @@
+"""The library's exceptions. Every error it raises is a WorkerpoolError."""
+
+from __future__ import annotations
+
+import builtins
+
+
+class WorkerpoolError(Exception):
+    """Base class of every error this library raises."""
+
+
+class ConfigError(WorkerpoolError, ValueError):
+    """A bad URL or connection option: the message says what to change."""
+
+
+class InvalidQueue(WorkerpoolError, ValueError):
+    """A queue name the workers would refuse (or that a cluster cannot hold)."""
+
+
+class InvalidJob(WorkerpoolError, ValueError):
+    """A job that cannot be enqueued as given; nothing was enqueued."""
+
+
+class ConnectionError(WorkerpoolError, builtins.ConnectionError):
+    """Redis could not be reached (refused, timed out, TLS handshake failed)."""
+
+
+class RedisError(WorkerpoolError):
+    """Redis refused a command (a key of the wrong type, an ACL, out of memory)."""
+
+
+class Permanent(Exception):
+    """Raise in a task to dead-letter the job at once, without further attempts."""
+
+    def __init__(self, message: str = "permanent failure") -> None:
+        super().__init__(message)
+        self.message = message

@@ -1,0 +1,44 @@
+-- uses: guard.lua, now.lua
+-- Enqueues jobs; a job with a unique key goes in only when no job holding
+-- that key is waiting, scheduled, retrying or running, and then holds it
+-- until it is done or dead-lettered, or for its hold time in any case.
+-- KEYS: queue, scheduled, unique (hash: key -> holder's id),
+-- unique:expiry (sorted set: key -> unix ms when the hold ends).
+-- ARGV: five per job, in the order they should run: the payload; `run_at`
+-- in unix ms for a delayed job ('' for now); the job's id (the payload's
+-- own `id`); its unique key ('' for none); how long it holds the key, in
+-- milliseconds.
+-- Returns 1 (enqueued) or 0 (refused: a duplicate) per job.
+local queue, scheduled, unique, expiry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+expect(queue, 'list')
+expect(scheduled, 'zset')
+expect(unique, 'hash')
+expect(expiry, 'zset')
+-- Holds whose time ran out go first, a bounded number per call.
+for _, key in ipairs(redis.call('ZRANGEBYSCORE', expiry, '-inf', now, 'LIMIT', 0, 100)) do
+  redis.call('HDEL', unique, key)
+  redis.call('ZREM', expiry, key)
+end
+local out = {}
+for i = 1, #ARGV, 5 do
+  local payload, run_at, id, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local ok = 1
+  if key ~= '' then
+    local till = redis.call('ZSCORE', expiry, key)
+    if till and tonumber(till) > now then
+      ok = 0
+    else
+      redis.call('HSET', unique, key, id)
+      redis.call('ZADD', expiry, now + tonumber(ARGV[i + 4]), key)
+    end
+  end
+  if ok == 1 then
+    if run_at == '' then
+      redis.call('LPUSH', queue, payload)
+    else
+      redis.call('ZADD', scheduled, tonumber(run_at), payload)
+    end
+  end
+  out[#out + 1] = ok
+end
+return out

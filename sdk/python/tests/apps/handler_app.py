@@ -1,0 +1,71 @@
+"""The handler the tests run under workerpool-worker --handler exec.
+
+Each task appends a record (one JSON line) to the file named by
+HANDLER_RECORD, so the test sees what ran, with which id and attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+from workerpool_client import App, Permanent
+
+app = App()
+
+
+def record(job, **extra):
+    line = json.dumps({"id": job.id, "attempt": job.attempt, "task": job.task,
+                       "data": job.data, "pid": os.getpid(), **extra})
+    with open(os.environ["HANDLER_RECORD"], "a") as f:
+        f.write(line + "\n")
+
+
+@app.task("record")
+def record_task(data, job):
+    record(job)
+
+
+@app.task("data_only")
+def data_only(data):
+    # A task that takes only the data: the job's id is not at hand here.
+    with open(os.environ["HANDLER_RECORD"], "a") as f:
+        f.write(json.dumps({"task": "data_only", "data": data}) + "\n")
+
+
+@app.task("fail")
+def fail(data, job):
+    record(job)
+    raise ValueError(data["message"])
+
+
+@app.task("permanent")
+def permanent(data, job):
+    record(job)
+    raise Permanent(data["message"])
+
+
+@app.task("stray")
+def stray(data, job):
+    # Everything that could write to the process's stdout.
+    print("stray print from a task")
+    sys.stdout.write("stray write\n")
+    os.write(1, b"stray bytes on fd 1\n")
+    subprocess.run(["echo", "stray output of a subprocess"], check=True)
+    subprocess.run(["sh", "-c", "cat > /dev/null"], check=True)  # must not eat the next job
+    record(job)
+
+
+@app.task("async_sleep")
+async def async_sleep(data, job):
+    started = time.time()
+    await asyncio.sleep(data["ms"] / 1000)
+    record(job, slept=time.time() - started, loop=id(asyncio.get_running_loop()))
+
+
+if __name__ == "__main__":
+    app.run()
