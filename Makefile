@@ -1,14 +1,16 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test lint unit tools images soak release-check release
+.PHONY: demo test lint unit sdk tools images soak release-check release
 
 demo:
 	./scripts/demo.sh
 
 # Everything CI checks: the release checks, formatting, lints, and every
 # test (unit, against a real redis-server started per test, end to end, the
-# Helm chart with the real helm, and on a real Kubernetes cluster when
-# WORKERPOOL_E2E_K8S or WORKERPOOL_E2E_KUBECONFIG says where: see docs/testing.md).
-test: tools release-check lint unit
+# Helm chart with the real helm, the queue contract's conformance suite over
+# every client, the client libraries' own tests, and on a real Kubernetes
+# cluster when WORKERPOOL_E2E_K8S or WORKERPOOL_E2E_KUBECONFIG says where:
+# see docs/testing.md).
+test: tools release-check lint unit sdk
 
 # The operator and worker images, built from debug binaries without a
 # Docker daemon and loaded into the local cluster's containerd when one runs
@@ -40,6 +42,14 @@ lint:
 
 unit:
 	cargo test --workspace
+
+# The client libraries' tests against real redis-server processes and the
+# worker binary: Python (pytest in target/sdk/venv, then ruff) and Node.js
+# (node --test, then tsc --noEmit on the types). Their dependencies are
+# pinned and installed on first use (scripts/sdk-env-python.sh, sdk-env-node.sh).
+sdk:
+	./scripts/test-python-sdk.sh
+	./scripts/test-node-sdk.sh
 
 # A short chaos soak of the worker (kill -9, SIGTERM, Redis restarts, raw
 # bytes on the queue): what CI runs after the tests. scripts/soak.sh runs

@@ -12,13 +12,16 @@
 #   Cargo.lock            the workspace crates' entries
 #   charts/*/Chart.yaml   version and appVersion (chart and operator move together)
 #   charts/*/values.yaml  image.tag, when it is set (empty means appVersion)
+#   sdk/python/src/workerpool_client/_version.py   __version__ (the Python client)
+#   sdk/node/package.json, package-lock.json        version (the Node.js client)
 #   every other text file of the repository, CHANGELOG.md excepted:
 #     ghcr.io/workerpool-dev/workerpool-operator:VERSION and …-worker:VERSION
 #     (the examples, the README, manifests/install.yaml),
 #     helm.sh/chart: workerpool-operator-VERSION and
 #     app.kubernetes.io/version: "VERSION" (manifests/install.yaml),
 #     oci://ghcr.io/workerpool-dev/charts/workerpool-operator --version VERSION
-#     and …/releases/download/vVERSION/ (the README's install commands)
+#     and …/releases/download/vVERSION/ (the README's install commands),
+#     workerpool-client==VERSION (the Python client's install lines)
 #   CHANGELOG.md          the notes under "## [Unreleased]" become
 #                         "## [VERSION] - DATE" (the release notes); a
 #                         version that already has its section keeps it
@@ -50,7 +53,24 @@ text_places=(
   $'app\\.kubernetes\\.io/version: "\t"'
   $'oci://ghcr\\.io/workerpool-dev/charts/workerpool-operator --version \t'
   $'workerpool-dev/workerpool/releases/download/v\t/'
+  $'workerpool-client==\t'
 )
+
+# The client libraries' own version fields.
+py_version=sdk/python/src/workerpool_client/_version.py
+node_package=sdk/node/package.json
+node_lock=sdk/node/package-lock.json
+
+# Prints LINE<TAB>VERSION for each of the Node package's versions in FILE:
+# the top-level "version" (two spaces in), and in a lock file the root
+# package's (six spaces in, under `"": {`).
+node_versions() {
+  awk '
+    /^  "version": "/ { v = $0; gsub(/^  "version": "|",?$/, "", v); print NR "\t" v }
+    /^    "": \{/ { root = 1; next }
+    root && /^      "version": "/ { v = $0; gsub(/^      "version": "|",?$/, "", v); print NR "\t" v; root = 0 }
+    root && /^    }/ { root = 0 }' "$1"
+}
 
 # The repository's files: git's list in a checkout, else every file outside
 # build output (a copy of the tree, an unpacked source archive).
@@ -110,6 +130,14 @@ places() {
       v = $0; sub(/^  tag: */, "", v); sub(/ *#.*$/, "", v); gsub(/"/, "", v)
       if (v != "") print file ":" NR ":" v
     }' "$chart_dir/values.yaml"
+  sed -nE "s|^__version__ = \"(.*)\"\$|\1|p" "$py_version" | head -n 1 |
+    sed "s|^|$py_version:$(grep -n '^__version__ = ' "$py_version" | head -n 1 | cut -d: -f1):|"
+  local file line v
+  for file in "$node_package" "$node_lock"; do
+    while IFS=$'\t' read -r line v; do
+      echo "$file:$line:$v"
+    done < <(node_versions "$file")
+  done
   local files
   mapfile -t files < <(text_files)
   for entry in "${text_places[@]}"; do
@@ -193,6 +221,19 @@ set_version() {
   awk -v v="$new" '/^[^ #]/ { block = $0 }
     block == "image:" && /^  tag: *"[^"]+"/ { sub(/"[^"]+"/, "\"" v "\"") }
     { print }' "$chart_dir/values.yaml" >"$tmp" && cat "$tmp" >"$chart_dir/values.yaml"
+
+  # The client libraries: the Python package's __version__, the Node
+  # package's version (package.json, and its lock file's two copies).
+  sed -E "s/^__version__ = \".*\"\$/__version__ = \"$new\"/" "$py_version" >"$tmp" &&
+    cat "$tmp" >"$py_version"
+  for file in "$node_package" "$node_lock"; do
+    awk -v v="$new" '
+      /^  "version": "/ { sub(/"version": "[^"]*"/, "\"version\": \"" v "\"") }
+      /^    "": \{/ { root = 1 }
+      root && /^      "version": "/ { sub(/"version": "[^"]*"/, "\"version\": \"" v "\""); root = 0 }
+      root && /^    }/ { root = 0 }
+      { print }' "$file" >"$tmp" && cat "$tmp" >"$file"
+  done
 
   # Free text: image references, chart labels, install commands.
   mapfile -t files < <(text_files)

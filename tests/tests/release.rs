@@ -43,7 +43,7 @@ struct Place {
 
 /// The free-text places: what precedes the version, and what must follow.
 /// The same list as `text_places` in scripts/release.sh.
-const TEXT_PLACES: [(&str, &str); 6] = [
+const TEXT_PLACES: [(&str, &str); 7] = [
     ("ghcr.io/workerpool-dev/workerpool-operator:", ""),
     ("ghcr.io/workerpool-dev/workerpool-worker:", ""),
     ("helm.sh/chart: workerpool-operator-", ""),
@@ -53,7 +53,13 @@ const TEXT_PLACES: [(&str, &str); 6] = [
         "",
     ),
     ("workerpool-dev/workerpool/releases/download/v", "/"),
+    ("workerpool-client==", ""),
 ];
+
+/// The Python client's version file.
+const PY_VERSION: &str = "sdk/python/src/workerpool_client/_version.py";
+/// The Node.js client's manifest and lock file.
+const NODE_FILES: [&str; 2] = ["sdk/node/package.json", "sdk/node/package-lock.json"];
 
 /// The SemVer version at the start of `text` (1.2.3 or 1.2.3-rc.1), if any.
 fn version_at(text: &str) -> Option<&str> {
@@ -206,6 +212,34 @@ fn places(dir: &Path) -> Vec<Place> {
             }
         }
     }
+    // The client libraries: the Python package's __version__; the Node
+    // package's version, and its lock file's root package's.
+    for (i, line) in read(dir, PY_VERSION).lines().enumerate() {
+        if let Some(v) = toml_string(line, "__version__") {
+            out.push(place(PY_VERSION, i + 1, v));
+        }
+    }
+    for file in NODE_FILES {
+        let json = |line: &str, indent: usize| {
+            line.strip_prefix(&" ".repeat(indent))
+                .and_then(|l| l.strip_prefix("\"version\": \""))
+                .and_then(|l| l.trim_end_matches(',').strip_suffix('"'))
+                .map(str::to_string)
+        };
+        let mut root_package = false;
+        for (i, line) in read(dir, file).lines().enumerate() {
+            if let Some(v) = json(line, 2) {
+                out.push(place(file, i + 1, &v));
+            } else if line == "    \"\": {" {
+                root_package = true;
+            } else if root_package && let Some(v) = json(line, 6) {
+                out.push(place(file, i + 1, &v));
+                root_package = false;
+            } else if line.starts_with("    }") {
+                root_package = false;
+            }
+        }
+    }
     // Free text, anywhere but the changelog (its history names old versions).
     for file in tree_files(dir) {
         if file == "CHANGELOG.md" {
@@ -295,6 +329,8 @@ fn every_place_that_names_the_version_names_the_workspace_version() {
         "manifests/install.yaml",
         "manifests/examples/exec-pool.yaml",
         "README.md",
+        PY_VERSION,
+        "sdk/python/README.md",
     ] {
         assert!(files.contains(&expected), "no version found in {expected}");
     }
@@ -309,6 +345,12 @@ fn every_place_that_names_the_version_names_the_workspace_version() {
         .filter(|p| p.file.ends_with("Chart.yaml"))
         .count();
     assert_eq!(chart, 2, "the chart's version and appVersion");
+    let node = |file: &str| places.iter().filter(|p| p.file == file).count();
+    assert_eq!(
+        (node(NODE_FILES[0]), node(NODE_FILES[1])),
+        (1, 2),
+        "the Node package's version, and its lock file's two"
+    );
 }
 
 #[test]
