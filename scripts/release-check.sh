@@ -9,6 +9,10 @@
 #                appVersion from the workspace), then helm lint --strict on
 #                the package
 #   versions     scripts/release.sh --check: one version everywhere
+#   ruff         the Python client and its conformance adapter
+#   tsc          the Node.js client's TypeScript types (tsc --noEmit)
+#   sdk lua      the clients' Lua scripts are the queue's own
+#                (scripts/sync-sdk-lua.sh changes nothing)
 #
 # Runs every check, then exits 1 if any failed. The linters come from
 # scripts/install-lint-tools.sh (target/tools/bin) and helm from
@@ -80,6 +84,20 @@ chart() {
 run "helm package + lint --strict (workerpool-operator-$version.tgz)" chart
 
 run "versions (scripts/release.sh --check)" scripts/release.sh --check
+
+# The client libraries, with their pinned tools (target/sdk/venv,
+# sdk/node/node_modules: installed on first use).
+python=$(scripts/sdk-env-python.sh)
+run "ruff (sdk/python, contract/adapters)" "$python" -m ruff check sdk/python contract/adapters/python_adapter.py
+run "tsc --noEmit (sdk/node types)" bash -c 'scripts/sdk-env-node.sh && sdk/node/node_modules/.bin/tsc --noEmit -p sdk/node'
+sdk_lua() {
+  local copies=(sdk/python/src/workerpool_client/lua sdk/node/lua) before after
+  before=$(cat "${copies[@]/%//*.lua}" | sha256sum)
+  scripts/sync-sdk-lua.sh >/dev/null
+  after=$(cat "${copies[@]/%//*.lua}" | sha256sum)
+  [ "$before" = "$after" ] || { echo "the clients' Lua scripts differed from queue/src/lua; scripts/sync-sdk-lua.sh has copied them over: commit the change"; return 1; }
+}
+run "sdk lua (the clients' scripts are queue/src/lua's)" sdk_lua
 
 echo "release-check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
