@@ -218,11 +218,26 @@ proptest! {
         (spec, start) in spec_and_start(),
         steps in proptest::collection::vec(step(), 1..40),
     ) {
-        let window = Duration::from_secs_f64(spec.resolved_behavior().down.window);
+        let written = spec
+            .behavior
+            .as_ref()
+            .and_then(|b| b.scale_down.as_ref())
+            .and_then(|rules| rules.stabilization_window_seconds)
+            .is_some();
         replay(&spec, start, &steps, |engine, observation, now, step| {
             if step.failed {
                 return;
             }
+            // The window as documented: the one written, else the default, cut to the
+            // measured start-up time (at least a poll) while nothing is waiting.
+            let mut window = spec.resolved_behavior().down.window;
+            if !written
+                && observation.backlog == 0
+                && let Some(startup) = engine.startup().seconds()
+            {
+                window = window.min(startup.max(f64::from(spec.poll_interval_seconds.max(1))));
+            }
+            let window = Duration::from_secs_f64(window);
             let recent = engine.highest_recommendation_within(now, window);
             let decision = engine.clone().tick(&spec, observation, now);
             if decision.reason.rule == Rule::IdleToZero {

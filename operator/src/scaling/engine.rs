@@ -275,9 +275,12 @@ impl Engine {
     }
 
     fn decide(&mut self, spec: &ScalingSpec, obs: &Observation, now: f64) -> Decision {
-        let behavior = spec.resolved_behavior();
+        let mut behavior = spec.resolved_behavior();
         let (min, max) = spec.bounds();
         let current = obs.current_replicas.max(0);
+        if let Some(window) = self.idle_release_window(spec, obs) {
+            behavior.down.window = behavior.down.window.min(window);
+        }
         let (proposals, largest, rule) = self.propose(spec, &behavior, obs);
         // More workers than the rate limit keeps busy would only wait for it. The job
         // duration is the engine's own estimate (Little's law, smoothed over a minute),
@@ -285,9 +288,7 @@ impl Engine {
         // decision on (after a restart, a leader change or an idle spell); until either
         // is known there is nothing to size the cap on.
         let busy_at_limit = self
-            .rates
-            .job_seconds()
-            .or(obs.job_seconds)
+            .job_seconds(obs)
             .and_then(|seconds| self.workers.busy_at_limit(seconds));
         let cap = busy_at_limit
             .filter(|cap| largest > *cap)
@@ -440,7 +441,10 @@ impl Engine {
         // still be there when a pod started now is ready.
         let target = f64::from(spec.target_backlog_per_replica.max(1));
         let work = self.work_left_at_readiness(obs);
-        let backlog_raw = work / target;
+        let mut backlog_raw = work / target;
+        if let Some(worth) = self.replicas_worth_starting(obs, work) {
+            backlog_raw = backlog_raw.min(worth);
+        }
         let (backlog, backlog_tol) = tolerate(backlog_raw, ratio(backlog_raw, current));
         let mut best = (
             backlog,
@@ -539,6 +543,53 @@ impl Engine {
         };
         let capacity = throughput * f64::from(obs.ready_replicas.max(0));
         (work + (arrival - capacity) * startup).clamp(0.0, work)
+    }
+
+    /// How long surplus pods are kept once nothing is waiting, when the engine's default
+    /// scale-down window is in force (a window the user wrote is kept as written).
+    ///
+    /// The window guards against flapping on a noisy signal. With nothing waiting, the
+    /// pods above the recommendation are idle, not noise; keeping one costs a replica per
+    /// second, and letting it go costs, if work comes back, one start-up (the measured
+    /// start-up time, during which a pod is paid for and does nothing). Keeping surplus
+    /// pods exactly as long as one start-up takes (the ski-rental rule) never costs more
+    /// than twice the best choice made knowing the future: if work returns within that
+    /// time the pods were kept, and otherwise at most one start-up's worth was spent
+    /// waiting for it. So the window shrinks to the measured start-up time (at least one
+    /// poll), until the start-up time is measured it stays as it is.
+    fn idle_release_window(&self, spec: &ScalingSpec, obs: &Observation) -> Option<f64> {
+        let written = spec
+            .behavior
+            .as_ref()
+            .and_then(|b| b.scale_down.as_ref())
+            .and_then(|rules| rules.stabilization_window_seconds);
+        if written.is_some() || obs.backlog > 0 {
+            return None;
+        }
+        let startup = self.startup.seconds()?;
+        Some(startup.max(f64::from(spec.poll_interval_seconds.max(1))))
+    }
+
+    /// The most replicas worth running for `work` jobs left when a pod started now is
+    /// ready: the ready ones, plus one new pod per start-up time of work. A pod is paid
+    /// for from its creation; one that gets less work than its own start-up time spends
+    /// most of what it costs starting. With `W` the work left in slot-seconds (jobs ×
+    /// job seconds), `c` slots per pod and `s` the measured start-up time, that is
+    /// `ready + W / (c × s)`. Known once the job duration and the start-up time are.
+    fn replicas_worth_starting(&self, obs: &Observation, work: f64) -> Option<f64> {
+        let startup = self.startup.seconds().filter(|s| *s > 0.0)?;
+        let seconds = self.job_seconds(obs)?;
+        let slots = f64::from(self.workers.concurrency.max(1));
+        Some(f64::from(obs.ready_replicas.max(0)) + work * seconds / (slots * startup))
+    }
+
+    /// Seconds one job takes: the engine's own estimate (Little's law, smoothed over a
+    /// minute), else the workers' measure kept in Redis.
+    fn job_seconds(&self, obs: &Observation) -> Option<f64> {
+        self.rates
+            .job_seconds()
+            .or(obs.job_seconds)
+            .filter(|s| s.is_finite() && *s > 0.0)
     }
 
     /// The oldest waiting job's age: measured when producers stamp it, else estimated by

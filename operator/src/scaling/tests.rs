@@ -150,10 +150,11 @@ fn drain_target_sizes_for_arrivals_plus_clearing_the_backlog() {
     assert_eq!(decision.reason.rule, Rule::DrainTarget);
 }
 
-/// One ready pod that completes 8 jobs/s, a measured start-up of 20 s and no arrivals
-/// besides the backlog: the state after a first spike.
+/// One ready pod of 4 slots that completes 8 jobs/s (jobs of 0.5 s), a measured
+/// start-up of 20 s and no arrivals besides the backlog: the state after a first spike.
 fn engine_with_one_warm_pod(spec: &ScalingSpec) -> Engine {
     let mut engine = Engine::new();
+    engine.set_workers(Workers::new(None, 4));
     engine.applied(at(0), 0, 1);
     let saturated = |backlog, processed| Observation {
         processed_total: processed,
@@ -176,24 +177,51 @@ fn a_spike_the_ready_pods_clear_before_a_new_pod_is_ready_starts_no_pod() {
     let decision = engine.tick(&spec, &obs(100, 4, 1), at(30));
     assert_eq!(decision.proposals.backlog, 0, "instead of ceil(104 / 5)");
     assert_eq!(decision.desired, 1);
-    // 400 jobs: 160 are done when a new pod is ready, the rest ask for ceil(244 / 5).
+    // 400 jobs: 160 are done when a new pod is ready; the 244 left are 122 slot-seconds
+    // of work, and a new pod is worth starting per 4 slots × 20 s = 80 of them: the warm
+    // pod and ceil(1.5) new ones, not ceil(244 / 5) = 49 pods that would each spend 20 s
+    // starting for 2.5 s of work.
     let mut engine = engine_with_one_warm_pod(&spec);
     let decision = engine.tick(&spec, &obs(400, 4, 1), at(30));
-    assert_eq!(decision.proposals.backlog, 49);
-    assert_eq!(decision.desired, 49);
+    assert_eq!(decision.proposals.backlog, 3);
+    assert_eq!(decision.desired, 3);
     assert_eq!(decision.reason.rule, Rule::BacklogTarget);
+    // A spike ten times larger is worth ten times the new pods: the same rule, not a cap.
+    let mut engine = engine_with_one_warm_pod(&spec);
+    let decision = engine.tick(&spec, &obs(4_000, 4, 1), at(30));
+    // (4004 - 160) × 0.5 / 80 = 24.03 new pods.
+    assert_eq!(decision.proposals.backlog, 26);
+}
+
+#[test]
+fn without_a_measured_start_up_every_pod_the_backlog_target_asks_for_is_started() {
+    let spec = plain();
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(None, 4));
+    let decision = engine.tick(&spec, &obs(400, 4, 1), at(30));
+    assert_eq!(decision.proposals.backlog, 81, "ceil(404 / 5)");
 }
 
 #[test]
 fn pods_still_starting_do_not_count_as_capacity() {
     let spec = plain();
     let mut engine = engine_with_one_warm_pod(&spec);
-    // Three pods, none ready: nothing is drained before a new pod would be ready.
-    let o = Observation {
+    // Three pods, none ready: nothing is drained before a new pod would be ready, so
+    // the 100 jobs still ask for a pod; three ready ones would clear them first.
+    let starting = Observation {
         ready_replicas: 0,
         ..obs(100, 0, 3)
     };
-    assert_eq!(engine.tick(&spec, &o, at(30)).proposals.backlog, 20);
+    assert_eq!(
+        engine
+            .clone()
+            .tick(&spec, &starting, at(30))
+            .proposals
+            .backlog,
+        1
+    );
+    let ready = obs(100, 0, 3);
+    assert_eq!(engine.tick(&spec, &ready, at(30)).proposals.backlog, 0);
 }
 
 #[test]

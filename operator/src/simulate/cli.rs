@@ -258,6 +258,10 @@ fn fuzz(args: &SimulateArgs, cases: u64) -> Result<String, SimulateError> {
         for outcome in &outcomes {
             out.push_str(&outcome.line());
             out.push('\n');
+            // One case (a replay): every policy's figures too.
+            if outcomes.len() == 1 {
+                out.push_str(&outcome.comparison.render());
+            }
         }
         let worst = outcomes
             .iter()
