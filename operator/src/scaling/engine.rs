@@ -281,7 +281,18 @@ impl Engine {
         if let Some(window) = self.idle_release_window(spec, obs) {
             behavior.down.window = behavior.down.window.min(window);
         }
-        let (proposals, largest, rule) = self.propose(spec, &behavior, obs);
+        let (proposals, mut largest, rule) = self.propose(spec, &behavior, obs);
+        // Before the pool's first pods were ever ready, nothing tells how long a pod
+        // takes to start or a job to run: pods added now would be ready after those
+        // already starting, when both will be known. Wait for that evidence rather than
+        // add pods sized on a backlog that only grows because nothing is ready yet.
+        if self.startup.seconds().is_none()
+            && current > 0
+            && obs.ready_replicas == 0
+            && obs.job_seconds.is_none()
+        {
+            largest = largest.min(current);
+        }
         // More workers than the rate limit keeps busy would only wait for it. The job
         // duration is the engine's own estimate (Little's law, smoothed over a minute),
         // else the workers' measure kept in Redis, which is there from the first
@@ -461,7 +472,13 @@ impl Engine {
             self.rates.per_replica_throughput(),
         ) {
             (Some(seconds), Some(arrival), Some(throughput)) if throughput > 0.0 => {
-                let raw = (arrival + obs.backlog as f64 / f64::from(seconds.max(1))) / throughput;
+                // Arrivals need their pods; the backlog's share, only the new pods that
+                // will find a start-up time of work when they are ready.
+                let mut catch_up = obs.backlog as f64 / f64::from(seconds.max(1)) / throughput;
+                if let Some(worth) = self.new_replicas_worth(obs, work) {
+                    catch_up = catch_up.min(worth);
+                }
+                let raw = arrival / throughput + catch_up;
                 let (proposal, tol) = tolerate(raw, ratio(raw, current));
                 if proposal > best.0 {
                     best = (
@@ -577,10 +594,17 @@ impl Engine {
     /// job seconds), `c` slots per pod and `s` the measured start-up time, that is
     /// `ready + W / (c × s)`. Known once the job duration and the start-up time are.
     fn replicas_worth_starting(&self, obs: &Observation, work: f64) -> Option<f64> {
+        self.new_replicas_worth(obs, work)
+            .map(|new| f64::from(obs.ready_replicas.max(0)) + new)
+    }
+
+    /// The new pods worth starting for `work` jobs left at readiness: `W / (c × s)`
+    /// ([`Engine::replicas_worth_starting`]).
+    fn new_replicas_worth(&self, obs: &Observation, work: f64) -> Option<f64> {
         let startup = self.startup.seconds().filter(|s| *s > 0.0)?;
         let seconds = self.job_seconds(obs)?;
         let slots = f64::from(self.workers.concurrency.max(1));
-        Some(f64::from(obs.ready_replicas.max(0)) + work * seconds / (slots * startup))
+        Some(work * seconds / (slots * startup))
     }
 
     /// Seconds one job takes: the engine's own estimate (Little's law, smoothed over a
