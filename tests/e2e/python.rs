@@ -159,6 +159,9 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
     assert!(first < next, "the first three started first: {seen:#?}");
     let tasks: BTreeSet<&str> = starts.values().filter_map(|r| r["task"].as_str()).collect();
     assert_eq!(tasks, BTreeSet::from(["email", "report"]));
+    let wall =
+        seen.iter().map(at).fold(f64::MIN, f64::max) - seen.iter().map(at).fold(f64::MAX, f64::min);
+    eprintln!("  six 500 ms jobs on three slots in {wall:.2} s (one slot: about 3 s)");
     // The queue counted them, and nothing failed or is left.
     let count = |args: &[&str]| redis.cli(args).trim().to_string();
     let processed = format!("{QUEUE}:stats:processed");
@@ -215,4 +218,5 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
         of(&seen, "start").contains_key(&bad) && !of(&seen, "end").contains_key(&bad),
         "the bad email started and did not end: {seen:#?}"
     );
+    eprintln!("  {bad} dead-lettered: {}", letter["error"]);
 }
