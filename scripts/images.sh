@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the operator and worker images from this checkout without a Docker
-# daemon or a registry, and loads them into a cluster's container runtime.
+# Builds the operator and worker images, and the Python client's example
+# image on the worker's, from this checkout without a Docker daemon or a
+# registry, and loads them into a cluster's container runtime.
 #
 #   scripts/images.sh          # or: make images
 #
@@ -14,8 +15,16 @@
 #                                  home /app), workerpool-worker and workerpool in
 #                                  /usr/local/bin, tini, WORKDIR /app; ENTRYPOINT
 #                                  tini -s -- the worker
+#   local/workerpool-python-example:TAG
+#                                  sdk/python/examples/mini_project/Dockerfile
+#                                  (the Python client README's image) on the
+#                                  worker image: a venv in /opt/venv with this
+#                                  checkout's workerpool-client and its pinned
+#                                  redis-py, the app in /app/mini, PATH with
+#                                  /opt/venv/bin first, user 65532, CMD
+#                                  --handler exec -- python3 -m mini.worker
 # Archives go to target/images/*.tar (docker-archive format). At the end the
-# script prints the two image names (repository:tag) and their archives, and
+# script prints the three image names (repository:tag) and their archives, and
 # where it loaded them: the names to give the chart (image.repository,
 # image.tag) and a WorkerPool's worker container (image).
 #
@@ -32,7 +41,10 @@
 #                 default: ctr into the kit's containerd when its socket
 #                 exists, else the archives are only built
 # Needs umoci, skopeo, binutils' strip and tini's tini-static
-# (apt-get install -y umoci skopeo binutils tini).
+# (apt-get install -y umoci skopeo binutils tini), chroot (the example's venv
+# is made by the image's own python3), and python3 for
+# scripts/sdk-env-python.sh, whose pip downloads the example's pinned wheels
+# from PyPI once (kept in target/images/wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,12 +74,15 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# save LAYOUT NAME: the OCI layout's image as a docker-archive named NAME:TAG.
+# save LAYOUT[:REF] NAME: the OCI layout's image (ref img by default) as a
+# docker-archive named NAME:TAG.
 save() {
   local file
   file="$OUT/$(basename "$2").tar"
   rm -f "$file"
-  skopeo copy -q "oci:$1:img" "docker-archive:$file:$2:$TAG"
+  local ref=$1
+  [[ $ref == *:* ]] || ref=$ref:img
+  skopeo copy -q "oci:$ref" "docker-archive:$file:$2:$TAG"
   echo "$file"
 }
 
@@ -176,10 +191,104 @@ worker_image=local/workerpool-worker:$TAG
 worker_archive=$(save "$work/wk" local/workerpool-worker)
 load "$worker_archive"
 
+# The Python example: sdk/python/examples/mini_project/Dockerfile (the
+# client README's image) on the worker image just built, step for step. Its
+# RUN makes a venv in /opt/venv and pip-installs workerpool-client there:
+# here the image's own python3 makes the venv (in a chroot of the worker's
+# root, which has python3; pip comes from outside, hence --without-pip), and
+# the host's pip installs this checkout's client as a wheel and the redis-py
+# it requires (at the pin of sdk/python/requirements-test.txt, with what
+# redis-py needs on the image's Python) into the venv's site-packages. Its
+# COPY puts the app in /app/mini. Each step is a layer of its own.
+if [ ! -x "$root/usr/bin/python3" ]; then
+  die "the worker image's base has no python3, which the Python example image needs (BASE_ARCHIVE=$BASE_ARCHIVE)"
+fi
+py=$(scripts/sdk-env-python.sh)
+example=sdk/python/examples/mini_project
+chroot "$root" /usr/bin/python3 -m venv --without-pip /opt/venv
+image_python=$(chroot "$root" /opt/venv/bin/python3 -c 'import platform; print(platform.python_version())')
+site=$(chroot "$root" /opt/venv/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+mkdir -p "$work/py-venv/opt"
+mv "$root/opt/venv" "$work/py-venv/opt/venv"
+wheels="$OUT/wheels"
+mkdir -p "$wheels" "$work/py-wheels"
+"$py" -m build --wheel --no-isolation --outdir "$work/py-wheels" sdk/python >/dev/null
+# The requirements pip would install with the package on the image's
+# Python, each at its pin in requirements-test.txt, as pure-Python wheels
+# (downloaded once, kept in target/images/wheels).
+"$py" - "$image_python" sdk/python/requirements-test.txt "$wheels" "$work/py-wheels" <<'PY'
+import glob, shutil, subprocess, sys, zipfile
+from email.parser import Parser
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+version, pins_file, cache, out = sys.argv[1:5]
+env = {"python_version": ".".join(version.split(".")[:2]), "python_full_version": version, "extra": ""}
+pins = {}
+for line in open(pins_file):
+    line = line.split("#")[0].split(";")[0].strip()
+    if line:
+        pins[canonicalize_name(Requirement(line).name)] = line
+
+def requires(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    return [Requirement(r) for r in Parser().parsestr(text).get_all("Requires-Dist") or []]
+
+def wheel_of(pin):
+    name, version = pin.split("==")
+    pattern = f"{cache}/{canonicalize_name(name).replace('-', '_')}-{version}-py3-none-any.whl"
+    if not glob.glob(pattern):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                        "--no-deps", "--only-binary=:all:", "--dest", cache, pin], check=True)
+    found = glob.glob(pattern)
+    if not found:
+        sys.exit(f"images.sh: {pin} has no pure-Python wheel ({pattern})")
+    return found[0]
+
+todo, seen = requires(glob.glob(f"{out}/*.whl")[0]), set()
+while todo:
+    r = todo.pop()
+    name = canonicalize_name(r.name)
+    if name in seen or (r.marker and not r.marker.evaluate(env)):
+        continue
+    seen.add(name)
+    if name not in pins:
+        sys.exit(f"images.sh: {r.name} (required on Python {version}) has no pin in {pins_file}: add one")
+    wheel = wheel_of(pins[name])
+    shutil.copy(wheel, out)
+    todo.extend(requires(wheel))
+PY
+"$py" -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
+  --target "$work/py-venv$site" "$work"/py-wheels/*.whl
+mkdir -p "$work/py-app/mini"
+cp -R "$example/mini/." "$work/py-app/mini/"
+find "$work/py-app" -name __pycache__ -prune -exec rm -rf {} +
+chown -R 0:0 "$work/py-venv" "$work/py-app"
+umoci tag --image "$work/wk:img" py
+umoci insert --image "$work/wk:py" "$work/py-venv/opt/venv" /opt/venv >/dev/null
+umoci insert --image "$work/wk:py" "$work/py-app/mini" /app/mini >/dev/null
+base_path=$(skopeo inspect --config "oci:$work/wk:img" | "$py" -c \
+  'import json, sys; print(next((e[5:] for e in json.load(sys.stdin)["config"].get("Env", []) if e.startswith("PATH=")), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))')
+umoci config --image "$work/wk:py" --os linux --architecture amd64 \
+  --config.user 65532:65532 \
+  --config.env "PATH=/opt/venv/bin:$base_path" \
+  --config.cmd=--handler \
+  --config.cmd exec \
+  --config.cmd=-- \
+  --config.cmd python3 \
+  --config.cmd=-m \
+  --config.cmd mini.worker
+python_image=local/workerpool-python-example:$TAG
+python_archive=$(save "$work/wk:py" local/workerpool-python-example)
+load "$python_archive"
+
 echo
 echo "images built:"
 echo "  $operator_image  ($operator_archive)"
 echo "  $worker_image  ($worker_archive)"
+echo "  $python_image  ($python_archive)"
 if [ -n "$loaded_into" ]; then
   echo "loaded into $loaded_into"
 else
@@ -190,3 +299,4 @@ echo "use them:"
 echo "  helm install workerpool-operator charts/workerpool-operator -n workerpool-system --create-namespace \\"
 echo "    --set image.repository=${operator_image%:*} --set image.tag=$TAG"
 echo "  and in a WorkerPool's worker container: image: $worker_image"
+echo "  (or $python_image, which runs the Python mini project's handler)"

@@ -347,7 +347,7 @@ fn operator_writes(k: &Cluster) -> (f64, f64) {
 }
 
 /// Waits for `n` Ready worker Pods of a pool; returns their names.
-fn ready_workers(k: &Cluster, namespace: &str, pool: &str, n: usize) -> Vec<String> {
+pub fn ready_workers(k: &Cluster, namespace: &str, pool: &str, n: usize) -> Vec<String> {
     let selector = format!("workerpool.dev/pool={pool}");
     eventually(
         Duration::from_secs(90),

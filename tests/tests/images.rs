@@ -135,12 +135,22 @@ fn flag_values(script: &str, flag: &str) -> Vec<String> {
     values
 }
 
+/// scripts/images.sh's three parts: the operator's, the worker's and the
+/// Python example's.
+fn image_builder_parts(script: &str) -> (&str, &str, &str) {
+    let (operator, rest) = script
+        .split_once("# The worker:")
+        .expect("scripts/images.sh builds the operator, then the worker");
+    let (worker, python) = rest
+        .split_once("# The Python example:")
+        .expect("scripts/images.sh builds the Python example after the worker");
+    (operator, worker, python)
+}
+
 #[test]
 fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint_and_command() {
     let script = read("scripts/images.sh");
-    let (operator, worker) = script
-        .split_once("# The worker:")
-        .expect("scripts/images.sh builds the operator, then the worker");
+    let (operator, worker, _) = image_builder_parts(&script);
     for (dockerfile, part) in [
         ("images/operator/Dockerfile", operator),
         ("images/worker/Dockerfile", worker),
@@ -157,14 +167,11 @@ fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint
             "{dockerfile}: scripts/images.sh sets ENTRYPOINT {entrypoint:?}, word by word"
         );
         match last(dockerfile, "CMD ") {
-            Some(cmd) => {
-                for word in words(&cmd) {
-                    assert!(
-                        part.contains(&format!("--config.cmd {word}")),
-                        "{dockerfile}: scripts/images.sh sets CMD {cmd}"
-                    );
-                }
-            }
+            Some(cmd) => assert_eq!(
+                flag_values(part, "--config.cmd"),
+                words(&cmd),
+                "{dockerfile}: scripts/images.sh sets CMD {cmd}, word by word"
+            ),
             None => assert!(
                 part.contains("--clear=config.cmd"),
                 "{dockerfile} has no CMD: scripts/images.sh clears the base image's"
@@ -177,4 +184,97 @@ fn the_daemonless_image_builder_gives_each_image_its_dockerfiles_user_entrypoint
             );
         }
     }
+}
+
+const EXAMPLE_DOCKERFILE: &str = "sdk/python/examples/mini_project/Dockerfile";
+
+#[test]
+fn the_python_example_image_is_the_worker_image_running_the_mini_project_as_an_exec_handler() {
+    let all = dockerfile_instructions(&read(EXAMPLE_DOCKERFILE));
+    let froms: Vec<&String> = all.iter().filter(|i| i.starts_with("FROM ")).collect();
+    assert_eq!(froms.len(), 1, "{EXAMPLE_DOCKERFILE}: one stage");
+    assert!(
+        froms[0].starts_with("FROM ghcr.io/workerpool-dev/workerpool-worker:"),
+        "{EXAMPLE_DOCKERFILE}: FROM the worker image, whose entrypoint is workerpool-worker: {}",
+        froms[0]
+    );
+    assert!(
+        last(EXAMPLE_DOCKERFILE, "ENTRYPOINT ").is_none(),
+        "{EXAMPLE_DOCKERFILE}: keeps the worker image's entrypoint"
+    );
+    let cmd = words(&last(EXAMPLE_DOCKERFILE, "CMD ").expect("a CMD"));
+    assert_eq!(
+        cmd,
+        ["--handler", "exec", "--", "python3", "-m", "mini.worker"],
+        "{EXAMPLE_DOCKERFILE}: workerpool-worker --handler exec -- python3 -m <the app's module>"
+    );
+    let user = last(EXAMPLE_DOCKERFILE, "USER ").expect("USER");
+    assert_eq!(
+        user, "65532:65532",
+        "{EXAMPLE_DOCKERFILE}: back to the worker image's user"
+    );
+
+    // The client README shows the same image for an app named myapp.
+    let readme = read("sdk/python/README.md");
+    let block = readme
+        .split("```dockerfile\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("sdk/python/README.md has a Dockerfile");
+    let shown: Vec<String> = dockerfile_instructions(block)
+        .iter()
+        .map(|i| i.replace("myapp", "mini"))
+        .collect();
+    assert_eq!(
+        shown, all,
+        "sdk/python/README.md's Dockerfile (for myapp) and {EXAMPLE_DOCKERFILE} (for mini) differ"
+    );
+}
+
+#[test]
+fn the_daemonless_image_builder_builds_the_python_example_as_its_dockerfile_says() {
+    let script = read("scripts/images.sh");
+    let (_, _, part) = image_builder_parts(&script);
+    let user = last(EXAMPLE_DOCKERFILE, "USER ").expect("USER");
+    assert!(
+        part.contains(&format!("--config.user {user}")),
+        "scripts/images.sh sets USER {user} on the Python example"
+    );
+    let cmd = words(&last(EXAMPLE_DOCKERFILE, "CMD ").expect("CMD"));
+    assert_eq!(
+        flag_values(part, "--config.cmd"),
+        cmd,
+        "scripts/images.sh sets the Python example's CMD, word by word"
+    );
+    assert!(
+        flag_values(part, "--config.entrypoint").is_empty(),
+        "the Python example keeps the worker image's entrypoint"
+    );
+    // ENV PATH=/opt/venv/bin:$PATH, the venv the RUN makes, the app the COPY puts.
+    let env = last(EXAMPLE_DOCKERFILE, "ENV ").expect("ENV");
+    let venv_bin = env
+        .strip_prefix("PATH=")
+        .and_then(|path| path.strip_suffix(":$PATH"))
+        .expect("ENV PATH=<venv>/bin:$PATH");
+    assert!(
+        part.contains(&format!("--config.env \"PATH={venv_bin}:$")),
+        "scripts/images.sh puts {venv_bin} first on PATH"
+    );
+    let venv = venv_bin.strip_suffix("/bin").expect("<venv>/bin");
+    let all = dockerfile_instructions(&read(EXAMPLE_DOCKERFILE));
+    assert!(
+        all.iter()
+            .any(|i| i.starts_with("RUN ") && i.contains(&format!("python3 -m venv {venv}"))),
+        "{EXAMPLE_DOCKERFILE}: makes the venv {venv}"
+    );
+    assert!(
+        part.contains(&format!("-m venv --without-pip {venv}")),
+        "scripts/images.sh makes the venv {venv} with the image's python3"
+    );
+    let copy = last(EXAMPLE_DOCKERFILE, "COPY ").expect("COPY");
+    let to = copy.split_whitespace().last().expect("a destination");
+    assert!(
+        part.contains(&format!("/mini\" {to} ")),
+        "scripts/images.sh puts the app at {to}"
+    );
 }
