@@ -215,6 +215,13 @@ impl Engine {
     ) -> Decision {
         let now_s = secs(now);
         self.consecutive_failures = 0;
+        // The start-up time first: pods that are ready at this poll have told it, and it
+        // depends on the replica counts only, not on the backlog.
+        self.startup.observe(
+            now_s,
+            observation.current_replicas,
+            observation.ready_replicas,
+        );
         let decision = self.decide(spec, observation, now_s);
         // Rates are updated after deciding, so a decision depends on this tick's depths
         // only through the targets: that keeps it monotone in the backlog.
@@ -223,11 +230,6 @@ impl Engine {
             observation.processed_total,
             observation.backlog,
             observation.in_flight,
-            observation.ready_replicas,
-        );
-        self.startup.observe(
-            now_s,
-            observation.current_replicas,
             observation.ready_replicas,
         );
         decision
@@ -334,9 +336,20 @@ impl Engine {
             if obs.backlog >= u64::from(spec.activation_backlog.max(1).unsigned_abs()) {
                 // Waking: straight to the computed size (capped by the rate limit, as
                 // at any size). The HPA has no say at zero (it is inactive there).
-                let recommendation = largest.max(1);
+                let computed = largest.max(1);
+                let recommendation = if self.blind(obs) {
+                    blind_wake(computed)
+                } else {
+                    computed
+                };
                 let desired = recommendation.clamp(min.max(1), max.max(1));
-                let limit = (desired < recommendation).then_some(Limit::MaxReplicas);
+                let limit = if desired < recommendation {
+                    Some(Limit::MaxReplicas)
+                } else if recommendation < computed && desired < computed {
+                    Some(Limit::UnknownJobDuration)
+                } else {
+                    None
+                };
                 // Remember the wake for the scale-down window.
                 let _ =
                     self.normalizer
@@ -607,6 +620,12 @@ impl Engine {
         Some(work * seconds / (slots * startup))
     }
 
+    /// Whether the engine cannot yet tell how much work the backlog holds: no job has
+    /// been timed, by the engine or by the workers (the duration kept in Redis).
+    fn blind(&self, obs: &Observation) -> bool {
+        self.job_seconds(obs).is_none()
+    }
+
     /// Seconds one job takes: the engine's own estimate (Little's law, smoothed over a
     /// minute), else the workers' measure kept in Redis.
     fn job_seconds(&self, obs: &Observation) -> Option<f64> {
@@ -630,6 +649,19 @@ impl Engine {
             _ => None,
         }
     }
+}
+
+/// The size of a wake that cannot be sized from work, for a computed size of `n`.
+///
+/// Without the job duration, the pods the backlog needs are anywhere between one
+/// (short jobs: one pod clears it soon after it is ready) and `n` (jobs as long as
+/// `targetBacklogPerReplica` assumes). Starting `w` pods is off by a factor of `w`
+/// in the first case and `n / w` in the second; `w = ⌈√n⌉` keeps the worse of the
+/// two at `√n`, the least any one choice can promise. Once the first pods are ready
+/// the engine knows both the job duration and the start-up time, and starts the
+/// rest that are worth starting.
+fn blind_wake(n: i32) -> i32 {
+    ceil(f64::from(n.max(1)).sqrt())
 }
 
 fn ratio(raw: f64, current: i32) -> f64 {

@@ -49,6 +49,9 @@ pub enum Limit {
     MinReplicas,
     /// The queue's rate limit: more workers would only wait for it.
     RateLimit,
+    /// Waking before any job of the queue was timed: the square root of the computed
+    /// size, until the first pods tell how long a job takes.
+    UnknownJobDuration,
 }
 
 /// The rate limit that capped a pool, and the workers it keeps busy.
@@ -108,6 +111,7 @@ impl Limit {
             Limit::MaxReplicas => "MaxReplicas",
             Limit::MinReplicas => "MinReplicas",
             Limit::RateLimit => "RateLimit",
+            Limit::UnknownJobDuration => "UnknownJobDuration",
         }
     }
 }
@@ -181,6 +185,9 @@ impl Reason {
             Some(Limit::MaxReplicas) => "capped at maxReplicas",
             Some(Limit::MinReplicas) => "raised to minReplicas",
             Some(Limit::RateLimit) => "capped at the workers the queue's rate limit keeps busy",
+            Some(Limit::UnknownJobDuration) => {
+                "no job of this queue has been timed yet: starting the square root of the computed size until the first pods tell how long a job takes"
+            }
         };
         format!("{rule}, {limit}")
     }

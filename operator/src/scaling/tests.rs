@@ -327,9 +327,68 @@ fn wakes_from_zero_straight_to_the_computed_size() {
         behavior: None,
         ..plain()
     };
-    let decision = Engine::new().tick(&spec, &obs(200, 0, 0), at(0));
+    // The queue's jobs have been timed before (the duration kept in Redis).
+    let timed = Observation {
+        job_seconds: Some(1.0),
+        ..obs(200, 0, 0)
+    };
+    let decision = Engine::new().tick(&spec, &timed, at(0));
     assert_eq!(decision.desired, 40);
     assert_eq!(decision.reason.rule, Rule::Activation);
+    assert_eq!(decision.reason.limit, None);
+}
+
+#[test]
+fn a_wake_before_any_job_was_timed_starts_the_square_root_then_what_is_worth_starting() {
+    let spec = ScalingSpec {
+        behavior: None,
+        ..plain()
+    };
+    // 200 jobs, a target of 5: 40 pods if each job took as long as the target assumes,
+    // one if they are short. Nothing tells which yet: ⌈√40⌉ = 7.
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(None, 4));
+    let woke = engine.tick(&spec, &obs(200, 0, 0), at(0));
+    assert_eq!(woke.desired, 7, "{woke:?}");
+    assert_eq!(woke.recommendation, 7);
+    assert_eq!(woke.reason.rule, Rule::Activation);
+    assert_eq!(woke.reason.limit, Some(Limit::UnknownJobDuration));
+    assert_eq!(woke.reason.code(), "UnknownJobDuration");
+    assert!(
+        woke.reason.message().contains("square root"),
+        "{}",
+        woke.reason
+    );
+    engine.applied(at(0), 0, 7);
+    // While those start, the backlog grows, but nothing more is known: no pods are
+    // added to the ones still starting.
+    let starting = Observation {
+        ready_replicas: 0,
+        ..obs(260, 0, 7)
+    };
+    assert_eq!(engine.tick(&spec, &starting, at(5)).desired, 7);
+    assert_eq!(engine.tick(&spec, &starting, at(10)).desired, 7);
+    // Ready after 15 s, and the workers have timed their first jobs: 2 s each. The 260
+    // jobs are 520 slot-seconds of work, 130 s for one pod of 4 slots; a new pod
+    // ready 15 s from now is worth starting for every 15 s of that work not yet
+    // covered, so the pool grows, by no more than the work's 520 / (4 × 15) ≈ 9 new pods.
+    let ready = Observation {
+        job_seconds: Some(2.0),
+        in_flight: 28,
+        ..obs(232, 0, 7)
+    };
+    let grown = engine.tick(&spec, &ready, at(15));
+    assert!(grown.desired > 7, "{grown:?}");
+    assert!(grown.desired <= 7 + 9, "{grown:?}");
+    assert_eq!(grown.reason.limit, None, "{grown:?}");
+    // A queue whose jobs were timed is sized in one step, and the limit does not show.
+    let mut known = Engine::new();
+    let timed = Observation {
+        job_seconds: Some(2.0),
+        ..obs(200, 0, 0)
+    };
+    let woke = known.tick(&spec, &timed, at(0));
+    assert_eq!((woke.desired, woke.reason.limit), (40, None));
 }
 
 #[test]
@@ -1102,7 +1161,8 @@ fn a_fresh_engine_wakes_a_rate_limited_pool_at_its_cap_from_the_duration_kept_in
         Some(5),
         "{decision:?}"
     );
-    // Without the kept duration the first wake has nothing to size the cap on.
+    // Without the kept duration the first wake has nothing to size the cap on, nor
+    // the work: it starts the square root of the 20 pods the backlog asks for.
     let mut blind = Engine::new();
     blind.set_workers(Workers::new(Some("5/s"), 1));
     let unknown = Observation {
@@ -1112,7 +1172,7 @@ fn a_fresh_engine_wakes_a_rate_limited_pool_at_its_cap_from_the_duration_kept_in
     let decision = blind.tick(&spec, &unknown, at(0));
     assert_eq!(
         (decision.desired, decision.reason.limit),
-        (8, Some(Limit::MaxReplicas))
+        (5, Some(Limit::UnknownJobDuration))
     );
 }
 
@@ -1130,8 +1190,13 @@ fn the_scale_down_window_does_not_hold_a_rate_limited_pool_above_its_cap() {
     for limited in [true, false] {
         let mut engine = Engine::new();
         engine.set_workers(Workers::new(limited.then_some("5/s"), 1));
-        // Woken before any duration was known: the whole range.
-        let woke = engine.tick(&spec, &blind(rate_limited_wake(0)), at(0));
+        // Woken before any duration was known, on a backlog whose square-root wake
+        // (√(400 / 5) ≈ 9) still reaches the whole range.
+        let deep = Observation {
+            backlog: 400,
+            ..blind(rate_limited_wake(0))
+        };
+        let woke = engine.tick(&spec, &deep, at(0));
         assert_eq!(woke.desired, 8);
         engine.applied(at(0), 0, 8);
         // The next poll knows the duration: 5 workers are all the limit keeps busy,

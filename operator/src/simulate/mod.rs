@@ -442,8 +442,12 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
             (Controller::Keda(model), periods)
         }
     };
-    for (kind, _) in periods.iter().enumerate() {
-        world.schedule(0.0, Event::Tick(u8::try_from(kind).unwrap_or(0)));
+    // Every loop but the first keeps its own clock, half a period out of phase with
+    // the first (the mean of a phase that is uniform over the period): KEDA's HPA
+    // syncs on the HPA controller's clock, not right after KEDA's poll.
+    for (kind, period) in periods.iter().enumerate() {
+        let phase = if kind == 0 { 0.0 } else { period / 2.0 };
+        world.schedule(phase, Event::Tick(u8::try_from(kind).unwrap_or(0)));
     }
     let end = config.trace.end();
     let mut next_arrival = 0;
