@@ -229,17 +229,19 @@ proptest! {
                 return;
             }
             // The window as documented: the one written, else the default, cut to the
-            // measured start-up time (at least a poll) while nothing is waiting.
+            // measured start-up time (at least a poll) while nothing is waiting. The
+            // start-up time is the one known at this poll (pods ready now tell it).
+            let mut after = engine.clone();
+            let decision = after.tick(&spec, observation, now);
             let mut window = spec.resolved_behavior().down.window;
             if !written
                 && observation.backlog == 0
-                && let Some(startup) = engine.startup().seconds()
+                && let Some(startup) = after.startup().seconds()
             {
                 window = window.min(startup.max(f64::from(spec.poll_interval_seconds.max(1))));
             }
             let window = Duration::from_secs_f64(window);
             let recent = engine.highest_recommendation_within(now, window);
-            let decision = engine.clone().tick(&spec, observation, now);
             if decision.reason.rule == Rule::IdleToZero {
                 return;
             }

@@ -85,7 +85,8 @@ pub struct Decision {
     pub proposals: Proposals,
     /// Smoothed arrivals per second, once known.
     pub arrival_rate: Option<f64>,
-    /// Smoothed jobs per second one saturated replica completes, once known.
+    /// Jobs per second one busy replica completes, once measured: the smoothed
+    /// measure, or `concurrency / job seconds` when that is more.
     pub per_replica_throughput: Option<f64>,
 }
 
@@ -155,6 +156,9 @@ pub struct Engine {
     startup: StartupEstimator,
     consecutive_failures: u32,
     idle_since: Option<f64>,
+    /// Since when the pool has had a ready pod (none at zero): before any job was
+    /// timed, its jobs are known to take at least that long.
+    ready_since: Option<f64>,
     workers: Workers,
 }
 
@@ -284,30 +288,53 @@ impl Engine {
             behavior.down.window = behavior.down.window.min(window);
         }
         let (proposals, mut largest, rule) = self.propose(spec, &behavior, obs);
-        // Before the pool's first pods were ever ready, nothing tells how long a pod
-        // takes to start or a job to run: pods added now would be ready after those
-        // already starting, when both will be known. Wait for that evidence rather than
-        // add pods sized on a backlog that only grows because nothing is ready yet.
-        if self.startup.seconds().is_none()
-            && current > 0
-            && obs.ready_replicas == 0
-            && obs.job_seconds.is_none()
-        {
-            largest = largest.min(current);
+        if current == 0 || obs.ready_replicas <= 0 {
+            self.ready_since = None;
+        } else if self.ready_since.is_none() {
+            self.ready_since = Some(now);
         }
-        // More workers than the rate limit keeps busy would only wait for it. The job
-        // duration is the engine's own estimate (Little's law, smoothed over a minute),
-        // else the workers' measure kept in Redis, which is there from the first
-        // decision on (after a restart, a leader change or an idle spell); until either
-        // is known there is nothing to size the cap on.
+        // Before any job of the queue was timed, the backlog says how many jobs there
+        // are, not how much work. While the pool's pods are still starting, pods added
+        // now would be ready after them, when the job duration will be known: wait for
+        // it rather than add pods sized on a backlog that only grows because nothing is
+        // ready yet. Once pods are ready and no job has finished, the jobs take at least
+        // as long as those pods have been ready: add only the pods worth starting for
+        // jobs that long, a bound that grows at every poll until the first job ends.
+        if self.blind(obs) && current > 0 {
+            let at_least = self.ready_since.map_or(0.0, |since| now - since);
+            let worth = self
+                .startup
+                .seconds()
+                .filter(|s| *s > 0.0 && obs.ready_replicas > 0)
+                .map(|startup| {
+                    let slots = f64::from(self.workers.concurrency.max(1));
+                    let work = self.work_left_at_readiness(obs);
+                    f64::from(obs.ready_replicas) + work * at_least / (slots * startup)
+                });
+            let hold = match worth {
+                Some(worth) => current.max(ceil(worth)),
+                None if obs.ready_replicas <= 0 => current,
+                None => largest,
+            };
+            largest = largest.min(hold);
+        }
+        // More workers than the rate limit keeps busy would only wait for it. The cap
+        // is sized on the longer of the two job durations the engine has: the workers'
+        // measure kept in Redis, there from the first decision on (after a restart, a
+        // leader change or an idle spell), and the engine's own Little's-law estimate
+        // smoothed over a minute. A cap too low loses starts the limit allows, one too
+        // high only keeps a worker waiting. Until either is known there is nothing to
+        // size the cap on.
         let busy_at_limit = self
-            .job_seconds(obs)
+            .cap_job_seconds(obs)
             .and_then(|seconds| self.workers.busy_at_limit(seconds));
         let cap = busy_at_limit
             .filter(|cap| largest > *cap)
             .zip(self.workers.rate_limit)
             .map(|(workers, limit)| RateCap { limit, workers });
         let largest = cap.map_or(largest, |cap| cap.workers);
+        let (arrival_rate, per_replica_throughput) =
+            (self.rates.arrival_rate(), self.throughput(obs));
         let decision = |desired: i32, mut reason: Reason, recommendation: i32| {
             if reason.limit.is_none() && cap.is_some() && desired == recommendation {
                 reason.limit = Some(Limit::RateLimit);
@@ -320,8 +347,8 @@ impl Engine {
                 reason,
                 recommendation,
                 proposals,
-                arrival_rate: self.rates.arrival_rate(),
-                per_replica_throughput: self.rates.per_replica_throughput(),
+                arrival_rate,
+                per_replica_throughput,
             }
         };
 
@@ -482,7 +509,7 @@ impl Engine {
         let drain = match (
             spec.target_drain_seconds,
             self.rates.arrival_rate(),
-            self.rates.per_replica_throughput(),
+            self.throughput(obs),
         ) {
             (Some(seconds), Some(arrival), Some(throughput)) if throughput > 0.0 => {
                 // Arrivals need their pods; the backlog's share, only the new pods that
@@ -566,7 +593,7 @@ impl Engine {
         let work = obs.backlog.saturating_add(obs.in_flight) as f64;
         let (Some(arrival), Some(throughput), Some(startup)) = (
             self.rates.sustained_arrival_rate(),
-            self.rates.per_replica_throughput(),
+            self.throughput(obs),
             self.startup.seconds(),
         ) else {
             return work;
@@ -620,19 +647,49 @@ impl Engine {
         Some(work * seconds / (slots * startup))
     }
 
+    /// Jobs per second one busy replica completes: the measured throughput, or what
+    /// its slots complete at the job duration (`concurrency / jobSeconds`) when that
+    /// is more. The measure is taken over intervals that looked saturated (jobs waiting
+    /// at both ends), which on a lightly loaded pool are mostly spells where the
+    /// workers waited for jobs: it then reads the arrival rate, not the capacity, and
+    /// a pool sized on it runs twice the pods it needs.
+    fn throughput(&self, obs: &Observation) -> Option<f64> {
+        let measured = self.rates.per_replica_throughput();
+        let slots = f64::from(self.workers.concurrency.max(1));
+        let physical = self.job_seconds(obs).map(|seconds| slots / seconds);
+        match (measured, physical) {
+            (Some(measured), Some(physical)) => Some(measured.max(physical)),
+            (measured, _) => measured,
+        }
+    }
+
     /// Whether the engine cannot yet tell how much work the backlog holds: no job has
     /// been timed, by the engine or by the workers (the duration kept in Redis).
     fn blind(&self, obs: &Observation) -> bool {
         self.job_seconds(obs).is_none()
     }
 
-    /// Seconds one job takes: the engine's own estimate (Little's law, smoothed over a
-    /// minute), else the workers' measure kept in Redis.
+    /// Seconds one job takes: the workers' own measure kept in Redis (every job timed),
+    /// else the engine's estimate (Little's law on the polls' in-flight counts, smoothed
+    /// over a minute), which a few polls' samples of a light load make coarse.
     fn job_seconds(&self, obs: &Observation) -> Option<f64> {
-        self.rates
-            .job_seconds()
-            .or(obs.job_seconds)
+        obs.job_seconds
             .filter(|s| s.is_finite() && *s > 0.0)
+            .or(self.rates.job_seconds())
+            .filter(|s| s.is_finite() && *s > 0.0)
+    }
+
+    /// The job duration the rate cap is sized on: the longer of the workers' measure
+    /// and the engine's estimate.
+    fn cap_job_seconds(&self, obs: &Observation) -> Option<f64> {
+        let valid = |s: &f64| s.is_finite() && *s > 0.0;
+        match (
+            obs.job_seconds.filter(valid),
+            self.rates.job_seconds().filter(valid),
+        ) {
+            (Some(kept), Some(estimated)) => Some(kept.max(estimated)),
+            (kept, estimated) => kept.or(estimated),
+        }
     }
 
     /// The oldest waiting job's age: measured when producers stamp it, else estimated by

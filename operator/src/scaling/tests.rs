@@ -1220,3 +1220,80 @@ fn the_scale_down_window_does_not_hold_a_rate_limited_pool_above_its_cap() {
         assert_eq!(later.reason.limit, Some(Limit::ScaleDownStabilized));
     }
 }
+
+#[test]
+fn a_lightly_loaded_pool_is_sized_on_what_its_slots_complete_not_on_the_arrivals() {
+    // One job a second, 250 ms each, one slot per pod, two pods: an eighth of each. A
+    // job waits at most a poll, so the intervals look saturated (a job waiting at both
+    // ends) and the measured throughput reads the arrival rate, 1/s: the drain target
+    // (1/s of arrivals plus the backlog's share) then asks for the 2 pods the pool
+    // already has, and would forever. The slots' own rate at the workers' measured
+    // duration is 4 jobs a second.
+    let spec = ScalingSpec::default();
+    let run = |job_seconds: Option<f64>| {
+        let mut engine = Engine::new();
+        engine.set_workers(Workers::new(None, 1));
+        let mut last = None;
+        for poll in 0..40u64 {
+            let o = Observation {
+                processed_total: poll * 5,
+                job_seconds,
+                ..obs(1, 1, 2)
+            };
+            let decision = engine.tick(&spec, &o, at(poll * 5));
+            last = Some(decision);
+        }
+        last.unwrap_or_else(|| unreachable!("forty polls"))
+    };
+    let measured_only = run(None);
+    let throughput = measured_only
+        .per_replica_throughput
+        .unwrap_or_else(|| panic!("measured: {measured_only:?}"));
+    assert!((throughput - 1.0).abs() < 0.05, "{measured_only:?}");
+    assert_eq!(measured_only.proposals.drain, Some(2), "{measured_only:?}");
+    assert_eq!(measured_only.desired, 2, "{measured_only:?}");
+    let timed = run(Some(0.25));
+    let throughput = timed.per_replica_throughput.unwrap_or_default();
+    assert!((throughput - 4.0).abs() < 1e-9, "{timed:?}");
+    assert_eq!(timed.proposals.drain, Some(1), "{timed:?}");
+    assert_eq!(timed.desired, 1, "{timed:?}");
+}
+
+#[test]
+fn before_any_job_ends_ready_pods_grow_the_pool_only_as_their_jobs_prove_long() {
+    let spec = ScalingSpec {
+        behavior: None,
+        target_drain_seconds: None,
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(None, 1));
+    // 200 jobs and nothing timed: √40 pods.
+    let woke = engine.tick(&spec, &obs(200, 0, 0), at(0));
+    assert_eq!(woke.desired, 7);
+    engine.applied(at(0), 0, 7);
+    // Ready after 20 s; the jobs started and none has ended yet.
+    let running = |backlog: u64| Observation {
+        in_flight: 7,
+        ..obs(backlog, 7, 7)
+    };
+    let first = engine.tick(&spec, &running(193), at(20));
+    assert_eq!(
+        first.desired, 7,
+        "nothing is known to take any time: {first:?}"
+    );
+    // 10 s later the jobs have run at least 10 s each: 200 × 10 s of work is
+    // 100 new pods' worth of a 20 s start-up, more than the backlog target's 40.
+    let later = engine.tick(&spec, &running(193), at(30));
+    assert!(later.desired > 7, "{later:?}");
+    assert_eq!(later.desired, 40, "{later:?}");
+    // A tenth of a second after they were ready, the jobs are proven to take only
+    // that long: 200 × 0.1 s / 20 s is one pod more.
+    let mut short = Engine::new();
+    short.set_workers(Workers::new(None, 1));
+    short.tick(&spec, &obs(200, 0, 0), at(0));
+    short.applied(at(0), 0, 7);
+    short.tick(&spec, &running(193), at(20));
+    let soon = short.tick(&spec, &running(193), Duration::from_millis(20_100));
+    assert_eq!(soon.desired, 7 + 1, "{soon:?}");
+}
