@@ -791,14 +791,36 @@ fn the_release_workflow_publishes_what_users_install() {
         release.contains("gh release create") && release.contains("--notes-file release-notes.md")
     );
 
-    // Keyless signing needs the OIDC token, pushing needs packages: write,
-    // and nothing gets more than it needs.
+    // The clients: PyPI by trusted publishing, npm with provenance, each
+    // from a package whose Lua scripts are checked to be the queue's own.
+    let python = &jobs["python-client"];
+    assert!(
+        runs(python).contains("scripts/sync-sdk-lua.sh")
+            && runs(python).contains("git diff --exit-code")
+    );
+    assert!(
+        uses(python)
+            .iter()
+            .any(|u| u.starts_with("pypa/gh-action-pypi-publish@"))
+    );
+    let node = &jobs["node-client"];
+    assert!(runs(node).contains("sync-sdk-lua.sh") && runs(node).contains("git diff --exit-code"));
+    assert!(runs(node).contains("npm publish --provenance"));
+
+    // An OIDC identity is needed to sign keylessly, to publish to PyPI as a
+    // trusted publisher and to attach npm provenance; pushing images needs
+    // packages: write; nothing gets more than it needs.
     assert!(wf["permissions"].as_mapping().is_some_and(|m| m.is_empty()));
     for (id, job) in &jobs {
-        let signs = runs(job).contains("cosign sign");
+        let run = runs(job);
+        let needs_identity = run.contains("cosign sign")
+            || run.contains("npm publish --provenance")
+            || uses(job)
+                .iter()
+                .any(|u| u.starts_with("pypa/gh-action-pypi-publish@"));
         assert_eq!(
             job["permissions"]["id-token"] == "write",
-            signs,
+            needs_identity,
             "{id}: id-token"
         );
         let pushes = uses(job)
