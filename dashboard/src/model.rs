@@ -353,6 +353,8 @@ mod tests {
                     dead_after_ms: Some(30_000),
                     rate_limit: Some("20/s".into()),
                     handler_problem: None,
+                    oldest_job_ms: None,
+                    idle_ms: None,
                 },
                 WorkerFigures {
                     instance: "b~1".into(),
@@ -361,6 +363,8 @@ mod tests {
                     dead_after_ms: None,
                     rate_limit: Some("1/h".into()),
                     handler_problem: None,
+                    oldest_job_ms: None,
+                    idle_ms: None,
                 },
             ],
             ..QueueFigures::default()

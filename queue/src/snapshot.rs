@@ -32,6 +32,12 @@ pub struct WorkerFigures {
     /// Why its handler cannot run jobs (it cannot start, or dies before
     /// it answers), as its last heartbeat said; `None` when it runs them.
     pub handler_problem: Option<String>,
+    /// How long the oldest job in its hands had run at its last heartbeat;
+    /// `None` when it held none (or did not say).
+    pub oldest_job_ms: Option<u64>,
+    /// How long it had held no job at its last heartbeat; `None` when it
+    /// held one (or did not say).
+    pub idle_ms: Option<u64>,
 }
 
 impl WorkerFigures {
@@ -315,6 +321,45 @@ impl Snapshot {
         out
     }
 
+    /// What each live worker process is doing at the snapshot's time, by
+    /// worker id (a worker pod's name): the jobs it holds, and how long its
+    /// oldest has run or how long it has held none. Heartbeats are a few
+    /// seconds old, so the times are aged to the snapshot: a job taken
+    /// after the last beat counts as just started, a worker that settled
+    /// its last job after the beat as just gone idle.
+    pub fn activity_by_worker_id(&self) -> std::collections::BTreeMap<String, WorkerActivity> {
+        let mut out: std::collections::BTreeMap<String, WorkerActivity> =
+            std::collections::BTreeMap::new();
+        for w in self.queues.iter().flat_map(|q| &q.workers) {
+            if !w.alive(self.server_time_ms) {
+                continue;
+            }
+            let since_beat = self.server_time_ms.saturating_sub(w.last_beat_ms);
+            let id = crate::keys::Instance::id_of(&w.instance).unwrap_or(&w.instance);
+            let seen = if w.in_flight > 0 {
+                WorkerActivity {
+                    in_flight: w.in_flight,
+                    busy_ms: Some(w.oldest_job_ms.map_or(0, |b| b + since_beat)),
+                    idle_ms: None,
+                }
+            } else {
+                WorkerActivity {
+                    in_flight: 0,
+                    busy_ms: None,
+                    idle_ms: match (w.oldest_job_ms, w.idle_ms) {
+                        (_, Some(idle)) => Some(idle + since_beat),
+                        (Some(_), None) => Some(0),
+                        (None, None) => None,
+                    },
+                }
+            };
+            out.entry(id.to_string())
+                .and_modify(|a| *a = a.with(seen))
+                .or_insert(seen);
+        }
+        out
+    }
+
     /// Jobs in flight per worker id (the pod name), over all queues and
     /// incarnations.
     pub fn in_flight_by_worker_id(&self) -> std::collections::BTreeMap<String, u64> {
@@ -324,6 +369,43 @@ impl Snapshot {
             *out.entry(id.to_string()).or_default() += w.in_flight;
         }
         out
+    }
+}
+
+/// What one worker process is doing ([`Snapshot::activity_by_worker_id`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerActivity {
+    /// Jobs in its processing lists.
+    pub in_flight: u64,
+    /// How long its oldest job in hand has run, while it holds one.
+    pub busy_ms: Option<u64>,
+    /// How long it has held no job, while it holds none (`None` as well
+    /// when its heartbeat did not say).
+    pub idle_ms: Option<u64>,
+}
+
+impl WorkerActivity {
+    /// The activity of one process seen under two queues (or two
+    /// instances of one id): busy if either is, for the longer time; idle
+    /// for the shorter time.
+    fn with(self, other: WorkerActivity) -> WorkerActivity {
+        let in_flight = self.in_flight + other.in_flight;
+        if in_flight > 0 {
+            WorkerActivity {
+                in_flight,
+                busy_ms: self.busy_ms.max(other.busy_ms),
+                idle_ms: None,
+            }
+        } else {
+            WorkerActivity {
+                in_flight,
+                busy_ms: None,
+                idle_ms: match (self.idle_ms, other.idle_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+            }
+        }
     }
 }
 
@@ -376,7 +458,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             });
         let Value::Array(w) = &f[9] else { return None };
         let workers = w
-            .chunks_exact(6)
+            .chunks_exact(8)
             .map(|c| {
                 Some(WorkerFigures {
                     instance: string(&c[0])?,
@@ -389,6 +471,8 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
                     },
                     rate_limit: Some(string(&c[4])?).filter(|r| !r.is_empty()),
                     handler_problem: Some(string(&c[5])?).filter(|p| !p.is_empty()),
+                    oldest_job_ms: string(&c[6])?.parse().ok(),
+                    idle_ms: string(&c[7])?.parse().ok(),
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -433,6 +517,106 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn beat(
+        instance: &str,
+        at: u64,
+        held: u64,
+        oldest: Option<u64>,
+        idle: Option<u64>,
+    ) -> WorkerFigures {
+        WorkerFigures {
+            instance: instance.into(),
+            last_beat_ms: at,
+            in_flight: held,
+            dead_after_ms: Some(30_000),
+            rate_limit: None,
+            handler_problem: None,
+            oldest_job_ms: oldest,
+            idle_ms: idle,
+        }
+    }
+
+    #[test]
+    fn activity_is_aged_from_the_beat_to_the_snapshot_and_one_process_counts_once() {
+        let queue = |name: &str, workers| QueueFigures {
+            name: name.into(),
+            workers,
+            ..QueueFigures::default()
+        };
+        let s = Snapshot {
+            server_time_ms: 100_000,
+            queues: vec![
+                queue(
+                    "a",
+                    vec![
+                        // Busy 40 s at a beat 3 s ago: 43 s.
+                        beat("busy~1", 97_000, 1, Some(40_000), None),
+                        // Took its job after the beat: just started.
+                        beat("fresh~1", 99_000, 1, None, Some(5_000)),
+                        // Settled its job after the beat: just idle.
+                        beat("ended~1", 99_000, 0, Some(2_000), None),
+                        beat("idle~1", 98_000, 0, None, Some(60_000)),
+                        // Silent for longer than its window: lost, not shown.
+                        beat("lost~1", 10_000, 2, Some(1), None),
+                        // An older worker that says neither.
+                        beat("old~1", 99_000, 0, None, None),
+                    ],
+                ),
+                // The busy process under a second queue, idle there.
+                queue(
+                    "b",
+                    vec![
+                        beat("busy~1", 99_500, 0, Some(42_500), None),
+                        beat("idle~1", 99_000, 0, None, Some(61_000)),
+                    ],
+                ),
+            ],
+        };
+        let a = s.activity_by_worker_id();
+        let get = |id: &str| a.get(id).copied();
+        assert_eq!(
+            get("busy"),
+            Some(WorkerActivity {
+                in_flight: 1,
+                busy_ms: Some(43_000),
+                idle_ms: None
+            })
+        );
+        assert_eq!(
+            get("fresh"),
+            Some(WorkerActivity {
+                in_flight: 1,
+                busy_ms: Some(0),
+                idle_ms: None
+            })
+        );
+        assert_eq!(
+            get("ended"),
+            Some(WorkerActivity {
+                in_flight: 0,
+                busy_ms: None,
+                idle_ms: Some(0)
+            })
+        );
+        assert_eq!(
+            get("idle"),
+            Some(WorkerActivity {
+                in_flight: 0,
+                busy_ms: None,
+                idle_ms: Some(62_000)
+            })
+        );
+        assert_eq!(
+            get("old"),
+            Some(WorkerActivity {
+                in_flight: 0,
+                busy_ms: None,
+                idle_ms: None
+            })
+        );
+        assert_eq!(get("lost"), None);
+    }
+
     fn worker() -> impl Strategy<Value = WorkerFigures> {
         (0u64..20_000, 0u64..50, prop::option::of(0u64..15_000)).prop_map(
             |(last_beat_ms, in_flight, dead_after_ms)| WorkerFigures {
@@ -442,6 +626,8 @@ mod tests {
                 dead_after_ms,
                 rate_limit: None,
                 handler_problem: None,
+                oldest_job_ms: None,
+                idle_ms: None,
             },
         )
     }

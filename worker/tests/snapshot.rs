@@ -214,3 +214,63 @@ async fn a_worker_keeps_its_queues_mean_job_duration_in_redis_for_the_engine() {
     let ttl: i64 = c.pttl(q.stats_duration()).await.expect("pttl");
     assert_eq!(ttl, -1, "kept after the worker left");
 }
+
+/// What the operator reads to protect a busy pod from node disruption: a
+/// worker's heartbeat says how long its oldest job has run, and once it
+/// holds none, for how long it has been idle.
+#[tokio::test]
+async fn a_worker_tells_how_long_its_oldest_job_has_run_and_how_long_it_has_been_idle() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("held");
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let worker = common::start(
+        common::config(&redis, &[q.name()], "holder"),
+        common::Recorder::gated(gate.clone()),
+    );
+    let activity = |c: &redis::aio::MultiplexedConnection| {
+        let (mut c, q) = (c.clone(), q.clone());
+        async move {
+            let s = snapshot::read(&mut c, &[q]).await.ok()?;
+            s.activity_by_worker_id().get("holder").copied()
+        }
+    };
+    // Registered and idle before any job.
+    let idle = workerpool_tests::eventually(
+        std::time::Duration::from_secs(10),
+        "the idle worker's heartbeat",
+        || async { activity(&c).await.filter(|a| a.idle_ms.is_some()) },
+    )
+    .await;
+    assert_eq!((idle.in_flight, idle.busy_ms), (0, None));
+
+    common::push(&mut c, q.name(), &[json!({"data": 1}).to_string()]).await;
+    let busy = workerpool_tests::eventually(
+        std::time::Duration::from_secs(10),
+        "the job held for a second",
+        || async {
+            activity(&c)
+                .await
+                .filter(|a| a.busy_ms.is_some_and(|ms| ms >= 1_000))
+        },
+    )
+    .await;
+    assert_eq!((busy.in_flight, busy.idle_ms), (1, None), "{busy:?}");
+    assert!(
+        busy.busy_ms < Some(10_000),
+        "held for as long as the test waited, not longer: {busy:?}"
+    );
+
+    gate.add_permits(1);
+    let after =
+        workerpool_tests::eventually(std::time::Duration::from_secs(10), "idle again", || async {
+            activity(&c).await.filter(|a| a.in_flight == 0)
+        })
+        .await;
+    assert_eq!(after.busy_ms, None);
+    assert!(
+        after.idle_ms.is_some_and(|ms| ms < 1_000),
+        "idle since the job ended, not since the worker started: {after:?}"
+    );
+    worker.stop().await;
+}

@@ -9,7 +9,7 @@
 -- KiB is not sent: `{"enqueued_at":N}` in its place, N found in its first
 -- 4 KiB or last 256 bytes, or ''), workers as
 -- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or '',
--- handler_problem or ''}...,
+-- handler_problem or '', oldest_job_ms or '', idle_ms or ''}...,
 -- dead total, recovered total, mean job duration in ms or ''}}.
 -- The job at the head of a queue, or what a reader needs of a long one.
 local function head_of(queue)
@@ -39,6 +39,8 @@ for i = 1, #KEYS, per do
     w[#w + 1] = window
     w[#w + 1] = redis.call('HGET', details .. workers[j], 'rate_limit') or ''
     w[#w + 1] = redis.call('HGET', details .. workers[j], 'handler_problem') or ''
+    w[#w + 1] = redis.call('HGET', details .. workers[j], 'oldest_job_ms') or ''
+    w[#w + 1] = redis.call('HGET', details .. workers[j], 'idle_ms') or ''
   end
   out[#out + 1] = {
     redis.call('LLEN', KEYS[i]),

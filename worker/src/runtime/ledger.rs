@@ -59,6 +59,19 @@ impl InHand {
 pub(super) struct Ledger {
     next: u64,
     queues: Vec<BTreeMap<u64, InHand>>,
+    /// Since when no job has been in hand (the ledger's creation, or the
+    /// settlement that emptied it); `None` while one is.
+    empty_since: Option<Instant>,
+}
+
+/// How long this process has been busy or idle, as its heartbeat tells the
+/// operator (which protects pods holding long jobs from node disruption).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Activity {
+    /// The oldest job in hand has run this long.
+    Busy(Duration),
+    /// No job has been in hand for this long.
+    Idle(Duration),
 }
 
 impl Ledger {
@@ -67,6 +80,24 @@ impl Ledger {
         Self {
             next: 0,
             queues: (0..queues).map(|_| BTreeMap::new()).collect(),
+            empty_since: Some(Instant::now()),
+        }
+    }
+
+    /// Whether a job is in hand and for how long, or for how long none
+    /// has been, at `now`.
+    pub(super) fn activity(&self, now: Instant) -> Activity {
+        let oldest = self
+            .queues
+            .iter()
+            .flat_map(BTreeMap::values)
+            .map(|j| j.started)
+            .min();
+        match (oldest, self.empty_since) {
+            (Some(started), _) => Activity::Busy(now.saturating_duration_since(started)),
+            (None, since) => {
+                Activity::Idle(since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s)))
+            }
         }
     }
 
@@ -75,12 +106,16 @@ impl Ledger {
         let entry = self.next;
         self.next += 1;
         self.queues[job.queue].insert(entry, job);
+        self.empty_since = None;
         entry
     }
 
     /// Removes a settled job's entry.
     pub(super) fn settled(&mut self, queue: usize, entry: u64) {
         self.queues[queue].remove(&entry);
+        if self.empty_since.is_none() && self.len() == 0 {
+            self.empty_since = Some(Instant::now());
+        }
     }
 
     /// The payloads in hand on `queue`, as its processing list holds them.

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use workerpool_queue::keys::Instance;
 use workerpool_queue::ops;
 
+use super::ledger::Activity;
 use super::settle::shown;
 use super::{Error, MEMORY_EVERY, PROMOTE_EVERY, Worker};
 use crate::config::ConfigError;
@@ -32,6 +33,15 @@ impl Worker {
         if let Some(rate) = &self.config.rate_limit {
             details.push(("rate_limit", rate.to_string()));
         }
+        // How long the oldest job in hand has run, or how long none has
+        // been: the operator protects a pod from node disruption while it
+        // holds a long job, and lets it go once it has been idle.
+        let (busy, idle) = match self.ledger().activity(Instant::now()) {
+            Activity::Busy(ran) => (ran.as_millis().to_string(), String::new()),
+            Activity::Idle(idle) => (String::new(), idle.as_millis().to_string()),
+        };
+        details.push(("oldest_job_ms", busy));
+        details.push(("idle_ms", idle));
         // Readers (the CLI, the operator) can say why a worker runs nothing.
         details.push((
             "handler_problem",
