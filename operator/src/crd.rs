@@ -46,6 +46,7 @@ use crate::scaling::ScalingSpec;
 #[x_kube(validation = Rule::new("!has(self.schedules) || self.schedules.all(s, self.schedules.exists_one(t, t.name == s.name))").message("spec.schedules: each schedule needs a name of its own"))]
 #[x_kube(validation = Rule::new("!has(self.schedules) || self.schedules.all(s, !has(s.queue) || (has(self.queue.redis.key) ? s.queue == self.queue.redis.key : self.queue.redis.keys.exists(k, k == s.queue)))").message("spec.schedules[].queue must be one of the pool's queues (spec.queue.redis.key or spec.queue.redis.keys)"))]
 #[x_kube(validation = Rule::new("!has(self.scaling) || (has(self.scaling.minReplicas) ? self.scaling.minReplicas : 0) <= (has(self.scaling.maxReplicas) ? self.scaling.maxReplicas : 100)").message("spec.scaling.minReplicas must not exceed spec.scaling.maxReplicas"))]
+#[x_kube(validation = Rule::new("!has(self.disruption) || !has(self.disruption.minAvailable) || self.disruption.minAvailable < (has(self.scaling) ? (has(self.scaling.minReplicas) ? self.scaling.minReplicas : 0) : (has(self.replicas) ? self.replicas : 0))").message("spec.disruption.minAvailable must be below the fewest workers the pool runs (spec.scaling.minReplicas, or spec.replicas): a budget that asks for every worker blocks each drain of their nodes forever. Lower it, raise the minimum, or use maxUnavailable (a pool that scales to zero can only use maxUnavailable)"))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerPoolSpec {
     /// Where the jobs come from.
@@ -83,6 +84,60 @@ pub struct WorkerPoolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub schedules: Vec<ScheduleSpec>,
+
+    /// How the workers meet node disruption (a drain, a node autoscaler's
+    /// consolidation, a spot reclaim): marks on the pods of busy workers,
+    /// and a PodDisruptionBudget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<DisruptionSpec>,
+}
+
+/// How the workers meet node disruption.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("!(has(self.maxUnavailable) && has(self.minAvailable))").message("spec.disruption: set maxUnavailable or minAvailable, not both"))]
+#[x_kube(validation = Rule::new("!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 : string(self.maxUnavailable).matches('^([1-9][0-9]?|100)%$'))").message("spec.disruption.maxUnavailable must be at least 1, or a percentage from 1% to 100%: with 0 no worker could ever be evicted and every drain of its node would wait forever"))]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionSpec {
+    /// While a worker holds a job that has run longer than
+    /// `protectAfterSeconds`, the operator marks its pod
+    /// `karpenter.sh/do-not-disrupt: "true"` and
+    /// `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`, so that
+    /// node autoscalers leave its node alone; it removes the marks once the
+    /// worker has held no job for `protectAfterSeconds`. `kubectl drain`
+    /// and the eviction API do not read these marks: a
+    /// PodDisruptionBudget (`maxUnavailable`) paces those. Defaults to
+    /// false.
+    #[serde(default)]
+    pub protect_busy_pods: bool,
+
+    /// How long a job runs before its pod is protected, and how long a
+    /// worker is idle before the protection goes. Short jobs never protect
+    /// their pods; each pod's marks change at most about once per this
+    /// many seconds. Defaults to 60.
+    #[serde(default = "sixty")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub protect_after_seconds: i32,
+
+    /// A PodDisruptionBudget for the pool's pods, owned by the pool: at
+    /// most this many workers (or this percentage, rounded up) are evicted
+    /// at once, so a drain takes them one batch at a time and each finishes
+    /// or gives back its jobs within its grace period. At least 1: a budget
+    /// that allows no eviction would block every drain. Pods that run but
+    /// are not ready can always be evicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
+
+    /// A PodDisruptionBudget that keeps at least this many workers through
+    /// evictions. It must be below the fewest workers the pool runs
+    /// (`spec.scaling.minReplicas`, or `spec.replicas`), or a drain could
+    /// wait forever; a pool that scales to zero uses `maxUnavailable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_available: Option<i32>,
+}
+
+fn sixty() -> i32 {
+    60
 }
 
 /// A job enqueued on a recurring schedule.
@@ -452,6 +507,13 @@ pub struct WorkerPoolStatus {
     /// Each schedule's fires, in the order of `spec.schedules`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedules: Option<Vec<ScheduleStatus>>,
+    /// Pods the operator marks as not to be disrupted, because their
+    /// workers hold long jobs (`spec.disruption.protectBusyPods`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protected_pods: Option<i32>,
+    /// The PodDisruptionBudget the operator keeps for the pool's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<String>,
 }
 
 /// The fires of one schedule.

@@ -389,7 +389,7 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 

@@ -3,6 +3,7 @@
 pub mod controller;
 pub mod crd;
 pub mod deployment;
+pub mod disruption;
 pub mod events;
 pub mod local;
 pub mod metrics;

@@ -261,6 +261,8 @@ pub(super) fn status(
         observed_generation: generation,
         conditions,
         schedules: old.schedules,
+        protected_pods: old.protected_pods,
+        disruption_budget: old.disruption_budget,
     }
 }
 

@@ -901,6 +901,8 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
         dead_after_ms: Some(30_000),
         rate_limit: None,
         handler_problem: problem.map(str::to_string),
+        oldest_job_ms: None,
+        idle_ms: None,
     };
     let why = "the handler exited before its first answer 3 times in a row \
                (exit status: 2); its stderr: python3: can't open file '/app/handler.py'";
