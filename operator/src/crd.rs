@@ -95,7 +95,7 @@ pub struct WorkerPoolSpec {
 /// How the workers meet node disruption.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("!(has(self.maxUnavailable) && has(self.minAvailable))").message("spec.disruption: set maxUnavailable or minAvailable, not both"))]
-#[x_kube(validation = Rule::new("!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? self.maxUnavailable >= 1 : string(self.maxUnavailable).matches('^([1-9][0-9]?|100)%$'))").message("spec.disruption.maxUnavailable must be at least 1, or a percentage from 1% to 100%: with 0 no worker could ever be evicted and every drain of its node would wait forever"))]
+#[x_kube(validation = Rule::new("!has(self.maxUnavailable) || string(self.maxUnavailable).matches('^([1-9][0-9]*|([1-9][0-9]?|100)%)$')").message("spec.disruption.maxUnavailable must be at least 1, or a percentage from 1% to 100%: with 0 no worker could ever be evicted and every drain of its node would wait forever"))]
 #[serde(rename_all = "camelCase")]
 pub struct DisruptionSpec {
     /// While a worker holds a job that has run longer than
@@ -711,11 +711,14 @@ mod tests {
                 "Age"
             ]
         );
-        let yaml = crd_yaml();
+        // Client-side `kubectl apply` keeps the object as compact JSON in the
+        // last-applied-configuration annotation, and all of an object's
+        // annotations must fit in 256 KiB; keep to half of that.
+        let last_applied = serde_json::to_string(&WorkerPool::crd()).expect("json");
         assert!(
-            yaml.len() < 200_000,
-            "small enough for client-side kubectl apply: {} bytes",
-            yaml.len()
+            last_applied.len() < 131_072,
+            "small enough for client-side kubectl apply: {} bytes as compact JSON",
+            last_applied.len()
         );
     }
 
@@ -849,6 +852,87 @@ mod tests {
                 "spec.worker.rateLimit must be N/PERIOD",
             ),
         ] {
+            let errors = cel_errors(spec.clone());
+            assert!(errors.contains(message), "{spec}: got {errors:?}");
+        }
+    }
+
+    #[test]
+    fn a_disruption_budget_that_could_block_a_drain_forever_is_refused_and_the_rest_pass() {
+        let redis = json!({"url": "redis://r", "key": "q"});
+        let spec = |sizing: serde_json::Value, disruption: serde_json::Value| {
+            let mut spec = json!({"queue": {"redis": redis}, "template": template(), "disruption": disruption});
+            for (k, v) in sizing.as_object().expect("sizing") {
+                spec[k] = v.clone();
+            }
+            spec
+        };
+        let scaled = |min: i32| json!({"scaling": {"minReplicas": min, "maxReplicas": 10}});
+        let fixed = |n: i32| json!({"replicas": n});
+        for (sizing, disruption) in [
+            (scaled(0), json!({"protectBusyPods": true})),
+            (scaled(0), json!({"maxUnavailable": 1})),
+            (scaled(0), json!({"maxUnavailable": "25%"})),
+            (scaled(0), json!({"maxUnavailable": "100%"})),
+            (scaled(3), json!({"minAvailable": 2})),
+            (
+                fixed(4),
+                json!({"minAvailable": 3, "protectBusyPods": true, "protectAfterSeconds": 0}),
+            ),
+        ] {
+            let spec = spec(sizing, disruption);
+            assert_eq!(cel_errors(spec.clone()), "", "{spec}");
+        }
+        assert_eq!(
+            pool(spec(scaled(0), json!({"protectBusyPods": true})))
+                .spec
+                .disruption
+                .map(|d| d.protect_after_seconds),
+            Some(60)
+        );
+        for (sizing, disruption, message) in [
+            (
+                scaled(0),
+                json!({"maxUnavailable": 0}),
+                "maxUnavailable must be at least 1",
+            ),
+            (
+                scaled(0),
+                json!({"maxUnavailable": "0%"}),
+                "maxUnavailable must be at least 1",
+            ),
+            (
+                scaled(0),
+                json!({"maxUnavailable": "150%"}),
+                "maxUnavailable must be at least 1",
+            ),
+            (
+                scaled(0),
+                json!({"maxUnavailable": "one"}),
+                "maxUnavailable must be at least 1",
+            ),
+            (
+                scaled(0),
+                json!({"maxUnavailable": 1, "minAvailable": 0}),
+                "set maxUnavailable or minAvailable, not both",
+            ),
+            (
+                scaled(0),
+                json!({"minAvailable": 0}),
+                "minAvailable must be below the fewest workers",
+            ),
+            (
+                scaled(2),
+                json!({"minAvailable": 2}),
+                "minAvailable must be below the fewest workers",
+            ),
+            (
+                fixed(1),
+                json!({"minAvailable": 1}),
+                "minAvailable must be below the fewest workers",
+            ),
+        ] {
+            let spec = spec(sizing, disruption);
             let errors = cel_errors(spec.clone());
             assert!(errors.contains(message), "{spec}: got {errors:?}");
         }

@@ -218,6 +218,18 @@ pub fn budget(pool: &WorkerPool) -> Option<PodDisruptionBudget> {
     })
 }
 
+/// Whether `live` is owned by `pool` (by its uid).
+pub fn owned_by(live: &PodDisruptionBudget, pool: &WorkerPool) -> bool {
+    let uid = pool.metadata.uid.as_deref();
+    uid.is_some()
+        && live
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| Some(o.uid.as_str()) == uid)
+}
+
 /// Whether the live budget already says what `wanted` does.
 pub fn budget_holds(wanted: &PodDisruptionBudget, live: &PodDisruptionBudget) -> bool {
     let (Some(w), Some(l)) = (&wanted.spec, &live.spec) else {

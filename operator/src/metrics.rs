@@ -41,6 +41,10 @@ pub struct Metrics {
     pub queue_safe: IntGaugeVec,
     /// Keys the pool's Redis has evicted since it started.
     pub evicted_keys: IntGaugeVec,
+    /// Pods marked as not to be disrupted while their workers hold long jobs.
+    pub protected_pods: IntGaugeVec,
+    /// Patches of those marks, per pool and change (protect or release).
+    pub protection_patches: IntCounterVec,
 }
 
 /// A pool's replica counts as one reconcile saw and decided them.
@@ -137,6 +141,22 @@ impl Metrics {
                 &["namespace", "pool", "direction"],
             )
             .expect("valid metric"),
+            protected_pods: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_protected_pods",
+                    "Pods marked as not to be disrupted by node autoscalers while their workers hold long jobs (spec.disruption.protectBusyPods)",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
+            protection_patches: IntCounterVec::new(
+                Opts::new(
+                    "workerpool_pool_protection_patches_total",
+                    "Patches of the pods' disruption marks per pool, by change (protect or release)",
+                ),
+                &["namespace", "pool", "change"],
+            )
+            .expect("valid metric"),
             queue_up: IntGaugeVec::new(
                 Opts::new(
                     "workerpool_pool_queue_up",
@@ -174,6 +194,8 @@ impl Metrics {
             Box::new(m.oldest_job_age.clone()),
             Box::new(m.dead_letters.clone()),
             Box::new(m.scale_events.clone()),
+            Box::new(m.protected_pods.clone()),
+            Box::new(m.protection_patches.clone()),
             Box::new(m.queue_up.clone()),
             Box::new(m.queue_safe.clone()),
             Box::new(m.evicted_keys.clone()),
@@ -283,8 +305,14 @@ impl Metrics {
             &self.queue_up,
             &self.queue_safe,
             &self.evicted_keys,
+            &self.protected_pods,
         ] {
             let _ = gauge.remove_label_values(&labels);
+        }
+        for change in ["protect", "release"] {
+            let _ = self
+                .protection_patches
+                .remove_label_values(&[namespace, pool, change]);
         }
         let _ = self.oldest_job_age.remove_label_values(&labels);
         for direction in ["up", "down"] {

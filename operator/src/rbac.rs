@@ -23,8 +23,16 @@ pub const CLUSTER_RULES: &[Rule] = &[
     ),
     // It reads the Secret named by spec.queue.redis.urlSecretRef.
     ("", "secrets", &["get"]),
-    // It sets pod-deletion-cost on a pool's pods before a scale-down.
+    // It sets pod-deletion-cost on a pool's pods before a scale-down, and
+    // marks busy pods as not to be disrupted (spec.disruption).
     ("", "pods", &["list", "patch"]),
+    // It keeps a PodDisruptionBudget per pool that asks for one, applied
+    // server-side, and deletes it when the pool no longer does.
+    (
+        "policy",
+        "poddisruptionbudgets",
+        &["get", "create", "patch", "delete"],
+    ),
     // It records events on pools.
     ("events.k8s.io", "events", &["create", "patch"]),
 ];

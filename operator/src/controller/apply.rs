@@ -1,16 +1,19 @@
 //! Carries out a plan: deletion costs, the Deployment, events, status.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::observe::Observed;
-use super::plan::Plan;
+use super::plan::{BudgetWrite, Plan};
 use super::pods::{list_pods, mark_idle_pods};
 use super::status::{log_transitions, status_patch};
 use super::{Context, Error, MANAGER, pool_key};
 use crate::crd::WorkerPool;
+use crate::disruption::{Change, PodChange};
 use crate::events::{EventType, Note};
 use crate::metrics::Replicas;
 
@@ -78,6 +81,12 @@ pub(super) async fn apply(
             plan.scale_note
         );
     }
+    protect(pool, ctx, &plan.protection).await?;
+    ctx.metrics
+        .protected_pods
+        .with_label_values(&[&ns, &name])
+        .set(i64::from(plan.status.protected_pods.unwrap_or(0)));
+    write_budget(pool, ctx, &plan.budget).await?;
     log_transitions(&key, pool.status.as_ref(), &plan.status);
     if let Some((from, to)) = plan.scale {
         ctx.pool(&key, |m| m.engine.applied(plan.decided_at, from, to));
@@ -109,6 +118,66 @@ pub(super) async fn apply(
         "reconciled"
     );
     Ok(Action::requeue(plan.requeue))
+}
+
+/// Sends each pod's disruption marks, one merge patch per pod; a pod
+/// deleted meanwhile is skipped.
+async fn protect(pool: &WorkerPool, ctx: &Context, changes: &[PodChange]) -> Result<(), Error> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for c in changes {
+        let label = match c.change {
+            Change::Protect => "protect",
+            Change::Release => "release",
+        };
+        match pods
+            .patch(&c.pod, &PatchParams::default(), &Patch::Merge(&c.patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+            Err(e) => return Err(Error::PatchPod(e)),
+        }
+        ctx.metrics
+            .protection_patches
+            .with_label_values(&[&ns, &name, label])
+            .inc();
+        tracing::info!(pool = %pool_key(pool), pod = %c.pod, "{}", match c.change {
+            Change::Protect => "protected from node disruption: its worker holds a long job",
+            Change::Release => "no longer protected from node disruption",
+        });
+    }
+    Ok(())
+}
+
+/// Applies or deletes the pool's PodDisruptionBudget.
+async fn write_budget(pool: &WorkerPool, ctx: &Context, write: &BudgetWrite) -> Result<(), Error> {
+    let budgets: Api<PodDisruptionBudget> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    match write {
+        BudgetWrite::Keep => Ok(()),
+        BudgetWrite::Apply(budget) => {
+            let name = budget.metadata.name.clone().unwrap_or_default();
+            budgets
+                .patch(
+                    &name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(budget.as_ref()),
+                )
+                .await
+                .map(|_| ())
+                .map_err(Error::WriteBudget)
+        }
+        BudgetWrite::Delete(name) => match budgets.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(Error::WriteBudget(e)),
+        },
+    }
 }
 
 pub(super) async fn publish(

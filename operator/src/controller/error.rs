@@ -20,6 +20,12 @@ pub enum Error {
     /// Setting a pod's deletion cost failed.
     #[error("annotating a pod: {0}")]
     PatchPod(#[source] kube::Error),
+    /// Reading the pool's PodDisruptionBudget failed.
+    #[error("reading the PodDisruptionBudget: {0}")]
+    GetBudget(#[source] kube::Error),
+    /// Applying or deleting the pool's PodDisruptionBudget failed.
+    #[error("writing the PodDisruptionBudget: {0}")]
+    WriteBudget(#[source] kube::Error),
     /// The spec cannot be turned into a Deployment.
     #[error("invalid spec: {0}")]
     InvalidSpec(#[source] deployment::BuildError),
@@ -34,6 +40,8 @@ impl Error {
             Error::PatchStatus(_) => "patch_status",
             Error::ListPods(_) => "list_pods",
             Error::PatchPod(_) => "patch_pod",
+            Error::GetBudget(_) => "get_budget",
+            Error::WriteBudget(_) => "write_budget",
             Error::InvalidSpec(_) => "invalid_spec",
         }
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
 use workerpool_queue::connection::Endpoint;
@@ -16,6 +17,7 @@ use super::endpoint::unreachable_problem;
 use super::pods::list_pods;
 use super::{Context, Error, QueueProblem, lock, pool_key};
 use crate::crd::WorkerPool;
+use crate::disruption;
 
 impl Context {
     pub(super) async fn read_queue(
@@ -221,11 +223,14 @@ impl Recent {
 }
 
 /// What one reconcile read: the Deployment, the pods (only while workers
-/// What one reconcile read: the Deployment, the pods (only while workers
-/// are missing or about to be removed), and the queue.
+/// are missing, or while the pool protects busy pods or has marks left),
+/// the PodDisruptionBudget (only when the pool asks for one), and the
+/// queue.
 pub(super) struct Observed {
     pub(super) existing: Option<Deployment>,
     pub(super) pods: Option<Vec<Pod>>,
+    /// The pool's budget as the API server has it (`None`: not read).
+    pub(super) budget: Option<Option<PodDisruptionBudget>>,
     pub(super) reading: Result<Snapshot, QueueProblem>,
     /// The eviction policy of the queue's Redis and the keys it evicted
     /// since the pool's last look (`None`: not read).
@@ -235,10 +240,11 @@ pub(super) struct Observed {
     pub(super) replicas: Replicas,
 }
 
-/// The pool's Deployment and, while workers are missing, its pods.
+/// The pool's Deployment, its pods when needed, and its budget.
 pub(super) struct Workload {
     existing: Option<Deployment>,
     pods: Option<Vec<Pod>>,
+    budget: Option<Option<PodDisruptionBudget>>,
     replicas: Replicas,
 }
 
@@ -260,14 +266,33 @@ pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workloa
     let replicas = status.and_then(|s| s.replicas).unwrap_or(0);
     // Workers missing: the pods say why (an image that cannot be pulled, a
     // crash loop), beside the Deployment (pods refused).
-    let pods = if existing.is_some() && ready < current {
+    // Also while busy pods are protected, or marks are left to remove.
+    let pods = if existing.is_some() && (ready < current || disruption::needs_pods(pool)) {
         Some(list_pods(pool, ctx).await?)
+    } else {
+        None
+    };
+    // Also when the last status names one: the spec may no longer ask for it.
+    let named = pool
+        .status
+        .as_ref()
+        .is_some_and(|s| s.disruption_budget.is_some());
+    let budget = if disruption::budget(pool).is_some() || named {
+        let budgets: Api<PodDisruptionBudget> =
+            Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+        Some(
+            budgets
+                .get_opt(&disruption::budget_name(pool))
+                .await
+                .map_err(Error::GetBudget)?,
+        )
     } else {
         None
     };
     Ok(Workload {
         existing,
         pods,
+        budget,
         replicas: Replicas {
             desired: 0,
             replicas,
@@ -306,6 +331,7 @@ pub(super) async fn queue(
     Observed {
         existing: workload.existing,
         pods: workload.pods,
+        budget: workload.budget,
         reading,
         memory,
         failing,

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::EventType;
 use workerpool_queue::memory::Memory;
@@ -15,6 +16,7 @@ use super::observe::{FAILING_FOR, Failing, Observed, Replicas};
 use super::status::{status, status_write};
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
+use crate::disruption::{self, PodChange};
 use crate::scaling::Verdict;
 use crate::workload;
 
@@ -29,6 +31,10 @@ pub(super) struct Plan {
     pub(super) fingerprint: Option<u64>,
     /// Mark idle pods cheapest to delete before the apply (a scale-down).
     pub(super) mark_idle: bool,
+    /// The pods whose disruption marks change, one patch each.
+    pub(super) protection: Vec<PodChange>,
+    /// What to do to the pool's PodDisruptionBudget.
+    pub(super) budget: BudgetWrite,
     /// The replica change the apply makes (from, to), if any: the engine
     /// records it only once the API server has taken the Deployment.
     pub(super) scale: Option<(i32, i32)>,
@@ -47,6 +53,17 @@ pub(super) struct Plan {
     pub(super) decided_at: Duration,
     /// When to look again.
     pub(super) requeue: Duration,
+}
+
+/// What a reconcile does to the pool's PodDisruptionBudget.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum BudgetWrite {
+    /// Nothing: it is as the spec asks (or there is none, and none was made).
+    Keep,
+    /// Apply it: missing, or not as the spec asks.
+    Apply(Box<PodDisruptionBudget>),
+    /// Delete the one of this name: the spec no longer asks for it.
+    Delete(String),
 }
 
 /// The clocks a plan reads, read once by the reconcile.
@@ -179,6 +196,60 @@ pub(super) fn plan(
         problem.as_ref(),
         clock.wall,
     );
+    // Busy pods' marks: decided on the workers' activity; with protection
+    // off, the marks left are removed whether or not the queue can be read.
+    let protect_on = pool
+        .spec
+        .disruption
+        .as_ref()
+        .is_some_and(|d| d.protect_busy_pods);
+    let activity = match &observed.reading {
+        Ok(snap) => Some(snap.activity_by_worker_id()),
+        Err(_) if !protect_on => Some(Default::default()),
+        Err(_) => None,
+    };
+    let protection = match (&observed.pods, activity) {
+        (Some(pods), Some(activity)) if disruption::needs_pods(pool) => {
+            Some(disruption::protection(
+                pool.spec.disruption.as_ref(),
+                pool.spec
+                    .template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.annotations.as_ref()),
+                pods,
+                &activity,
+                clock.wall,
+            ))
+        }
+        _ => None,
+    };
+    status.protected_pods = match &protection {
+        Some(p) => (protect_on || p.protected > 0).then_some(p.protected),
+        None if !disruption::needs_pods(pool) => None,
+        None => status.protected_pods,
+    };
+    let wanted = disruption::budget(pool);
+    let previous = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.disruption_budget.clone());
+    let budget = match (wanted, &observed.budget, previous) {
+        (Some(wanted), Some(Some(live)), _) if disruption::budget_holds(&wanted, live) => {
+            BudgetWrite::Keep
+        }
+        (Some(wanted), _, _) => BudgetWrite::Apply(Box::new(wanted)),
+        // Only the pool's own: a budget someone else made under the name stays.
+        (None, Some(Some(live)), Some(name)) if disruption::owned_by(live, pool) => {
+            BudgetWrite::Delete(name)
+        }
+        (None, _, _) => BudgetWrite::Keep,
+    };
+    status.disruption_budget = match &budget {
+        BudgetWrite::Apply(b) => b.metadata.name.clone(),
+        BudgetWrite::Delete(_) => None,
+        BudgetWrite::Keep => disruption::budget(pool).map(|_| disruption::budget_name(pool)),
+    };
     let poll = pool
         .spec
         .scaling
@@ -215,6 +286,8 @@ pub(super) fn plan(
         write_status,
         decided_at: clock.now,
         mark_idle: observed.reading.is_ok() && desired < current,
+        protection: protection.map(|p| p.changes).unwrap_or_default(),
+        budget,
         scale: (desired != current).then_some((current, desired)),
         scale_note: verdict.message(),
         events,

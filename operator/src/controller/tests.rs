@@ -708,6 +708,7 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
             current: spec.and_then(|s| s.replicas).unwrap_or(0),
         },
         pods: Some(Vec::new()),
+        budget: None,
         reading: if reading_ok {
             Ok(Snapshot {
                 server_time_ms: 0,
@@ -1617,4 +1618,176 @@ async fn failing_now(ctx: &Context, endpoint: &Endpoint, q: &QueueKeys) -> Optio
         .await
         .expect("snapshot");
     ctx.failing("jobs/mail", endpoint, &snap).await
+}
+
+const BUDGET: &str = "/apis/policy/v1/namespaces/jobs/poddisruptionbudgets/mail";
+
+/// A worker `instance` registered on queue `mail` at the Redis clock, with
+/// its heartbeat's activity fields, holding `held` jobs.
+async fn worker_on(redis: &TestRedis, instance: &str, held: usize, fields: &[(&str, &str)]) {
+    let mut c = redis.conn().await;
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let _: () = c
+        .zadd("mail:workers", instance, secs * 1000)
+        .await
+        .expect("zadd");
+    let details = format!("mail:worker:{instance}");
+    let _: () = c
+        .hset(&details, "dead_after_ms", 30_000)
+        .await
+        .expect("hset");
+    for (k, v) in fields {
+        let _: () = c.hset(&details, *k, *v).await.expect("hset");
+    }
+    for n in 0..held {
+        let _: () = c
+            .lpush(format!("mail:processing:{instance}"), n)
+            .await
+            .expect("lpush");
+    }
+}
+
+fn pod_list(pods: &[Value]) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods})
+}
+
+fn pod_named(name: &str, annotations: Value) -> Value {
+    json!({"metadata": {"name": name, "namespace": "jobs", "annotations": annotations}})
+}
+
+#[tokio::test]
+async fn a_busy_pod_is_marked_an_idle_one_unmarked_and_the_budget_applied_owned_by_the_pool() {
+    use crate::disruption::{DO_NOT_DISRUPT, PROTECTED_SINCE, SAFE_TO_EVICT};
+    let redis = TestRedis::start();
+    // mail-a has run its job for 45 s; mail-b, marked earlier, has been idle 2 minutes.
+    worker_on(
+        &redis,
+        "mail-a~1",
+        1,
+        &[("oldest_job_ms", "45000"), ("idle_ms", "")],
+    )
+    .await;
+    worker_on(
+        &redis,
+        "mail-b~1",
+        0,
+        &[("oldest_job_ms", ""), ("idle_ms", "120000")],
+    )
+    .await;
+    let mut spec = fixed(&redis.url(), 2);
+    spec["disruption"] =
+        json!({"protectBusyPods": true, "protectAfterSeconds": 30, "maxUnavailable": 1});
+    let (task, mut api, ctx) = start(pool(spec));
+
+    api.get(DEPLOYMENT, Some(existing_deployment(2, 2))).await;
+    let marks = json!({PROTECTED_SINCE: "2026-12-01T00:00:00Z", DO_NOT_DISRUPT: "true", SAFE_TO_EVICT: "false"});
+    api.get(
+        PODS,
+        Some(pod_list(&[
+            pod_named("mail-a", json!({})),
+            pod_named("mail-b", marks),
+        ])),
+    )
+    .await;
+    api.get(BUDGET, None).await;
+    api.apply().await;
+    let protect = api
+        .exchange("PATCH", &format!("{PODS}/mail-a"), StatusCode::OK, |_| {
+            pod_named("mail-a", json!({}))
+        })
+        .await;
+    let set = &protect["metadata"]["annotations"];
+    assert_eq!(
+        (&set[DO_NOT_DISRUPT], &set[SAFE_TO_EVICT]),
+        (&json!("true"), &json!("false"))
+    );
+    assert!(set[PROTECTED_SINCE].is_string(), "{protect}");
+    let release = api
+        .exchange("PATCH", &format!("{PODS}/mail-b"), StatusCode::OK, |_| {
+            pod_named("mail-b", json!({}))
+        })
+        .await;
+    assert_eq!(
+        release,
+        json!({"metadata": {"annotations": {PROTECTED_SINCE: null, DO_NOT_DISRUPT: null, SAFE_TO_EVICT: null}}})
+    );
+    let (budget, send) = api.expect("PATCH", BUDGET).await;
+    reply(send, StatusCode::OK, &budget);
+    assert_eq!(budget["kind"], json!("PodDisruptionBudget"));
+    assert_eq!(budget["spec"]["maxUnavailable"], json!(1));
+    assert_eq!(
+        budget["spec"]["unhealthyPodEvictionPolicy"],
+        json!("AlwaysAllow")
+    );
+    assert_eq!(
+        budget["metadata"]["ownerReferences"][0]["uid"],
+        json!("u-1")
+    );
+    let status = api.status().await;
+    assert_eq!(status["status"]["protectedPods"], json!(1));
+    assert_eq!(status["status"]["disruptionBudget"], json!("mail"));
+    api.finish(task).await.expect("reconcile");
+    let text = ctx.metrics.render();
+    for line in [
+        r#"workerpool_pool_protected_pods{namespace="jobs",pool="mail"} 1"#,
+        r#"workerpool_pool_protection_patches_total{change="protect",namespace="jobs",pool="mail"} 1"#,
+        r#"workerpool_pool_protection_patches_total{change="release",namespace="jobs",pool="mail"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn with_disruption_removed_the_marks_left_and_the_pools_own_budget_are_removed() {
+    use crate::disruption::{DO_NOT_DISRUPT, PROTECTED_SINCE, SAFE_TO_EVICT};
+    let redis = TestRedis::start();
+    worker_on(
+        &redis,
+        "mail-a~1",
+        1,
+        &[("oldest_job_ms", "600000"), ("idle_ms", "")],
+    )
+    .await;
+    let mut p = pool(fixed(&redis.url(), 1));
+    p.status = Some(WorkerPoolStatus {
+        protected_pods: Some(1),
+        disruption_budget: Some("mail".into()),
+        ..WorkerPoolStatus::default()
+    });
+    let (task, mut api, _) = start(p);
+
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    let marks = json!({PROTECTED_SINCE: "2026-12-01T00:00:00Z", DO_NOT_DISRUPT: "true", SAFE_TO_EVICT: "false"});
+    api.get(PODS, Some(pod_list(&[pod_named("mail-a", marks)])))
+        .await;
+    api.get(
+        BUDGET,
+        Some(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                    "metadata": {"name": "mail", "namespace": "jobs",
+                                 "ownerReferences": [{"apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPool", "name": "mail", "uid": "u-1", "controller": true}]},
+                    "spec": {"maxUnavailable": 1}})),
+    )
+    .await;
+    api.apply().await;
+    // Busy, but protection is off: released.
+    let release = api
+        .exchange("PATCH", &format!("{PODS}/mail-a"), StatusCode::OK, |_| {
+            pod_named("mail-a", json!({}))
+        })
+        .await;
+    assert_eq!(
+        release["metadata"]["annotations"][DO_NOT_DISRUPT],
+        Value::Null
+    );
+    api.exchange(
+        "DELETE",
+        BUDGET,
+        StatusCode::OK,
+        |_| json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    )
+    .await;
+    let status = api.status().await;
+    assert_eq!(status["status"]["protectedPods"], Value::Null);
+    assert_eq!(status["status"]["disruptionBudget"], Value::Null);
+    api.finish(task).await.expect("reconcile");
 }
