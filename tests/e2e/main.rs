@@ -13,6 +13,7 @@
 //! scenarios whose names contain one of the NAMEs (all by default).
 
 mod cluster;
+mod disruption;
 mod python;
 mod scenarios;
 mod security;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         .chain(tls::ALL)
         .chain(truth::ALL)
         .chain(python::ALL)
+        .chain(disruption::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();

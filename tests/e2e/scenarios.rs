@@ -140,7 +140,7 @@ fn helm_install_runs_the_operator_which_holds_the_lease_and_serves_metrics(e2e: 
 }
 
 /// The operator's /metrics, through its Service.
-fn metrics(k: &Cluster) -> String {
+pub fn metrics(k: &Cluster) -> String {
     let path = format!(
         "/api/v1/namespaces/{OPERATOR_NAMESPACE}/services/{RELEASE}-metrics:8080/proxy/metrics"
     );
