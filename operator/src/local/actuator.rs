@@ -79,6 +79,12 @@ impl WorkerCommand {
             .as_ref()
             .map(|s| s.containers.as_slice())
             .unwrap_or_default();
+        if spec.disruption.is_some() {
+            notes.push(
+                "spec.disruption is not used locally: there are no nodes to protect workers from"
+                    .to_string(),
+            );
+        }
         for other in containers.iter().filter(|c| c.name != container.name) {
             notes.push(format!(
                 "container {:?} is not run locally: only the worker is",
@@ -598,6 +604,32 @@ spec:
                 "WORKERPOOL_REDIS_URL" => assert!(env.contains_key(&var.name)),
                 name => assert_eq!(Some(&env[name]), var.value.as_ref(), "{name}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_disruption_spec_is_named_as_not_used_locally() {
+        let with = POOL.replace(
+            "  replicas: 2\n",
+            "  replicas: 2\n  disruption: {protectBusyPods: true}\n",
+        );
+        for (yaml, noted) in [(POOL.to_string(), false), (with, true)] {
+            let pool = pool(&yaml);
+            let container = super::super::manifest::worker_container(&pool).expect("worker");
+            let (_, notes) = WorkerCommand::for_pool(
+                &pool,
+                container,
+                PathBuf::from("workerpool-worker"),
+                "redis://127.0.0.1:7000/0",
+                &workerpool_queue::connection::Tls::default(),
+            );
+            assert_eq!(
+                notes
+                    .iter()
+                    .any(|n| n.contains("spec.disruption is not used locally")),
+                noted,
+                "{notes:?}"
+            );
         }
     }
 
