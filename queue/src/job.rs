@@ -16,8 +16,10 @@ use crate::text;
 
 mod head;
 mod stamp;
+mod trace;
 
 pub use stamp::{Stamp, stamped, unstamped};
+pub use trace::{TRACESTATE_MAX, TraceParent};
 
 /// How much of a malformed payload an error message quotes.
 const QUOTE_CHARS: usize = 80;
@@ -45,6 +47,11 @@ pub mod field {
     /// Seconds after which a job's unique key is free whatever became of
     /// the job (default [`super::DEFAULT_UNIQUE_FOR_SECS`]).
     pub const UNIQUE_FOR: &str = "unique_for";
+    /// The producer's W3C Trace Context `traceparent` (a string): each
+    /// attempt's span continues its trace. A malformed one is ignored.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// The W3C Trace Context `tracestate` that goes with `traceparent`.
+    pub const TRACESTATE: &str = "tracestate";
 }
 
 /// How long a job holds its unique key at most, when it does not say.
@@ -204,6 +211,26 @@ impl Job {
             Repr::Fields(fields) => read_u64(fields, field::ENQUEUED_AT),
             Repr::Held(held) => Some(held.enqueued_at),
         }
+    }
+
+    /// The producer's trace context: `None` without a `traceparent`, the
+    /// reason when it is malformed (the job still runs), else the parsed
+    /// `traceparent` and the `tracestate` when it is a string of at most
+    /// [`TRACESTATE_MAX`] characters.
+    pub fn trace_context(&self) -> Option<Result<(TraceParent, Option<&str>), String>> {
+        let fields = self.fields();
+        let value = fields.get(field::TRACEPARENT)?;
+        let Some(text) = value.as_str() else {
+            return Some(Err(format!(
+                "traceparent is not a string: {}",
+                text::safe_line(&value.to_string(), QUOTE_CHARS)
+            )));
+        };
+        let state = fields
+            .get(field::TRACESTATE)
+            .and_then(Value::as_str)
+            .filter(|s| s.len() <= TRACESTATE_MAX);
+        Some(TraceParent::parse(text).map(|tp| (tp, state)))
     }
 
     /// Any field of the object.
