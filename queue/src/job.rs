@@ -119,6 +119,9 @@ fn token_of(id: &str, unique_key: &str) -> String {
 #[derive(Clone)]
 pub struct Job {
     repr: Repr,
+    /// The `traceparent` of the span of this attempt, when the worker
+    /// traces: what the handler gets in place of the producer's.
+    attempt_trace: Option<Arc<str>>,
 }
 
 #[derive(Clone)]
@@ -259,6 +262,11 @@ impl Job {
     /// line, otherwise serialized from the fields (handlers call this for
     /// every job).
     pub fn to_json(&self) -> String {
+        if let Some(traceparent) = &self.attempt_trace {
+            let mut fields = self.fields().clone();
+            fields.insert(field::TRACEPARENT.into(), Value::from(traceparent.as_ref()));
+            return serde_json::to_string(&fields).expect("a map of JSON values always serializes");
+        }
         match &self.repr {
             Repr::Held(held) if !held.text.contains(['\n', '\r']) => held.text.to_string(),
             _ => serde_json::to_string(self.fields())
@@ -302,7 +310,25 @@ impl Job {
     pub fn from_fields(fields: Map<String, Value>) -> Self {
         Self {
             repr: Repr::Fields(fields),
+            attempt_trace: None,
         }
+    }
+
+    /// This job as its handler gets it when the attempt is traced: its
+    /// `traceparent` is the attempt span's, so the handler's own spans are
+    /// the attempt's children.
+    pub fn with_attempt_trace(&self, traceparent: String) -> Job {
+        Job {
+            repr: self.repr.clone(),
+            attempt_trace: Some(Arc::from(traceparent)),
+        }
+    }
+
+    /// The `traceparent` of this attempt's span, when the worker traces
+    /// (exec-per-job handlers get it as `TRACEPARENT`, http ones as the
+    /// `traceparent` header).
+    pub fn attempt_trace(&self) -> Option<&str> {
+        self.attempt_trace.as_deref()
     }
 }
 

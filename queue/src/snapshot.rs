@@ -321,12 +321,14 @@ impl Snapshot {
         out
     }
 
-    /// What each live worker process is doing at the snapshot's time, by
-    /// worker id (a worker pod's name): the jobs it holds, and how long its
-    /// oldest has run or how long it has held none. Heartbeats are a few
-    /// seconds old, so the times are aged to the snapshot: a job taken
-    /// after the last beat counts as just started, a worker that settled
-    /// its last job after the beat as just gone idle.
+    /// What each live worker process is doing, by worker id (a worker
+    /// pod's name): the jobs it holds now, and how long its oldest had run,
+    /// or how long it had held none, as of its last heartbeat. The times
+    /// are not aged to the snapshot: the job a beat saw may have ended and
+    /// another begun since, so aging could make a run of short jobs look
+    /// like one long one; a time is at most one heartbeat interval short.
+    /// A job taken after the last beat counts as just started, a worker
+    /// that settled its last job after the beat as just gone idle.
     pub fn activity_by_worker_id(&self) -> std::collections::BTreeMap<String, WorkerActivity> {
         let mut out: std::collections::BTreeMap<String, WorkerActivity> =
             std::collections::BTreeMap::new();
@@ -334,12 +336,11 @@ impl Snapshot {
             if !w.alive(self.server_time_ms) {
                 continue;
             }
-            let since_beat = self.server_time_ms.saturating_sub(w.last_beat_ms);
             let id = crate::keys::Instance::id_of(&w.instance).unwrap_or(&w.instance);
             let seen = if w.in_flight > 0 {
                 WorkerActivity {
                     in_flight: w.in_flight,
-                    busy_ms: Some(w.oldest_job_ms.map_or(0, |b| b + since_beat)),
+                    busy_ms: Some(w.oldest_job_ms.unwrap_or(0)),
                     idle_ms: None,
                 }
             } else {
@@ -347,7 +348,7 @@ impl Snapshot {
                     in_flight: 0,
                     busy_ms: None,
                     idle_ms: match (w.oldest_job_ms, w.idle_ms) {
-                        (_, Some(idle)) => Some(idle + since_beat),
+                        (_, Some(idle)) => Some(idle),
                         (Some(_), None) => Some(0),
                         (None, None) => None,
                     },
@@ -537,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn activity_is_aged_from_the_beat_to_the_snapshot_and_one_process_counts_once() {
+    fn activity_is_as_of_the_last_beat_and_one_process_counts_once() {
         let queue = |name: &str, workers| QueueFigures {
             name: name.into(),
             workers,
@@ -549,7 +550,8 @@ mod tests {
                 queue(
                     "a",
                     vec![
-                        // Busy 40 s at a beat 3 s ago: 43 s.
+                        // Busy 40 s at a beat 3 s ago: 40 s (the job a
+                        // beat saw may have ended since).
                         beat("busy~1", 97_000, 1, Some(40_000), None),
                         // Took its job after the beat: just started.
                         beat("fresh~1", 99_000, 1, None, Some(5_000)),
@@ -578,7 +580,7 @@ mod tests {
             get("busy"),
             Some(WorkerActivity {
                 in_flight: 1,
-                busy_ms: Some(43_000),
+                busy_ms: Some(40_000),
                 idle_ms: None
             })
         );
@@ -603,7 +605,7 @@ mod tests {
             Some(WorkerActivity {
                 in_flight: 0,
                 busy_ms: None,
-                idle_ms: Some(62_000)
+                idle_ms: Some(60_000)
             })
         );
         assert_eq!(

@@ -14,6 +14,7 @@ pub mod handler;
 pub mod handlers;
 pub mod log;
 pub mod metrics;
+pub mod otel;
 pub mod probes;
 mod runtime;
 

@@ -38,6 +38,10 @@ pub struct Metrics {
     pub redis_policy: IntGaugeVec,
     /// The `evicted_keys` count of the Redis that holds each queue.
     pub redis_evicted_keys: IntGaugeVec,
+    /// Spans sent to the OpenTelemetry collector.
+    pub trace_spans_exported: prometheus::IntCounter,
+    /// Spans lost before the collector had them, by reason.
+    pub trace_spans_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -136,6 +140,19 @@ impl Metrics {
                 &["queue"],
             )
             .expect("valid metric"),
+            trace_spans_exported: prometheus::IntCounter::new(
+                "workerpool_trace_spans_exported_total",
+                "Spans sent to the OpenTelemetry collector (OTLP)",
+            )
+            .expect("valid metric"),
+            trace_spans_dropped: IntCounterVec::new(
+                Opts::new(
+                    "workerpool_trace_spans_dropped_total",
+                    "Spans lost before the collector had them: queue_full (the export queue of 2048 spans was full), export_failed (the collector refused or did not answer), shut_down",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             registry,
         };
         for c in [
@@ -152,6 +169,8 @@ impl Metrics {
             Box::new(m.rate_limit_wait.clone()),
             Box::new(m.redis_policy.clone()),
             Box::new(m.redis_evicted_keys.clone()),
+            Box::new(m.trace_spans_exported.clone()),
+            Box::new(m.trace_spans_dropped.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }

@@ -132,6 +132,7 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
         return Some(Job::from_fields(fields));
     };
     Some(Job {
+        attempt_trace: None,
         repr: Repr::Held(Held {
             text: Arc::from(text),
             id,

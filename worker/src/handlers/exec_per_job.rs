@@ -51,7 +51,13 @@ impl ExecPerJob {
     }
 
     async fn run(&self, job: &Job) -> Outcome {
-        let mut child = match super::command(&self.command)
+        let mut command = super::command(&self.command);
+        // The attempt's trace context, as OpenTelemetry's environment
+        // carrier names it.
+        if let Some(traceparent) = job.attempt_trace() {
+            command.env("TRACEPARENT", traceparent);
+        }
+        let mut child = match command
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped())

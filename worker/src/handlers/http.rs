@@ -91,6 +91,9 @@ impl HttpHandler {
         if let Ok(id) = HeaderValue::from_str(job.id()) {
             request = request.header(JOB_ID_HEADER, id);
         }
+        if let Some(traceparent) = job.attempt_trace() {
+            request = request.header("traceparent", traceparent);
+        }
         let request = match request.body(Full::new(Bytes::from(job.to_json()))) {
             Ok(r) => r,
             Err(e) => return Outcome::permanent(format!("cannot build the request: {e}")),

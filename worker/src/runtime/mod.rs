@@ -85,6 +85,8 @@ struct Worker {
     settler: tokio::sync::mpsc::UnboundedSender<Settling>,
     /// What the last look found of each queue's Redis memory settings.
     memory: Mutex<Vec<Option<workerpool_queue::memory::Memory>>>,
+    /// The tracer, when `OTEL_*` turns tracing on.
+    otel: Option<crate::otel::Otel>,
 }
 
 /// A queue's series of the metrics every job touches.
@@ -129,6 +131,9 @@ pub enum Error {
     /// The settings are invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// Tracing cannot start as `OTEL_*` asks.
+    #[error(transparent)]
+    Otel(#[from] crate::otel::OtelError),
     /// The HTTP address could not be bound.
     #[error("cannot listen on --listen {addr}: {source}")]
     Listen {
@@ -183,6 +188,10 @@ pub async fn run(
         }
         None => None,
     };
+    let otel = crate::otel::Otel::from_env(crate::otel::SpanCounters {
+        exported: metrics.trace_spans_exported.clone(),
+        dropped: metrics.trace_spans_dropped.clone(),
+    })?;
     let instance = Instance::new(config.worker_id.clone());
     let (settler, finished) = tokio::sync::mpsc::unbounded_channel();
     let worker = Arc::new(Worker {
@@ -213,6 +222,7 @@ pub async fn run(
         tracker: TaskTracker::new(),
         settler,
         memory: Mutex::new(vec![None; config.queues.len()]),
+        otel,
         config,
     });
     tracing::info!(
@@ -250,6 +260,16 @@ pub async fn run(
         let _ = maintenance.await;
     }
     reporting.abort();
+    // The spans still queued go out (a few seconds at most).
+    if worker.otel.is_some() {
+        let w = worker.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(otel) = &w.otel {
+                otel.shutdown(Duration::from_secs(3));
+            }
+        })
+        .await;
+    }
     health.set_draining();
     stop_http.cancel();
     if let Some(http) = http {

@@ -33,10 +33,19 @@ impl Worker {
         let (qi, job) = (in_hand.queue, &in_hand.job);
         self.job_metrics[qi].in_flight.inc();
         let started = Instant::now();
+        // Traced: the handler gets the attempt span's traceparent.
+        let attempt = self
+            .otel
+            .as_ref()
+            .map(|o| o.start_attempt(self.queues[qi].name(), job, self.now_ms()));
+        let traced = attempt
+            .as_ref()
+            .map(|a| job.with_attempt_trace(a.traceparent()));
+        let handed = traced.as_ref().unwrap_or(job);
         let outcome = tokio::select! {
             biased;
             _ = self.give_up.cancelled() => None,
-            result = tokio::time::timeout(self.config.job_timeout, self.handler.handle(job)) => Some(
+            result = tokio::time::timeout(self.config.job_timeout, self.handler.handle(handed)) => Some(
                 result.unwrap_or_else(|_| Outcome::retry(format!(
                     "timed out after {}",
                     humantime::format_duration(self.config.job_timeout)
@@ -45,7 +54,24 @@ impl Worker {
         };
         self.job_metrics[qi].in_flight.dec();
         // Abandoned at the shutdown deadline: the drain gives it back.
-        let Some(outcome) = outcome else { return };
+        let Some(outcome) = outcome else {
+            if let Some(attempt) = attempt {
+                attempt.given_back();
+            }
+            return;
+        };
+        if let Some(attempt) = attempt {
+            let dead = match &outcome {
+                Outcome::Failed { retry: false, .. } => Some("permanent"),
+                Outcome::Failed { retry: true, .. }
+                    if job.attempt() >= self.config.max_attempts =>
+                {
+                    Some("exhausted")
+                }
+                _ => None,
+            };
+            attempt.end(&outcome, dead);
+        }
         self.job_metrics[qi]
             .duration
             .observe(started.elapsed().as_secs_f64());

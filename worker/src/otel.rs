@@ -1,0 +1,429 @@
+//! OpenTelemetry: one span per attempt, a child of the producer's trace
+//! (the job's `traceparent`), exported with OTLP over HTTP when the
+//! standard `OTEL_*` variables ask for it. With none set, nothing is built
+//! and the hot path pays one `Option` check per job.
+//!
+//! Export runs on a thread of its own with a bounded queue: a slow or
+//! absent collector never blocks a job, and every span that cannot be sent
+//! (the queue full, the export failed) is counted in
+//! `workerpool_trace_spans_dropped_total{reason}`.
+
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+    TraceState, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::WithHttpConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{
+    SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter as _, SpanProcessor,
+};
+use prometheus::{IntCounter, IntCounterVec};
+use workerpool_queue::job::Job;
+
+use crate::handler::Outcome;
+
+/// Spans waiting for export at most; more are dropped and counted.
+const QUEUE: usize = 2048;
+/// Spans per export request at most.
+const BATCH: usize = 512;
+/// How long a span waits for its batch at most.
+const DELAY: Duration = Duration::from_secs(2);
+/// The longest error text a span keeps.
+const ERROR_CHARS: usize = 500;
+
+/// Why tracing cannot start as the environment asks.
+#[derive(Debug, thiserror::Error)]
+#[error("OpenTelemetry: {0}")]
+pub struct OtelError(String);
+
+/// The counters the exporter keeps (the worker's `/metrics`).
+#[derive(Clone, Debug)]
+pub struct SpanCounters {
+    /// Spans sent to the collector.
+    pub exported: IntCounter,
+    /// Spans lost, by reason: `queue_full` or `export_failed`.
+    pub dropped: IntCounterVec,
+}
+
+/// The worker's tracer, when tracing is on.
+#[derive(Debug)]
+pub struct Otel {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+}
+
+impl Otel {
+    /// Tracing as the standard variables ask: on when
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// is set, unless `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
+    /// The exporter reads the endpoint, `OTEL_EXPORTER_OTLP_HEADERS` and the
+    /// timeout; the resource reads `OTEL_SERVICE_NAME` (else
+    /// `workerpool-worker`) and `OTEL_RESOURCE_ATTRIBUTES`; the sampler
+    /// reads `OTEL_TRACES_SAMPLER` (parent-based, always on by default).
+    pub fn from_env(counters: SpanCounters) -> Result<Option<Otel>, OtelError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        match var("OTEL_TRACES_EXPORTER").as_deref() {
+            None | Some("otlp") => {}
+            Some("none") => return Ok(None),
+            Some(other) => {
+                return Err(OtelError(format!(
+                    "OTEL_TRACES_EXPORTER={other} is not supported: use otlp or none"
+                )));
+            }
+        }
+        let endpoint =
+            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or(var("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        let Some(endpoint) = endpoint else {
+            return Ok(None);
+        };
+        let protocol =
+            var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or(var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        if let Some(p) = protocol.filter(|p| p != "http/protobuf") {
+            return Err(OtelError(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL={p} is not supported: the worker sends http/protobuf \
+                 (an OpenTelemetry Collector's port 4318)"
+            )));
+        }
+        if !endpoint.starts_with("http://") {
+            return Err(OtelError(format!(
+                "the OTLP endpoint {endpoint:?} must be an http:// URL (https is not supported yet: \
+                 send to a Collector in the cluster, which can forward over TLS)"
+            )));
+        }
+        let client = opentelemetry_http::hyper::HyperClient::with_default_connector(
+            Duration::from_secs(10),
+            None,
+        );
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client)
+            .build()
+            .map_err(|e| OtelError(format!("building the OTLP exporter: {e}")))?;
+        let mut resource = Resource::builder();
+        let named = var("OTEL_SERVICE_NAME").is_some()
+            || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("service.name="));
+        if !named {
+            resource = resource.with_service_name("workerpool-worker");
+        }
+        let resource = resource.build();
+        // The export thread owns the exporter: it gets the resource first.
+        exporter.set_resource(&resource);
+        let processor = Exporter::start(exporter, counters).map_err(OtelError)?;
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource)
+            .with_span_processor(processor)
+            .build();
+        let tracer = provider.tracer("workerpool-worker");
+        tracing::info!(endpoint = %endpoint, "tracing: one span per attempt, exported with OTLP over HTTP");
+        Ok(Some(Otel { provider, tracer }))
+    }
+
+    /// Starts the span of one attempt at `job` of `queue`: a child of the
+    /// producer's `traceparent` when it has a valid one (a malformed one is
+    /// ignored with a warning), with the time the job waited as a span of
+    /// its own from `enqueued_at`.
+    pub fn start_attempt(&self, queue: &str, job: &Job, now_ms: u64) -> Attempt {
+        let parent = match job.trace_context() {
+            Some(Ok((tp, state))) => {
+                let state = state
+                    .and_then(|s| s.parse::<TraceState>().ok())
+                    .unwrap_or_default();
+                Context::new().with_remote_span_context(SpanContext::new(
+                    TraceId::from_bytes(tp.trace_id),
+                    SpanId::from_bytes(tp.parent_id),
+                    TraceFlags::new(tp.flags),
+                    true,
+                    state,
+                ))
+            }
+            Some(Err(reason)) => {
+                tracing::warn!(queue, id = %workerpool_queue::text::safe_line(job.id(), 100), %reason, "ignoring the job's trace context");
+                Context::new()
+            }
+            None => Context::new(),
+        };
+        let mut attributes = vec![
+            KeyValue::new("messaging.system", "workerpool"),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.operation.name", "process"),
+            KeyValue::new("messaging.destination.name", queue.to_string()),
+            KeyValue::new("messaging.message.id", job.id().to_string()),
+            KeyValue::new("workerpool.job.attempt", i64::from(job.attempt())),
+        ];
+        if let Some(task) = job.task() {
+            attributes.push(KeyValue::new("workerpool.job.task", task.to_string()));
+        }
+        if let Some(at) = job.enqueued_at().filter(|at| *at <= now_ms) {
+            attributes.push(KeyValue::new(
+                "workerpool.job.wait_ms",
+                (now_ms - at) as i64,
+            ));
+            let mut wait = self
+                .tracer
+                .span_builder(format!("wait {queue}"))
+                .with_kind(SpanKind::Internal)
+                .with_start_time(UNIX_EPOCH + Duration::from_millis(at))
+                .with_attributes([
+                    KeyValue::new("messaging.destination.name", queue.to_string()),
+                    KeyValue::new("messaging.message.id", job.id().to_string()),
+                ])
+                .start_with_context(&self.tracer, &parent);
+            wait.end_with_timestamp(UNIX_EPOCH + Duration::from_millis(now_ms));
+        }
+        let span = self
+            .tracer
+            .span_builder(format!("process {queue}"))
+            .with_kind(SpanKind::Consumer)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &parent);
+        Attempt { span }
+    }
+
+    /// Sends what is queued and stops the exporter (at shutdown), waiting
+    /// up to `timeout`.
+    pub fn shutdown(&self, timeout: Duration) {
+        if let Err(e) = self.provider.shutdown_with_timeout(timeout) {
+            tracing::warn!(error = %e, "tracing: spans not sent at shutdown");
+        }
+    }
+}
+
+/// The span of one attempt.
+#[derive(Debug)]
+pub struct Attempt {
+    span: Span,
+}
+
+impl Attempt {
+    /// The `traceparent` the handler gets: this span's.
+    pub fn traceparent(&self) -> String {
+        let c = self.span.span_context();
+        format!(
+            "00-{}-{}-{:02x}",
+            c.trace_id(),
+            c.span_id(),
+            c.trace_flags().to_u8()
+        )
+    }
+
+    /// Ends the span with the attempt's outcome: an error status with the
+    /// error's text (one line, bounded) when it failed; `dead` marks a
+    /// dead letter with an event.
+    pub fn end(mut self, outcome: &Outcome, dead: Option<&str>) {
+        let failure = match outcome {
+            Outcome::Done => None,
+            Outcome::Failed { error, retry } => {
+                Some((error, if *retry { "failed" } else { "permanent" }))
+            }
+            Outcome::NotRun { error, .. } => Some((error, "not_run")),
+        };
+        if let Some((error, kind)) = failure {
+            let text = workerpool_queue::text::safe_line(error, ERROR_CHARS);
+            self.span.set_attribute(KeyValue::new("error.type", kind));
+            self.span.set_status(Status::error(text));
+        }
+        if let Some(reason) = dead {
+            self.span.add_event(
+                "dead_lettered",
+                vec![KeyValue::new("workerpool.dead.reason", reason.to_string())],
+            );
+        }
+        self.span.end();
+    }
+
+    /// Ends the span of an attempt given back unfinished at shutdown.
+    pub fn given_back(mut self) {
+        self.span.add_event(
+            "given_back",
+            vec![KeyValue::new("workerpool.reason", "shutdown")],
+        );
+        self.span.end();
+    }
+}
+
+enum Message {
+    Span(Box<SpanData>),
+    Flush(SyncSender<()>),
+}
+
+/// A batching span processor on a thread of its own, sending through the
+/// OTLP exporter on that thread's own runtime: the worker's runtime never
+/// waits for the collector.
+#[derive(Debug)]
+struct Exporter {
+    queue: Mutex<Option<SyncSender<Message>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    counters: SpanCounters,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Message")
+    }
+}
+
+impl Exporter {
+    fn start(
+        exporter: opentelemetry_otlp::SpanExporter,
+        counters: SpanCounters,
+    ) -> Result<Exporter, String> {
+        let (tx, rx) = sync_channel(QUEUE);
+        let thread_counters = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || export_loop(exporter, rx, thread_counters))
+            .map_err(|e| format!("starting the export thread: {e}"))?;
+        Ok(Exporter {
+            queue: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            counters,
+        })
+    }
+
+    fn sender(&self) -> Option<SyncSender<Message>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl SpanProcessor for Exporter {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        let Some(tx) = self.sender() else {
+            self.counters
+                .dropped
+                .with_label_values(&["shut_down"])
+                .inc();
+            return;
+        };
+        match tx.try_send(Message::Span(Box::new(span))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.counters
+                    .dropped
+                    .with_label_values(&["queue_full"])
+                    .inc();
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.counters
+                    .dropped
+                    .with_label_values(&["shut_down"])
+                    .inc();
+            }
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        let Some(tx) = self.sender() else {
+            return Err(OTelSdkError::AlreadyShutdown);
+        };
+        let (done, wait) = sync_channel(1);
+        tx.send(Message::Flush(done))
+            .map_err(|_| OTelSdkError::AlreadyShutdown)?;
+        wait.recv_timeout(Duration::from_secs(10))
+            .map_err(|_| OTelSdkError::Timeout(Duration::from_secs(10)))
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let Some(tx) = self.queue.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Err(OTelSdkError::AlreadyShutdown);
+        };
+        let (done, wait) = sync_channel(1);
+        let flushed = tx.send(Message::Flush(done)).is_ok() && wait.recv_timeout(timeout).is_ok();
+        drop(tx);
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take()
+            && flushed
+        {
+            let _ = thread.join();
+        }
+        if flushed {
+            Ok(())
+        } else {
+            Err(OTelSdkError::Timeout(timeout))
+        }
+    }
+}
+
+fn export_loop(
+    exporter: opentelemetry_otlp::SpanExporter,
+    rx: Receiver<Message>,
+    counters: SpanCounters,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "tracing: cannot start the export runtime; spans are dropped");
+            for message in rx {
+                if let Message::Span(_) = message {
+                    counters.dropped.with_label_values(&["export_failed"]).inc();
+                }
+            }
+            return;
+        }
+    };
+    let send = |batch: &mut Vec<SpanData>| {
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len() as u64;
+        match runtime.block_on(exporter.export(std::mem::take(batch))) {
+            Ok(()) => counters.exported.inc_by(n),
+            Err(e) => {
+                counters
+                    .dropped
+                    .with_label_values(&["export_failed"])
+                    .inc_by(n);
+                tracing::warn!(error = %e, spans = n, "tracing: export failed; those spans are dropped");
+            }
+        }
+    };
+    let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH);
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let wait = deadline.map_or(Duration::from_secs(3600), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        match rx.recv_timeout(wait) {
+            Ok(Message::Span(span)) => {
+                batch.push(*span);
+                deadline.get_or_insert_with(|| Instant::now() + DELAY);
+                if batch.len() >= BATCH {
+                    send(&mut batch);
+                    deadline = None;
+                }
+            }
+            Ok(Message::Flush(done)) => {
+                send(&mut batch);
+                deadline = None;
+                let _ = done.send(());
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                send(&mut batch);
+                deadline = None;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                send(&mut batch);
+                return;
+            }
+        }
+    }
+}
+
+/// Unix milliseconds now, by this machine's clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,267 @@
+//! Traces through the queue, against a real OTLP/HTTP receiver that decodes
+//! the official protobuf definitions: the producer's trace continued by one
+//! span per attempt, the handler handed that span's traceparent, failures
+//! marked, and a collector that is gone costing no job.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::json;
+use workerpool_queue::keys::QueueKeys;
+use workerpool_tests::{TestRedis, eventually, free_port, http_get};
+
+mod common;
+
+const WAIT: Duration = Duration::from_secs(20);
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
+
+/// An OTLP/HTTP receiver on a free port: every span it was sent.
+async fn receiver() -> (u16, Arc<Mutex<Vec<Span>>>) {
+    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+    let kept = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        post(move |body: Bytes| {
+            let kept = kept.clone();
+            async move {
+                let request =
+                    ExportTraceServiceRequest::decode(body).expect("an OTLP trace request");
+                let mut all = kept.lock().unwrap_or_else(|e| e.into_inner());
+                for resource in request.resource_spans {
+                    let service = resource
+                        .resource
+                        .iter()
+                        .flat_map(|r| &r.attributes)
+                        .any(|a| {
+                            a.key == "service.name"
+                                && format!("{:?}", a.value).contains("traced-worker")
+                        });
+                    assert!(
+                        service,
+                        "the resource names the service from OTEL_SERVICE_NAME: {:?}",
+                        resource.resource
+                    );
+                    for scope in resource.scope_spans {
+                        all.extend(scope.spans);
+                    }
+                }
+                (
+                    [("content-type", "application/x-protobuf")],
+                    ExportTraceServiceResponse::default().encode_to_vec(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, spans)
+}
+
+/// The exec handler: records `<id> <traceparent it got>` in a file, and
+/// fails permanently the jobs whose data says so.
+const HANDLER: &str = r#"
+import json, sys
+out = open(sys.argv[1], "a")
+for line in sys.stdin:
+    job = json.loads(line)
+    out.write(f"{job['id']} {job.get('traceparent', '-')}\n")
+    out.flush()
+    if job.get("data", {}).get("fail"):
+        print(json.dumps({"ok": False, "error": "boom: the\nsecond line", "retry": False}), flush=True)
+    else:
+        print(json.dumps({"ok": True}), flush=True)
+"#;
+
+struct Worker {
+    child: Child,
+    port: u16,
+}
+
+impl Worker {
+    fn start(redis: &TestRedis, endpoint: &str, record: &std::path::Path) -> Worker {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+            .args(["--redis-url", &redis.url(), "--queue", "traced", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--heartbeat-interval", "200ms", "--dead-after", "1s"])
+            .args(["--", "python3", "-c", HANDLER])
+            .arg(record)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+            .env("OTEL_SERVICE_NAME", "traced-worker")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn workerpool-worker");
+        Worker { child, port }
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        http_get(self.port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn attribute(span: &Span, key: &str) -> String {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .map(|a| format!("{:?}", a.value))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_attempt_continues_the_producers_trace_and_its_handler_gets_the_attempts_traceparent() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (port, spans) = receiver().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("seen");
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    // Stamped by their producer a second ago: the wait is a span of its own.
+    let at = common::server_time_ms(&mut c).await - 1000;
+    common::push(
+        &mut c,
+        "traced",
+        &[
+            json!({"id": "traced", "task": "t", "enqueued_at": at, "traceparent": producer, "tracestate": "vendor=1"})
+                .to_string(),
+            json!({"id": "malformed", "enqueued_at": at, "traceparent": "00-not-a-trace-01"}).to_string(),
+            json!({"id": "failing", "enqueued_at": at, "traceparent": producer, "data": {"fail": true}}).to_string(),
+        ],
+    )
+    .await;
+    let worker = Worker::start(&redis, &format!("http://127.0.0.1:{port}"), &record);
+
+    let found = eventually(WAIT, "three process spans and their waits", || {
+        let spans = spans.clone();
+        async move {
+            let all = spans.lock().ok()?.clone();
+            let process = all.iter().filter(|s| s.name == "process traced").count();
+            (process == 3 && all.iter().filter(|s| s.name == "wait traced").count() == 3)
+                .then_some(all)
+        }
+    })
+    .await;
+    let by_id = |id: &str, name: &str| {
+        found
+            .iter()
+            .find(|s| s.name == name && attribute(s, "messaging.message.id").contains(id))
+            .cloned()
+            .unwrap_or_else(|| panic!("a {name} span of {id} in {found:#?}"))
+    };
+
+    // The attempt is the producer span's child, a consumer span of the queue.
+    let traced = by_id("traced", "process traced");
+    assert_eq!(hex(&traced.trace_id), TRACE);
+    assert_eq!(hex(&traced.parent_span_id), PRODUCER_SPAN);
+    assert_eq!(traced.kind, 5, "SPAN_KIND_CONSUMER");
+    assert!(attribute(&traced, "messaging.destination.name").contains("traced"));
+    assert!(attribute(&traced, "messaging.system").contains("workerpool"));
+    assert!(attribute(&traced, "workerpool.job.attempt").contains('1'));
+    assert_eq!(
+        traced.status.as_ref().map_or(0, |s| s.code),
+        0,
+        "unset: done"
+    );
+    let wait = by_id("traced", "wait traced");
+    assert_eq!(hex(&wait.parent_span_id), PRODUCER_SPAN);
+    assert!(wait.end_time_unix_nano <= traced.start_time_unix_nano + 1_000_000);
+    let waited_ms = (wait.end_time_unix_nano - wait.start_time_unix_nano) / 1_000_000;
+    assert!(
+        (1000..5000).contains(&waited_ms),
+        "waited {waited_ms} ms from enqueued_at"
+    );
+
+    // The handler got the attempt's own traceparent, not the producer's.
+    let seen = std::fs::read_to_string(&record).expect("the handler's record");
+    let expected = format!("traced 00-{TRACE}-{}-01", hex(&traced.span_id));
+    assert!(seen.lines().any(|l| l == expected), "{expected} in {seen}");
+
+    // A malformed traceparent: the job ran all the same, in a trace of its own.
+    let malformed = by_id("malformed", "process traced");
+    assert!(malformed.parent_span_id.is_empty(), "{malformed:?}");
+    assert!(
+        seen.lines().any(|l| l.starts_with("malformed 00-")),
+        "{seen}"
+    );
+
+    // A failed attempt: an error with the handler's words on one line, and
+    // the dead letter as an event.
+    let failing = by_id("failing", "process traced");
+    let status = failing.status.clone().expect("a status");
+    assert_eq!(status.code, 2, "STATUS_CODE_ERROR");
+    assert!(
+        status.message.contains("boom") && !status.message.contains('\n'),
+        "{status:?}"
+    );
+    assert!(
+        failing.events.iter().any(|e| e.name == "dead_lettered"),
+        "{failing:?}"
+    );
+
+    assert!(worker.metric("workerpool_trace_spans_exported_total") >= 6.0);
+    assert_eq!(worker.metric("workerpool_trace_spans_dropped_total"), 0.0);
+}
+
+#[tokio::test]
+async fn with_the_collector_gone_no_job_is_lost_or_stalled_and_the_dropped_spans_are_counted() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("traced");
+    let jobs: Vec<String> = (0..200)
+        .map(|n| {
+            json!({"id": format!("j{n}"), "traceparent": format!("00-{TRACE}-{PRODUCER_SPAN}-01")})
+                .to_string()
+        })
+        .collect();
+    common::push(&mut c, "traced", &jobs).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Nothing listens there.
+    let gone = format!("http://127.0.0.1:{}", free_port());
+    let worker = Worker::start(&redis, &gone, &dir.path().join("seen"));
+    eventually(WAIT, "every job done", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move {
+            let done = common::counter(&mut c, q.stats_processed()).await;
+            (done == 200).then_some(())
+        }
+    })
+    .await;
+    // At least the span of every attempt was lost, and counted.
+    eventually(WAIT, "the dropped spans counted", || {
+        let dropped =
+            worker.metric("workerpool_trace_spans_dropped_total{reason=\"export_failed\"}");
+        async move { (dropped >= 200.0).then_some(()) }
+    })
+    .await;
+    assert_eq!(worker.metric("workerpool_trace_spans_exported_total"), 0.0);
+}
