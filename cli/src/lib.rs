@@ -57,6 +57,11 @@ pub enum Command {
         /// Run the jobs this long from now instead of at once (30s, 5m, 1h).
         #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
         delay: Option<Duration>,
+        /// Continue this W3C trace in the workers: every job gets this
+        /// `traceparent` (00-<32 hex>-<16 hex>-<2 hex>), for example the
+        /// TRACEPARENT of the script that enqueues.
+        #[arg(long, value_name = "TRACEPARENT", value_parser = parse_traceparent)]
+        traceparent: Option<String>,
         /// Jobs as JSON objects, for example '{"task":"t","data":{}}'.
         #[arg(value_name = "JSON")]
         jobs: Vec<String>,
@@ -259,13 +264,22 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
         Command::Enqueue {
             target,
             delay,
+            traceparent,
             jobs,
         } => {
-            let jobs = if jobs.is_empty() {
+            let mut jobs = if jobs.is_empty() {
                 read_jobs(std::io::stdin().lock())?
             } else {
                 parse_jobs(jobs.iter().map(String::as_str), "argument")?
             };
+            if let Some(tp) = traceparent {
+                for job in &mut jobs {
+                    job.insert(
+                        workerpool_queue::job::field::TRACEPARENT.into(),
+                        Value::from(tp.clone()),
+                    );
+                }
+            }
             let (mut c, q) = connect(&target, false).await?;
             let done = admin::enqueue(&mut c, &q, jobs, delay).await?;
             // A job refused for its unique key prints `duplicate` in its place.
@@ -476,6 +490,11 @@ async fn stop_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// A `--traceparent` as the W3C Trace Context spec reads it.
+fn parse_traceparent(text: &str) -> Result<String, String> {
+    workerpool_queue::job::TraceParent::parse(text).map(|tp| tp.to_string())
 }
 
 fn read_jobs(input: impl BufRead) -> Result<Vec<Map<String, Value>>, CliError> {

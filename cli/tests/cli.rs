@@ -261,6 +261,52 @@ async fn enqueue_prints_duplicate_for_a_job_whose_unique_key_is_held_and_refuses
 }
 
 #[tokio::test]
+async fn enqueue_traceparent_puts_the_producers_trace_on_every_job_and_refuses_a_malformed_one() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let q = QueueKeys::new("traced");
+    let mut c = redis.conn().await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    ok(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "traced",
+            "--traceparent",
+            tp,
+            r#"{"task":"a"}"#,
+            r#"{"task":"b"}"#,
+        ],
+        None,
+    ));
+    let jobs: Vec<String> = c.lrange(q.waiting(), 0, -1).await.expect("lrange");
+    assert_eq!(jobs.len(), 2);
+    for job in &jobs {
+        let job: Value = serde_json::from_str(job).expect("json");
+        assert_eq!(job["traceparent"], tp, "{job}");
+    }
+    let refused = failed(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "traced",
+            "--traceparent",
+            "00-abc-01",
+            r#"{"task":"c"}"#,
+        ],
+        None,
+    ));
+    assert!(
+        refused.contains("--traceparent") && refused.contains("version-traceid-parentid-flags"),
+        "{refused}"
+    );
+    let len: u64 = c.llen(q.waiting()).await.expect("llen");
+    assert_eq!(len, 2, "nothing enqueued");
+}
+
+#[tokio::test]
 async fn stats_reports_every_count_of_a_seeded_queue() {
     let redis = TestRedis::start();
     let q = QueueKeys::new("seeded");
