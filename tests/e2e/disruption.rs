@@ -182,6 +182,36 @@ fn a_drain_evicts_workers_one_at_a_time_under_the_pools_budget_and_loses_no_job(
     let k = &e2e.cluster;
     let ns = Namespace::create(k, "e2e-drain");
     let redis = Redis::start(k, &ns.name);
+    // Budgets that could block a drain forever are refused by the API server.
+    for (disruption, min, message) in [
+        (
+            json!({"maxUnavailable": 0}),
+            0,
+            "maxUnavailable must be at least 1",
+        ),
+        (
+            json!({"maxUnavailable": "0%"}),
+            0,
+            "maxUnavailable must be at least 1",
+        ),
+        (
+            json!({"minAvailable": 2}),
+            2,
+            "minAvailable must be below the fewest workers",
+        ),
+    ] {
+        let refused = Pool::new("refused", &redis).with(|spec| {
+            spec["scaling"]["minReplicas"] = min.into();
+            spec["disruption"] = disruption.clone();
+        });
+        let error = k
+            .kubectl_with_input(
+                &["apply", "--server-side", "-n", &ns.name, "-f", "-"],
+                Some(&refused.manifest()),
+            )
+            .expect_err("refused at apply");
+        assert!(error.contains(message), "{disruption}: {error}");
+    }
     let pool = Pool::new("drain", &redis).grace(10).with(|spec| {
         spec["scaling"]["minReplicas"] = 3.into();
         spec["scaling"]["maxReplicas"] = 3.into();
