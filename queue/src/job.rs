@@ -52,6 +52,9 @@ pub mod field {
     pub const TRACEPARENT: &str = "traceparent";
     /// The W3C Trace Context `tracestate` that goes with `traceparent`.
     pub const TRACESTATE: &str = "tracestate";
+    /// The `traceparent` of the span of the attempt that failed last, set
+    /// by a worker that traces: the next attempt's span links to it.
+    pub const PREVIOUS_TRACEPARENT: &str = "previous_traceparent";
 }
 
 /// How long a job holds its unique key at most, when it does not say.
@@ -236,6 +239,13 @@ impl Job {
         Some(TraceParent::parse(text).map(|tp| (tp, state)))
     }
 
+    /// The span of the attempt that failed last, when it was traced and
+    /// its `previous_traceparent` is valid.
+    pub fn previous_attempt(&self) -> Option<TraceParent> {
+        let text = self.fields().get(field::PREVIOUS_TRACEPARENT)?.as_str()?;
+        TraceParent::parse(text).ok()
+    }
+
     /// Any field of the object.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.fields().get(key)
@@ -278,6 +288,13 @@ impl Job {
     pub fn failed(&self, error: &str) -> String {
         let mut fields = self.fields().clone();
         fields.insert(field::ERROR.into(), Value::from(error));
+        // Traced: the next attempt links to this one.
+        if let Some(traceparent) = &self.attempt_trace {
+            fields.insert(
+                field::PREVIOUS_TRACEPARENT.into(),
+                Value::from(traceparent.as_ref()),
+            );
+        }
         Value::Object(fields).to_string()
     }
 
@@ -593,6 +610,56 @@ mod tests {
     use serde_json::json;
 
     const NOW: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn a_traced_attempt_hands_its_own_traceparent_on_and_a_retry_links_back_to_it() {
+        let producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let attempt = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+        let Value::Object(fields) =
+            json!({"id": "a", "traceparent": producer, "tracestate": "v=1"})
+        else {
+            unreachable!()
+        };
+        let job = Job::from_fields(fields);
+        let (tp, state) = job.trace_context().expect("present").expect("valid");
+        assert_eq!((tp.to_string().as_str(), state), (producer, Some("v=1")));
+        assert_eq!(job.attempt_trace(), None);
+        assert!(!job.to_json().contains("1111111111111111"));
+
+        let handed = job.with_attempt_trace(attempt.to_string());
+        let line: Value = serde_json::from_str(&handed.to_json()).expect("json");
+        assert_eq!(
+            line["traceparent"], attempt,
+            "the handler gets the attempt's"
+        );
+        assert_eq!(line["tracestate"], "v=1");
+
+        let retry = Job::from_fields(match serde_json::from_str(&handed.failed("boom")) {
+            Ok(Value::Object(f)) => f,
+            other => panic!("{other:?}"),
+        });
+        assert_eq!(
+            retry.get("traceparent"),
+            Some(&json!(producer)),
+            "still the producer's trace"
+        );
+        assert_eq!(
+            retry.previous_attempt().map(|t| t.to_string()).as_deref(),
+            Some(attempt)
+        );
+        // Untraced, a failure carries no link.
+        assert!(!job.failed("boom").contains("previous_traceparent"));
+
+        let Value::Object(bad) = json!({"traceparent": 7}) else {
+            unreachable!()
+        };
+        assert!(
+            Job::from_fields(bad)
+                .trace_context()
+                .expect("present")
+                .is_err()
+        );
+    }
 
     #[test]
     fn an_id_is_32_lowercase_hex_digits_of_fresh_random_bits() {

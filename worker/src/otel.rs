@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{
-    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+    Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
@@ -179,11 +179,25 @@ impl Otel {
                 .start_with_context(&self.tracer, &parent);
             wait.end_with_timestamp(UNIX_EPOCH + Duration::from_millis(now_ms));
         }
+        // A retry links to the attempt that failed before it.
+        let links = job
+            .previous_attempt()
+            .map(|tp| {
+                vec![Link::with_context(SpanContext::new(
+                    TraceId::from_bytes(tp.trace_id),
+                    SpanId::from_bytes(tp.parent_id),
+                    TraceFlags::new(tp.flags),
+                    true,
+                    TraceState::default(),
+                ))]
+            })
+            .unwrap_or_default();
         let span = self
             .tracer
             .span_builder(format!("process {queue}"))
             .with_kind(SpanKind::Consumer)
             .with_attributes(attributes)
+            .with_links(links)
             .start_with_context(&self.tracer, &parent);
         Attempt { span }
     }

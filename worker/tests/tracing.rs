@@ -78,7 +78,9 @@ for line in sys.stdin:
     job = json.loads(line)
     out.write(f"{job['id']} {job.get('traceparent', '-')}\n")
     out.flush()
-    if job.get("data", {}).get("fail"):
+    if job.get("data", {}).get("flaky") and job.get("attempt") == 1:
+        print(json.dumps({"ok": False, "error": "flaky once"}), flush=True)
+    elif job.get("data", {}).get("fail"):
         print(json.dumps({"ok": False, "error": "boom: the\nsecond line", "retry": False}), flush=True)
     else:
         print(json.dumps({"ok": True}), flush=True)
@@ -96,6 +98,7 @@ impl Worker {
             .args(["--redis-url", &redis.url(), "--queue", "traced", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .args(["--heartbeat-interval", "200ms", "--dead-after", "1s"])
+            .args(["--backoff-base", "100ms", "--backoff-max", "200ms"])
             .args(["--", "python3", "-c", HANDLER])
             .arg(record)
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
@@ -229,6 +232,66 @@ async fn an_attempt_continues_the_producers_trace_and_its_handler_gets_the_attem
 
     assert!(worker.metric("workerpool_trace_spans_exported_total") >= 6.0);
     assert_eq!(worker.metric("workerpool_trace_spans_dropped_total"), 0.0);
+}
+
+#[tokio::test]
+async fn a_retried_job_gives_two_attempt_spans_the_second_linked_to_the_failed_first() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (port, spans) = receiver().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "flaky", "traceparent": producer, "data": {"flaky": true}}).to_string()],
+    )
+    .await;
+    let _worker = Worker::start(
+        &redis,
+        &format!("http://127.0.0.1:{port}"),
+        &dir.path().join("seen"),
+    );
+    let attempts = eventually(WAIT, "two attempt spans", || {
+        let spans = spans.clone();
+        async move {
+            let all = spans.lock().ok()?.clone();
+            let mut process: Vec<Span> = all
+                .into_iter()
+                .filter(|s| s.name == "process traced")
+                .collect();
+            process.sort_by_key(|s| s.start_time_unix_nano);
+            (process.len() == 2).then_some(process)
+        }
+    })
+    .await;
+    let (first, second) = (&attempts[0], &attempts[1]);
+    assert!(attribute(first, "workerpool.job.attempt").contains('1'));
+    assert!(attribute(second, "workerpool.job.attempt").contains('2'));
+    assert_eq!(
+        first.status.as_ref().map(|s| s.code),
+        Some(2),
+        "the failed one is an error"
+    );
+    assert!(
+        first
+            .status
+            .as_ref()
+            .is_some_and(|s| s.message.contains("flaky once")),
+        "{first:?}"
+    );
+    assert_eq!(
+        second.status.as_ref().map_or(0, |s| s.code),
+        0,
+        "the second did it"
+    );
+    // Both continue the producer's trace; the second links to the first.
+    for s in [first, second] {
+        assert_eq!(hex(&s.parent_span_id), PRODUCER_SPAN);
+    }
+    assert_eq!(second.links.len(), 1, "{second:?}");
+    assert_eq!(second.links[0].span_id, first.span_id);
+    assert_eq!(second.links[0].trace_id, first.trace_id);
 }
 
 #[tokio::test]

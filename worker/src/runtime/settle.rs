@@ -75,7 +75,8 @@ impl Worker {
         self.job_metrics[qi]
             .duration
             .observe(started.elapsed().as_secs_f64());
-        let settlement = self.settlement(qi, job, outcome);
+        // The job as handed carries the attempt's trace: a retry links to it.
+        let settlement = self.settlement(qi, traced.as_ref().unwrap_or(job), outcome);
         let finished = Settling {
             entry,
             in_hand,
