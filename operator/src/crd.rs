@@ -90,6 +90,37 @@ pub struct WorkerPoolSpec {
     /// and a PodDisruptionBudget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption: Option<DisruptionSpec>,
+
+    /// Trace every attempt with OpenTelemetry: the workers export a span
+    /// per attempt, a child of the producer's `traceparent`, to this
+    /// collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSpec>,
+}
+
+/// OpenTelemetry for the workers, injected as the standard `OTEL_*`
+/// variables (a variable the worker container sets itself wins).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("self.endpoint.matches('^http://[^/?#]+(/.*)?$')").message("spec.tracing.endpoint must be an http:// URL of an OpenTelemetry Collector's OTLP/HTTP port (such as http://otel-collector.observability:4318): the workers send OTLP over HTTP and do not support https yet; a Collector in the cluster can forward over TLS"))]
+#[serde(rename_all = "camelCase")]
+pub struct TracingSpec {
+    /// The OTLP/HTTP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`); spans go to
+    /// its `/v1/traces`.
+    #[schemars(length(min = 8, max = 2048))]
+    pub endpoint: String,
+
+    /// Headers for every export (`OTEL_EXPORTER_OTLP_HEADERS`,
+    /// `key=value,key2=value2`), from a Secret in the pool's namespace: an
+    /// API key, for instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_secret_ref: Option<SecretKeyRef>,
+
+    /// The percentage of traces the workers start themselves that are
+    /// sampled (jobs without a `traceparent`); a job that has one follows
+    /// its producer's decision. Defaults to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub sample_percent: Option<i32>,
 }
 
 /// How the workers meet node disruption.
@@ -935,6 +966,27 @@ mod tests {
             let spec = spec(sizing, disruption);
             let errors = cel_errors(spec.clone());
             assert!(errors.contains(message), "{spec}: got {errors:?}");
+        }
+    }
+
+    #[test]
+    fn a_tracing_endpoint_must_be_an_otlp_http_url() {
+        let spec = |endpoint: &str| {
+            json!({"queue": {"redis": {"url": "redis://r", "key": "q"}}, "template": template(),
+                   "replicas": 1, "tracing": {"endpoint": endpoint}})
+        };
+        for good in [
+            "http://otel-collector.observability:4318",
+            "http://10.0.0.5:4318/base",
+        ] {
+            assert_eq!(cel_errors(spec(good)), "", "{good}");
+        }
+        for bad in ["https://otel.example.com", "otel-collector:4318", "http://"] {
+            let errors = cel_errors(spec(bad));
+            assert!(
+                errors.contains("spec.tracing.endpoint must be an http:// URL"),
+                "{bad}: {errors}"
+            );
         }
     }
 

@@ -316,6 +316,54 @@ pub fn secure_by_default(container: &mut Container, pod: &PodSecurityContext) ->
 /// Adds the queue settings, the worker id, the port and the probes to the
 /// worker container. Settings from the spec replace same-named variables
 /// the template sets, so the spec stays the one source.
+/// The `OTEL_*` variables `spec.tracing` asks for: the endpoint, the
+/// service (the pool's name) and the resource (namespace, pool, pod), the
+/// headers from their Secret, and the sampler when a percentage is set.
+pub fn tracing_env(pool: &WorkerPool) -> Vec<EnvVar> {
+    let Some(t) = &pool.spec.tracing else {
+        return Vec::new();
+    };
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    let namespace = pool.metadata.namespace.clone().unwrap_or_default();
+    let mut env = vec![
+        plain("OTEL_EXPORTER_OTLP_ENDPOINT", t.endpoint.clone()),
+        plain("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".into()),
+        plain("OTEL_SERVICE_NAME", name.clone()),
+        plain(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            format!(
+                "k8s.namespace.name={namespace},k8s.deployment.name={name},workerpool.pool={name},k8s.pod.name=$({})",
+                settings::WORKER_ID
+            ),
+        ),
+    ];
+    if let Some(secret) = &t.headers_secret_ref {
+        env.push(EnvVar {
+            name: "OTEL_EXPORTER_OTLP_HEADERS".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+        });
+    }
+    if let Some(percent) = t.sample_percent {
+        env.push(plain(
+            "OTEL_TRACES_SAMPLER",
+            "parentbased_traceidratio".into(),
+        ));
+        env.push(plain(
+            "OTEL_TRACES_SAMPLER_ARG",
+            format!("{}", f64::from(percent.clamp(0, 100)) / 100.0),
+        ));
+    }
+    env
+}
+
 fn inject(container: &mut Container, pool: &WorkerPool) {
     let redis = &pool.spec.queue.redis;
     let mut ours = Vec::new();
@@ -360,6 +408,13 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
     let env = container.env.get_or_insert_with(Vec::new);
     env.retain(|e| !ours.iter().any(|o| o.name == e.name));
     env.extend(ours);
+    // Tracing: the standard variables, after the worker id they expand;
+    // one the container sets itself wins.
+    for var in tracing_env(pool) {
+        if !env.iter().any(|e| e.name == var.name) {
+            env.push(var);
+        }
+    }
 
     let ports = container.ports.get_or_insert_with(Vec::new);
     if !ports.iter().any(|p| p.container_port == WORKER_PORT) {
@@ -407,6 +462,75 @@ pub(crate) mod tests {
         let c = &pod_of(d).containers;
         let worker = c.iter().find(|c| c.name == "worker").expect("worker");
         serde_json::to_value(&worker.env).expect("json")
+    }
+
+    #[test]
+    fn tracing_injects_the_standard_variables_after_the_worker_id_and_the_template_wins() {
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r:6379", "key": "mail"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w",
+                "env": [{"name": "OTEL_SERVICE_NAME", "value": "mailer"}]}]}},
+            "replicas": 1,
+            "tracing": {"endpoint": "http://otel-collector.observability:4318",
+                        "headersSecretRef": {"name": "otel", "key": "headers"},
+                        "samplePercent": 25},
+        }));
+        let d = build(&p, 1).expect("deployment");
+        let env = &pod_of(&d).containers[0].env.clone().unwrap_or_default();
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+                .unwrap_or_default()
+        };
+        let at = |name: &str| env.iter().position(|e| e.name == name);
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            "http://otel-collector.observability:4318"
+        );
+        assert_eq!(value("OTEL_EXPORTER_OTLP_PROTOCOL"), "http/protobuf");
+        assert_eq!(value("OTEL_SERVICE_NAME"), "mailer", "the template wins");
+        assert_eq!(
+            value("OTEL_RESOURCE_ATTRIBUTES"),
+            "k8s.namespace.name=jobs,k8s.deployment.name=mail,workerpool.pool=mail,k8s.pod.name=$(WORKERPOOL_WORKER_ID)"
+        );
+        assert!(
+            at("WORKERPOOL_WORKER_ID") < at("OTEL_RESOURCE_ATTRIBUTES"),
+            "defined before it is expanded"
+        );
+        assert_eq!(value("OTEL_TRACES_SAMPLER"), "parentbased_traceidratio");
+        assert_eq!(value("OTEL_TRACES_SAMPLER_ARG"), "0.25");
+        let headers = env
+            .iter()
+            .find(|e| e.name == "OTEL_EXPORTER_OTLP_HEADERS")
+            .expect("headers");
+        let secret = headers
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .expect("a Secret");
+        assert_eq!(
+            (secret.name.as_str(), secret.key.as_str()),
+            ("otel", "headers")
+        );
+        assert_eq!(
+            env.iter().filter(|e| e.name == "OTEL_SERVICE_NAME").count(),
+            1
+        );
+
+        let untraced = pool(json!({
+            "queue": {"redis": {"url": "redis://r:6379", "key": "mail"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w"}]}},
+            "replicas": 1,
+        }));
+        let d = build(&untraced, 1).expect("deployment");
+        assert!(
+            pod_of(&d).containers[0]
+                .env
+                .iter()
+                .flatten()
+                .all(|e| !e.name.starts_with("OTEL_"))
+        );
     }
 
     #[test]

@@ -107,6 +107,26 @@ impl WorkerCommand {
         let ours = worker_settings(pool, Some(redis_url.to_string()), tls.clone(), listen).to_env();
         env.retain(|(name, _)| !ours.iter().any(|(o, _)| o == name));
         env.extend(ours.into_iter().map(|(k, v)| (k.to_string(), v)));
+        // spec.tracing as in the cluster, but what only the kubelet
+        // resolves: a Secret's headers, the pod's name.
+        for var in crate::deployment::tracing_env(pool) {
+            if env.iter().any(|(name, _)| *name == var.name) {
+                continue;
+            }
+            match var.value {
+                Some(value) => {
+                    let value = match value.split_once(",k8s.pod.name=") {
+                        Some((before, _)) => before.to_string(),
+                        None => value,
+                    };
+                    env.push((var.name, value));
+                }
+                None => notes.push(format!(
+                    "spec.tracing: {} comes from a Secret, which local mode does not read: not set",
+                    var.name
+                )),
+            }
+        }
         let command = WorkerCommand {
             pool: pool.metadata.name.clone().unwrap_or_default(),
             program,
@@ -631,6 +651,37 @@ spec:
                 "{notes:?}"
             );
         }
+    }
+
+    #[test]
+    fn tracing_reaches_local_workers_but_what_only_the_kubelet_resolves() {
+        let with = POOL.replace(
+            "  replicas: 2\n",
+            "  replicas: 2\n  tracing: {endpoint: \"http://127.0.0.1:4318\", headersSecretRef: {name: o, key: h}}\n",
+        );
+        let pool = pool(&with);
+        let container = super::super::manifest::worker_container(&pool).expect("worker");
+        let (command, notes) = WorkerCommand::for_pool(
+            &pool,
+            container,
+            PathBuf::from("workerpool-worker"),
+            "redis://127.0.0.1:7000/0",
+            &workerpool_queue::connection::Tls::default(),
+        );
+        let env: BTreeMap<_, _> = command.env.iter().cloned().collect();
+        assert_eq!(env["OTEL_EXPORTER_OTLP_ENDPOINT"], "http://127.0.0.1:4318");
+        assert_eq!(env["OTEL_SERVICE_NAME"], "mail");
+        assert!(
+            !env["OTEL_RESOURCE_ATTRIBUTES"].contains("k8s.pod.name"),
+            "{env:?}"
+        );
+        assert!(!env.contains_key("OTEL_EXPORTER_OTLP_HEADERS"));
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("OTEL_EXPORTER_OTLP_HEADERS")),
+            "{notes:?}"
+        );
     }
 
     /// An actuator whose "worker" is `sh -c script`.
