@@ -93,14 +93,18 @@ struct Worker {
 
 impl Worker {
     fn start(redis: &TestRedis, endpoint: &str, record: &std::path::Path) -> Worker {
+        let record = record.to_string_lossy().into_owned();
+        Worker::with_handler(redis, endpoint, &["--", "python3", "-c", HANDLER, &record])
+    }
+
+    fn with_handler(redis: &TestRedis, endpoint: &str, handler: &[&str]) -> Worker {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
             .args(["--redis-url", &redis.url(), "--queue", "traced", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .args(["--heartbeat-interval", "200ms", "--dead-after", "1s"])
             .args(["--backoff-base", "100ms", "--backoff-max", "200ms"])
-            .args(["--", "python3", "-c", HANDLER])
-            .arg(record)
+            .args(handler)
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
             .env("OTEL_SERVICE_NAME", "traced-worker")
             .env("RUST_LOG", "warn")
@@ -292,6 +296,96 @@ async fn a_retried_job_gives_two_attempt_spans_the_second_linked_to_the_failed_f
     assert_eq!(second.links.len(), 1, "{second:?}");
     assert_eq!(second.links[0].span_id, first.span_id);
     assert_eq!(second.links[0].trace_id, first.trace_id);
+}
+
+/// The attempt span of the one job in `spans`, once exported.
+async fn the_attempt(spans: &Arc<Mutex<Vec<Span>>>) -> Span {
+    eventually(WAIT, "the attempt's span", || {
+        let spans = spans.clone();
+        async move {
+            let all = spans.lock().ok()?.clone();
+            all.into_iter().find(|s| s.name == "process traced")
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_exec_per_job_command_gets_the_attempts_traceparent_as_traceparent_in_its_environment() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (port, spans) = receiver().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("env");
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let script = format!("echo \"$TRACEPARENT\" > {}", record.display());
+    let _worker = Worker::with_handler(
+        &redis,
+        &format!("http://127.0.0.1:{port}"),
+        &["--handler", "exec-per-job", "--", "sh", "-c", &script],
+    );
+    let attempt = the_attempt(&spans).await;
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    let seen = std::fs::read_to_string(&record).expect("the command's record");
+    assert_eq!(
+        seen.trim(),
+        format!("00-{TRACE}-{}-01", hex(&attempt.span_id))
+    );
+}
+
+#[tokio::test]
+async fn an_http_handler_gets_the_attempts_traceparent_header() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (port, spans) = receiver().await;
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kept = got.clone();
+    let app = axum::Router::new().route(
+        "/jobs",
+        post(move |headers: axum::http::HeaderMap| {
+            let kept = kept.clone();
+            async move {
+                let tp = headers
+                    .get("traceparent")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_string();
+                kept.lock().unwrap_or_else(|e| e.into_inner()).push(tp);
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let handler_port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let url = format!("http://127.0.0.1:{handler_port}/jobs");
+    let _worker = Worker::with_handler(
+        &redis,
+        &format!("http://127.0.0.1:{port}"),
+        &["--handler", "http", "--http-url", &url],
+    );
+    let attempt = the_attempt(&spans).await;
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    let headers = got.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert_eq!(
+        headers,
+        vec![format!("00-{TRACE}-{}-01", hex(&attempt.span_id))]
+    );
 }
 
 #[tokio::test]
