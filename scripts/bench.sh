@@ -12,6 +12,7 @@
 #   JOBS=5000 CONCURRENCY="1 8" scripts/bench.sh
 #   HANDLER=exec scripts/bench.sh          # a no-op Python exec handler instead
 #   BIN_DIR=/tmp/old scripts/bench.sh      # binaries built before (A/B)
+#   TRACING=on scripts/bench.sh            # a span per attempt, exported to a local OTLP sink
 #
 # Uses CARGO_TARGET_DIR when set. Needs redis-server, redis-cli,
 # redis-benchmark and GNU time (/usr/bin/time; apt-get install -y time).
@@ -25,6 +26,9 @@ FLOOR_CONNECTIONS=${FLOOR_CONNECTIONS:-10}
 # noop (built in) or exec: a three-line Python handler speaking JSON lines,
 # one child process per slot.
 HANDLER=${HANDLER:-noop}
+# on: every job carries a traceparent and the worker exports its spans
+# (OTLP over HTTP) to a sink on this machine that reads and drops them.
+TRACING=${TRACING:-off}
 QUEUE=bench
 TARGET=${CARGO_TARGET_DIR:-target}
 
@@ -50,6 +54,7 @@ time_pid=
 cleanup() {
   if [ -n "$time_pid" ]; then kill "$time_pid" 2>/dev/null || true; fi
   kill "$redis_pid" 2>/dev/null || true
+  if [ -n "${sink_pid:-}" ]; then kill "$sink_pid" 2>/dev/null || true; fi
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
@@ -72,6 +77,31 @@ redis.call('RPOP', KEYS[1])
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 return redis.call('INCR', KEYS[3])"
+
+case $TRACING in
+  off) ;;
+  on)
+    job='{"task":"noop","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","data":{"user":12345,"template":"welcome","locale":"en"}}'
+    sink_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    python3 - "$sink_port" <<'PY' &
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+PY
+    sink_pid=$!
+    export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$sink_port"
+    ;;
+  *) echo "TRACING is on or off, not $TRACING" >&2; exit 1 ;;
+esac
 
 for ((i = 0; i < JOBS; i++)); do echo "$job"; done >"$tmp/jobs"
 
@@ -125,6 +155,9 @@ for c in $CONCURRENCY; do
   wait "$time_pid"
   time_pid=
   read -r user sys peak_kb <"$tmp/time"
+  if [ "$TRACING" = on ] && grep -q "export failed\|spans not sent" "$tmp/worker.log"; then
+    echo "bench: some spans were not exported at concurrency $c (see the worker's log)" >&2
+  fi
   rate=$(( JOBS * 1000000 / (end - start) ))
   steady=$(( (JOBS - JOBS / 10) * 1000000 / (end - tenth) ))
 

@@ -6,6 +6,7 @@
 
 const readline = require('node:readline');
 const { Permanent, WorkerpoolError } = require('./errors');
+const { withJobTrace } = require('./trace');
 
 /** How much of a line that is not a job an answer quotes. */
 const QUOTE = 200;
@@ -109,7 +110,7 @@ class App {
       };
     }
     try {
-      await fn(raw.data, new Job(raw));
+      await withJobTrace(raw, () => fn(raw.data, new Job(raw)));
       return { ok: true };
     } catch (e) {
       if (e instanceof Permanent) {

@@ -1,5 +1,6 @@
 'use strict';
 
+const { currentTrace } = require('./trace');
 const fs = require('node:fs');
 const crypto = require('node:crypto');
 const Redis = require('ioredis');
@@ -309,6 +310,7 @@ function prepare(at, task, data, opts) {
     runAtMs,
     uniqueKey: present(uniqueKey) ? uniqueKey : undefined,
     uniqueFor: present(uniqueFor) ? uniqueFor : undefined,
+    trace: currentTrace(),
   };
 }
 
@@ -346,6 +348,12 @@ function payload(job, now) {
   }
   if (job.uniqueFor !== undefined) {
     text += `,"unique_for":${job.uniqueFor}`;
+  }
+  if (job.trace !== undefined) {
+    text += `,"traceparent":${JSON.stringify(job.trace.traceparent)}`;
+    if (job.trace.tracestate !== undefined) {
+      text += `,"tracestate":${JSON.stringify(job.trace.tracestate)}`;
+    }
   }
   return `${text},"id":${JSON.stringify(job.id)},"enqueued_at":${now}}`;
 }

@@ -256,8 +256,29 @@ def prepare(task: Any, data: Any = None, *, id: Any = None, delay: Any = None,
         if unique_for is not None:
             secs, hold_ms = _hold_ms(unique_for, where)
             fields["unique_for"] = secs
+    fields.update(current_trace())
     return Prepared(id=id if id is not None else new_id(), fields=fields, delay_ms=delay_ms,
                     run_at_ms=run_at_ms, unique_key=unique_key, hold_ms=hold_ms)
+
+
+def current_trace() -> dict:
+    """The W3C trace context of the current span, when OpenTelemetry is installed
+    and a span is active: `traceparent` (and `tracestate`), so the worker's span
+    for each attempt continues the caller's trace. Without OpenTelemetry, nothing."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    carrier: dict = {}
+    propagate.inject(carrier)
+    out = {}
+    traceparent = carrier.get("traceparent")
+    if isinstance(traceparent, str) and traceparent:
+        out["traceparent"] = traceparent
+        tracestate = carrier.get("tracestate")
+        if isinstance(tracestate, str) and tracestate:
+            out["tracestate"] = tracestate
+    return out
 
 
 def prepare_many(jobs: Any) -> list[Prepared]:

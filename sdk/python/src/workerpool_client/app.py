@@ -55,6 +55,30 @@ def _wants_job(fn: Callable[..., Any], name: str) -> bool:
     return len(positional) >= 2
 
 
+def _attach_trace(raw: dict) -> Any:
+    """With OpenTelemetry installed, makes the worker's span of this attempt (the
+    job line's `traceparent`) the current context, so the task's own spans are its
+    children. Returns what `_detach_trace` restores."""
+    traceparent = raw.get("traceparent")
+    if not isinstance(traceparent, str):
+        return None
+    try:
+        from opentelemetry import context, propagate
+    except ImportError:
+        return None
+    carrier = {"traceparent": traceparent}
+    if isinstance(raw.get("tracestate"), str):
+        carrier["tracestate"] = raw["tracestate"]
+    return context.attach(propagate.extract(carrier))
+
+
+def _detach_trace(token: Any) -> None:
+    if token is not None:
+        from opentelemetry import context
+
+        context.detach(token)
+
+
 def _answer(ok: bool, error: str = "", retry: bool = True) -> bytes:
     if ok:
         return b'{"ok":true}\n'
@@ -133,6 +157,7 @@ class App:
         job = JobContext(id=job_id if isinstance(job_id, str) else None,
                          attempt=attempt if isinstance(attempt, int) else 1,
                          task=name, data=raw.get("data"), raw=raw)
+        token = _attach_trace(raw)
         try:
             result = task.fn(job.data, job) if task.wants_job else task.fn(job.data)
             if inspect.isawaitable(result):
@@ -144,6 +169,8 @@ class App:
             log.warning("task %s (job %s, attempt %s) failed: %s", name, job.id, job.attempt,
                         message)
             return _answer(False, f"{message}\n{traceback.format_exc()}".rstrip())
+        finally:
+            _detach_trace(token)
         return _answer(True)
 
     def _run_coroutine(self, awaitable: Any) -> Any:

@@ -1,0 +1,72 @@
+"""OpenTelemetry, when it is installed: a job enqueued inside a span carries that
+span's traceparent, and a task runs inside the worker's span of its attempt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+trace = pytest.importorskip("opentelemetry.trace")
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+
+from workerpool_client import App, Client  # noqa: E402
+
+EXPORTER = InMemorySpanExporter()
+PROVIDER = TracerProvider()
+PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
+TRACER = PROVIDER.get_tracer("tests")
+
+
+def test_a_job_enqueued_inside_a_span_carries_its_traceparent(redis_server, r, queue):
+    with Client(redis_server.url) as client:
+        with TRACER.start_as_current_span("enqueue") as span:
+            client.enqueue(queue, "t", {"n": 1})
+        client.enqueue(queue, "t", {"n": 2})
+    first, second = (json.loads(p) for p in reversed(r.lrange(queue, 0, -1)))
+    ctx = span.get_span_context()
+    version, trace_id, span_id, flags = first["traceparent"].split("-")
+    assert (version, trace_id, span_id) == ("00", f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
+    assert int(flags, 16) & 1, "sampled"
+    assert "traceparent" not in second, "outside a span nothing is added"
+    # id and enqueued_at stay last, where the taking script stamps.
+    assert list(first)[-2:] == ["id", "enqueued_at"]
+
+
+def test_a_task_runs_inside_the_attempts_span_and_its_own_spans_are_children():
+    app = App()
+    seen = {}
+
+    @app.task("work")
+    def work(data):
+        with TRACER.start_as_current_span("inside") as inner:
+            seen["inner"] = inner.get_span_context()
+            seen["parent"] = inner.parent
+
+    attempt_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    attempt_span = "00f067aa0ba902b7"
+    line = json.dumps({"id": "j", "task": "work", "attempt": 1,
+                       "traceparent": f"00-{attempt_trace}-{attempt_span}-01"}).encode()
+    assert json.loads(app.handle(line)) == {"ok": True}
+    assert f"{seen['inner'].trace_id:032x}" == attempt_trace
+    assert f"{seen['parent'].span_id:016x}" == attempt_span
+    # After the task, the attempt's context is gone again.
+    assert not trace.get_current_span().get_span_context().is_valid
+
+
+def test_a_malformed_traceparent_leaves_the_task_running_in_a_trace_of_its_own():
+    app = App()
+    seen = {}
+
+    @app.task("work")
+    def work(data):
+        with TRACER.start_as_current_span("inside") as inner:
+            seen["parent"] = inner.parent
+
+    line = json.dumps({"id": "j", "task": "work", "traceparent": "00-nope-01"}).encode()
+    assert json.loads(app.handle(line)) == {"ok": True}
+    assert seen["parent"] is None
