@@ -202,6 +202,32 @@ impl Otel {
         Attempt { span }
     }
 
+    /// Records the recovery of a lost worker's jobs: a span of its own
+    /// (the reaper does not see the jobs' traces), with a `recovered`
+    /// event naming the lost worker and how many jobs went back.
+    pub fn recovered(&self, queue: &str, lost: &str, jobs: u64) {
+        let mut span = self
+            .tracer
+            .span_builder(format!("recover {queue}"))
+            .with_kind(SpanKind::Internal)
+            .with_attributes([
+                KeyValue::new("messaging.system", "workerpool"),
+                KeyValue::new("messaging.destination.name", queue.to_string()),
+            ])
+            .start(&self.tracer);
+        span.add_event(
+            "recovered",
+            vec![
+                KeyValue::new(
+                    "workerpool.lost_worker",
+                    workerpool_queue::text::safe_line(lost, 200),
+                ),
+                KeyValue::new("workerpool.jobs", i64::try_from(jobs).unwrap_or(i64::MAX)),
+            ],
+        );
+        span.end();
+    }
+
     /// Sends what is queued and stops the exporter (at shutdown), waiting
     /// up to `timeout`.
     pub fn shutdown(&self, timeout: Duration) {

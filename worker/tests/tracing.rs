@@ -389,6 +389,46 @@ async fn an_http_handler_gets_the_attempts_traceparent_header() {
 }
 
 #[tokio::test]
+async fn the_recovery_of_a_lost_workers_jobs_is_a_span_with_a_recovered_event() {
+    use redis::AsyncCommands;
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let (port, spans) = receiver().await;
+    let q = QueueKeys::new("traced");
+    // A worker that went silent a minute ago holding one job.
+    let long_ago = common::server_time_ms(&mut c).await - 60_000;
+    let _: () = c.zadd(q.workers(), "gone~1", long_ago).await.expect("zadd");
+    let _: () = c
+        .lpush(q.processing("gone~1"), json!({"id": "held"}).to_string())
+        .await
+        .expect("lpush");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _worker = Worker::start(
+        &redis,
+        &format!("http://127.0.0.1:{port}"),
+        &dir.path().join("seen"),
+    );
+    let recover = eventually(WAIT, "the recovery's span", || {
+        let spans = spans.clone();
+        async move {
+            let all = spans.lock().ok()?.clone();
+            all.into_iter().find(|s| s.name == "recover traced")
+        }
+    })
+    .await;
+    let event = recover
+        .events
+        .iter()
+        .find(|e| e.name == "recovered")
+        .expect("a recovered event");
+    let text = format!("{:?}", event.attributes);
+    assert!(
+        text.contains("gone~1") && text.contains("IntValue(1)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn with_the_collector_gone_no_job_is_lost_or_stalled_and_the_dropped_spans_are_counted() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;

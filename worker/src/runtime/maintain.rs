@@ -275,6 +275,9 @@ impl Worker {
                 }
                 if let Some(n) = ops::reap(&mut c, q, &lost, Some(self.config.dead_after)).await? {
                     tracing::warn!(queue = q.name(), lost = %shown(&lost), jobs = n, "worker lost; its jobs are back at the head of the queue");
+                    if let Some(otel) = &self.otel {
+                        otel.recovered(q.name(), &lost, n);
+                    }
                     self.metrics
                         .recovered
                         .with_label_values(&[q.name()])
