@@ -9,7 +9,12 @@ import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from '@opentelemetry/core';
 import { BasicTracerProvider } from '@opentelemetry/sdk-trace-base';
 import { App, Client } from '../index.mjs';
-import { raw, startRedis } from './helpers.mjs';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { eventually, raw, startRedis, startWorker } from './helpers.mjs';
 
 let server;
 let redis;
@@ -75,4 +80,37 @@ test('a malformed traceparent leaves the task running in a trace of its own', as
   });
   assert.deepEqual(await app.handle(JSON.stringify({ id: 'j', task: 'work', traceparent: '00-nope-01' })), { ok: true });
   assert.equal(parent, undefined);
+});
+
+test('through the real worker, the task runs as a child of the attempt that continues the producer', async () => {
+  // A collector that takes everything: the worker traces only with one.
+  const sink = http.createServer((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end());
+  });
+  await new Promise((resolve) => sink.listen(0, '127.0.0.1', resolve));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'traced-'));
+  const record = path.join(dir, 'record');
+  const fixture = fileURLToPath(new URL('./fixtures/traced.mjs', import.meta.url));
+  const span = tracer.startSpan('enqueue');
+  await context.with(trace.setSpan(context.active(), span), () => client.enqueue('chain', 'traced', {}));
+  span.end();
+  const worker = await startWorker(server.url, ['--queue', 'chain', '--handler', 'exec', '--', process.execPath, fixture], {
+    OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${sink.address().port}`,
+    RECORD: record,
+  });
+  try {
+    const line = await eventually('the task\'s record', () => (fs.existsSync(record) && fs.readFileSync(record, 'utf8').trim()) || undefined);
+    const seen = JSON.parse(line);
+    const [, traceId, attemptSpan] = seen.handed.split('-');
+    const producer = span.spanContext();
+    assert.equal(traceId, producer.traceId, 'the attempt continues the producer\'s trace');
+    assert.notEqual(attemptSpan, producer.spanId, 'the handler gets the attempt\'s span, not the producer\'s');
+    assert.equal(seen.trace, producer.traceId);
+    assert.equal(seen.parent, attemptSpan, 'the task\'s span is the attempt\'s child');
+  } finally {
+    await worker.stop();
+    sink.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

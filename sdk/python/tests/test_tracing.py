@@ -70,3 +70,72 @@ def test_a_malformed_traceparent_leaves_the_task_running_in_a_trace_of_its_own()
     line = json.dumps({"id": "j", "task": "work", "traceparent": "00-nope-01"}).encode()
     assert json.loads(app.handle(line)) == {"ok": True}
     assert seen["parent"] is None
+
+
+class _Receiver:
+    """An OTLP/HTTP receiver on a free port: the spans of every request, decoded
+    from the official protobuf definitions."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        spans = self.spans = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def test_producer_attempt_and_task_spans_form_one_trace_through_the_real_worker(
+        redis_server, queue, tmp_path):
+    pytest.importorskip("opentelemetry.proto")
+    from support import Worker, python_env, python_handler
+
+    receiver = _Receiver()
+    record = tmp_path / "task-spans"
+    env = python_env()
+    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "TRACED_RECORD": str(record)})
+    try:
+        with Client(redis_server.url) as client:
+            with TRACER.start_as_current_span("enqueue") as producer:
+                client.enqueue(queue, "traced", {"n": 1})
+        with Worker(redis_server.url, [queue], python_handler("traced_app"), env=env) as worker:
+            from support import eventually
+
+            attempt = eventually(
+                lambda: next((s for s in receiver.spans if s.name == f"process {queue}"), None),
+                "the attempt's span at the receiver")
+            eventually(lambda: record.exists() and record.read_text().strip(), "the task's span")
+            log = worker.read_log()
+        produced = producer.get_span_context()
+        assert attempt.trace_id.hex() == f"{produced.trace_id:032x}", log
+        assert attempt.parent_span_id.hex() == f"{produced.span_id:016x}", log
+        task_trace, task_parent = record.read_text().split()
+        assert task_trace == f"{produced.trace_id:032x}"
+        assert task_parent == attempt.span_id.hex(), "the task's span is the attempt's child"
+    finally:
+        receiver.stop()
