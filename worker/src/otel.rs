@@ -267,7 +267,7 @@ impl Attempt {
             Outcome::NotRun { error, .. } => Some((error, "not_run")),
         };
         if let Some((error, kind)) = failure {
-            let text = workerpool_queue::text::safe_line(error, ERROR_CHARS);
+            let text = workerpool_queue::text::safe_line(&redacted(error), ERROR_CHARS);
             self.span.set_attribute(KeyValue::new("error.type", kind));
             self.span.set_status(Status::error(text));
         }
@@ -288,6 +288,24 @@ impl Attempt {
         );
         self.span.end();
     }
+}
+
+/// `text` with the password of every URL in it masked (`redis://u:***@h`):
+/// a handler's error often quotes the URL it could not reach, and a span
+/// leaves the cluster for a tracing backend.
+fn redacted(text: &str) -> String {
+    text.split_inclusive(char::is_whitespace)
+        .map(|word| {
+            let trimmed = word.trim_end();
+            if trimmed.contains("://") && trimmed.contains('@') {
+                let mut out = workerpool_queue::connection::redact(trimmed);
+                out.push_str(&word[trimmed.len()..]);
+                out
+            } else {
+                word.to_string()
+            }
+        })
+        .collect()
 }
 
 enum Message {
@@ -458,6 +476,21 @@ fn export_loop(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_of_urls_in_an_error_are_masked_and_the_rest_kept() {
+        assert_eq!(
+            super::redacted("cannot reach redis://app:s3cret@db:6379/0 (refused)\nretrying"),
+            "cannot reach redis://app:***@db:6379/0 (refused)\nretrying"
+        );
+        assert_eq!(
+            super::redacted("plain words, a@b and c://d"),
+            "plain words, a@b and c://d"
+        );
     }
 }
 
