@@ -479,6 +479,13 @@ fn export_loop(
     }
 }
 
+/// Unix milliseconds now, by this machine's clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -492,11 +499,4 @@ mod tests {
             "plain words, a@b and c://d"
         );
     }
-}
-
-/// Unix milliseconds now, by this machine's clock.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
