@@ -14,6 +14,7 @@
 
 mod cluster;
 mod disruption;
+mod otel;
 mod python;
 mod scenarios;
 mod security;
@@ -45,6 +46,7 @@ fn main() -> ExitCode {
         .chain(truth::ALL)
         .chain(python::ALL)
         .chain(disruption::ALL)
+        .chain(otel::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();
