@@ -101,11 +101,13 @@ pub struct WorkerPoolSpec {
 /// OpenTelemetry for the workers, injected as the standard `OTEL_*`
 /// variables (a variable the worker container sets itself wins).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
-#[x_kube(validation = Rule::new("self.endpoint.matches('^http://[^/?#]+(/.*)?$')").message("spec.tracing.endpoint must be an http:// URL of an OpenTelemetry Collector's OTLP/HTTP port (such as http://otel-collector.observability:4318): the workers send OTLP over HTTP and do not support https yet; a Collector in the cluster can forward over TLS"))]
+#[x_kube(validation = Rule::new("self.endpoint.matches('^https?://[^/?#]+(/.*)?$')").message("spec.tracing.endpoint must be an http:// or https:// URL of an OTLP/HTTP receiver, such as an OpenTelemetry Collector's port 4318 (http://otel-collector.observability:4318); the workers send OTLP over HTTP, not gRPC"))]
 #[serde(rename_all = "camelCase")]
 pub struct TracingSpec {
     /// The OTLP/HTTP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`); spans go to
-    /// its `/v1/traces`.
+    /// its `/v1/traces`. An https:// one is checked against the system's
+    /// roots, or a CA file the worker container names in
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (with the volume that holds it).
     #[schemars(length(min = 8, max = 2048))]
     pub endpoint: String,
 
@@ -978,13 +980,14 @@ mod tests {
         for good in [
             "http://otel-collector.observability:4318",
             "http://10.0.0.5:4318/base",
+            "https://otel.example.com",
         ] {
             assert_eq!(cel_errors(spec(good)), "", "{good}");
         }
-        for bad in ["https://otel.example.com", "otel-collector:4318", "http://"] {
+        for bad in ["grpc://otel:4317", "otel-collector:4318", "http://"] {
             let errors = cel_errors(spec(bad));
             assert!(
-                errors.contains("spec.tracing.endpoint must be an http:// URL"),
+                errors.contains("spec.tracing.endpoint must be an http:// or https:// URL"),
                 "{bad}: {errors}"
             );
         }

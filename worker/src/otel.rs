@@ -62,8 +62,9 @@ impl Otel {
     /// Tracing as the standard variables ask: on when
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
     /// is set, unless `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
-    /// The exporter reads the endpoint, `OTEL_EXPORTER_OTLP_HEADERS` and the
-    /// timeout; the resource reads `OTEL_SERVICE_NAME` (else
+    /// The exporter reads the endpoint (http:// or https://, trusted by the
+    /// system's roots and `OTEL_EXPORTER_OTLP_CERTIFICATE`),
+    /// `OTEL_EXPORTER_OTLP_HEADERS` and the timeout; the resource reads `OTEL_SERVICE_NAME` (else
     /// `workerpool-worker`) and `OTEL_RESOURCE_ATTRIBUTES`; the sampler
     /// reads `OTEL_TRACES_SAMPLER` (parent-based, always on by default).
     pub fn from_env(counters: SpanCounters) -> Result<Option<Otel>, OtelError> {
@@ -93,16 +94,20 @@ impl Otel {
                  (an OpenTelemetry Collector's port 4318)"
             )));
         }
-        if !endpoint.starts_with("http://") {
+        if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
             return Err(OtelError(format!(
-                "the OTLP endpoint {endpoint:?} must be an http:// URL (https is not supported yet: \
-                 send to a Collector in the cluster, which can forward over TLS)"
+                "the OTLP endpoint {endpoint:?} must be an http:// or https:// URL"
             )));
         }
-        let client = opentelemetry_http::hyper::HyperClient::with_default_connector(
-            Duration::from_secs(10),
-            None,
-        );
+        let ca =
+            var("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE").or(var("OTEL_EXPORTER_OTLP_CERTIFICATE"));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client =
+            opentelemetry_http::hyper::HyperClient::new(connector, Duration::from_secs(10), None);
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(client)
@@ -288,6 +293,38 @@ impl Attempt {
         );
         self.span.end();
     }
+}
+
+/// TLS to an https:// collector: the system's roots, and the CA in the PEM
+/// file `ca` (`OTEL_EXPORTER_OTLP_CERTIFICATE`) when one is given.
+fn tls_config(ca: Option<&str>) -> Result<rustls::ClientConfig, OtelError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect())
+            .map_err(|e| OtelError(format!("OTEL_EXPORTER_OTLP_CERTIFICATE {path:?}: {e}")))?;
+        if certs.is_empty() {
+            return Err(OtelError(format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE {path:?} holds no PEM certificate"
+            )));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| OtelError(format!("OTEL_EXPORTER_OTLP_CERTIFICATE {path:?}: {e}")))?;
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+    .map_err(|e| OtelError(format!("TLS: {e}")))
 }
 
 /// `text` with the password of every URL in it masked (`redis://u:***@h`):

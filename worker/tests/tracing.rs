@@ -34,6 +34,25 @@ async fn receiver() -> (u16, Arc<Mutex<Vec<Span>>>) {
 /// [`receiver`], and what stops it: dropped or fired, the receiver closes
 /// its port (the collector goes away).
 async fn stoppable_receiver() -> (u16, Arc<Mutex<Vec<Span>>>, tokio::sync::oneshot::Sender<()>) {
+    let (app, spans) = collector_app();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (port, spans, stop)
+}
+
+/// The receiver's routes: `/v1/traces` decodes each request and keeps its
+/// spans.
+fn collector_app() -> (axum::Router, Arc<Mutex<Vec<Span>>>) {
     let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
     let kept = spans.clone();
     let app = axum::Router::new().route(
@@ -69,19 +88,64 @@ async fn stoppable_receiver() -> (u16, Arc<Mutex<Vec<Span>>>, tokio::sync::onesh
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    (app, spans)
+}
+
+/// A TLS listener for axum: TCP, then the handshake with `acceptor`.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// The receiver over TLS, with the server certificate of `certs` (for
+/// 127.0.0.1).
+async fn tls_receiver(certs: &workerpool_tests::tls::Certificates) -> (u16, Arc<Mutex<Vec<Span>>>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&certs.server_cert)
+        .expect("server cert")
+        .collect::<Result<_, _>>()
+        .expect("pem");
+    let key = PrivateKeyDer::from_pem_file(&certs.server_key).expect("server key");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .expect("server config");
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    (port, spans, stop)
+    let port = tcp.local_addr().expect("addr").port();
+    let listener = TlsListener {
+        tcp,
+        acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+    };
+    let (app, spans) = collector_app();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, spans)
 }
 
 /// The exec handler: records `<id> <traceparent it got>` in a file, and
@@ -113,6 +177,15 @@ impl Worker {
     }
 
     fn with_handler(redis: &TestRedis, endpoint: &str, handler: &[&str]) -> Worker {
+        Worker::with_env(redis, endpoint, handler, &[])
+    }
+
+    fn with_env(
+        redis: &TestRedis,
+        endpoint: &str,
+        handler: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
             .args(["--redis-url", &redis.url(), "--queue", "traced", "--listen"])
@@ -122,6 +195,7 @@ impl Worker {
             .args(handler)
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
             .env("OTEL_SERVICE_NAME", "traced-worker")
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
@@ -441,6 +515,64 @@ async fn the_recovery_of_a_lost_workers_jobs_is_a_span_with_a_recovered_event() 
         text.contains("gone~1") && text.contains("IntValue(1)"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn spans_reach_an_https_collector_trusted_through_otel_exporter_otlp_certificate() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = workerpool_tests::tls::Certificates::make(dir.path());
+    let (port, spans) = tls_receiver(&certs).await;
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let record = dir.path().join("seen").to_string_lossy().into_owned();
+    let ca = certs.ca.to_string_lossy().into_owned();
+    let _worker = Worker::with_env(
+        &redis,
+        &format!("https://127.0.0.1:{port}"),
+        &["--", "python3", "-c", HANDLER, &record],
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
+    );
+    let attempt = the_attempt(&spans).await;
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+}
+
+#[tokio::test]
+async fn an_https_collector_whose_certificate_is_not_trusted_gets_nothing_and_the_jobs_run() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = workerpool_tests::tls::Certificates::make(dir.path());
+    let (port, spans) = tls_receiver(&certs).await;
+    let q = QueueKeys::new("traced");
+    common::push(&mut c, "traced", &[json!({"id": "one"}).to_string()]).await;
+    let record = dir.path().join("seen").to_string_lossy().into_owned();
+    // No CA given: the private CA is not among the system's roots.
+    let worker = Worker::with_env(
+        &redis,
+        &format!("https://127.0.0.1:{port}"),
+        &["--", "python3", "-c", HANDLER, &record],
+        &[],
+    );
+    eventually(WAIT, "the job done", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (common::counter(&mut c, q.stats_processed()).await == 1).then_some(()) }
+    })
+    .await;
+    eventually(WAIT, "the dropped spans counted", || {
+        let dropped =
+            worker.metric("workerpool_trace_spans_dropped_total{reason=\"export_failed\"}");
+        async move { (dropped >= 1.0).then_some(()) }
+    })
+    .await;
+    assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
 }
 
 #[tokio::test]
