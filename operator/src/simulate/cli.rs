@@ -200,6 +200,23 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
                 100.0 * r.utilization
             ));
         }
+        // On steady traffic, the physical bound beside what each spent.
+        if let Some(rate) = config.trace.steady_rate() {
+            let mean = config.job_duration.mean();
+            let slots = f64::from(config.concurrency.max(1));
+            let seconds = config.trace.end().max(1.0);
+            for (name, r) in &report.policies {
+                if let Some(servers) = super::erlang::servers_for_p95(rate, mean, r.p95_wait_s) {
+                    let replicas = (f64::from(servers) / slots).ceil();
+                    out.push_str(&format!(
+                        "{name}: steady {rate:.2} jobs/s; at its p95 wait of {:.2} s the Erlang-C minimum (M/M/c) is {replicas} replica{} ({servers} slots); it ran {:.2} on average\n",
+                        r.p95_wait_s,
+                        if replicas == 1.0 { "" } else { "s" },
+                        r.replica_seconds / seconds
+                    ));
+                }
+            }
+        }
     }
     if args.json {
         // One trace: the object itself, as before; several: keyed by trace.
@@ -313,4 +330,37 @@ fn to_json(value: &impl serde::Serialize) -> Result<serde_json::Value, SimulateE
 fn read(path: &std::path::Path) -> Result<String, SimulateError> {
     std::fs::read_to_string(path)
         .map_err(|e| SimulateError(format!("reading {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::SimulateArgs,
+    }
+
+    fn run(args: &[&str]) -> String {
+        let cli = Cli::try_parse_from(std::iter::once("simulate").chain(args.iter().copied()))
+            .expect("arguments");
+        super::run(&cli.args).expect("a report")
+    }
+
+    #[test]
+    fn steady_traffic_gets_the_erlang_c_minimum_beside_each_policy_and_bursts_do_not() {
+        let steady = run(&["--generate", "steady", "--seed", "3"]);
+        let lines: Vec<&str> = steady
+            .lines()
+            .filter(|l| l.contains("Erlang-C minimum"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{steady}");
+        assert!(
+            lines[0].starts_with("engine: steady ") && lines[1].starts_with("keda: steady "),
+            "{steady}"
+        );
+        let burst = run(&["--generate", "burst", "--seed", "3"]);
+        assert!(!burst.contains("Erlang-C"), "{burst}");
+    }
 }

@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod compare;
 mod dist;
+pub mod erlang;
 pub mod fuzz;
 mod keda;
 mod trace;

@@ -93,6 +93,23 @@ impl Trace {
         self.rows.last().map_or(0.0, |&(t, _)| t)
     }
 
+    /// The arrival rate when the trace is steady traffic (every row's rate
+    /// within a quarter of the mean, as Poisson noise on a constant rate
+    /// gives), in jobs a second.
+    pub fn steady_rate(&self) -> Option<f64> {
+        let rates: Vec<f64> = self
+            .rows
+            .windows(2)
+            .filter(|w| w[1].0 > w[0].0)
+            .map(|w| w[0].1 as f64 / (w[1].0 - w[0].0))
+            .collect();
+        if rates.len() < 10 {
+            return None;
+        }
+        let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+        (mean > 0.0 && rates.iter().all(|r| (r - mean).abs() <= 0.25 * mean)).then_some(mean)
+    }
+
     /// Total jobs.
     pub fn jobs(&self) -> u64 {
         self.rows.iter().map(|&(_, n)| n).sum()
