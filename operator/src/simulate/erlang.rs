@@ -22,7 +22,7 @@ pub fn wait_probability(servers: u32, load: f64) -> f64 {
 /// `wait_s` (M/M/c: `P(W > t) = C · e^(-(cμ - λ)t)`), for `rate` jobs a
 /// second of mean `mean_s` seconds. `None` without traffic.
 pub fn servers_for_p95(rate: f64, mean_s: f64, wait_s: f64) -> Option<u32> {
-    if !(rate > 0.0 && mean_s > 0.0) || !rate.is_finite() || !mean_s.is_finite() {
+    if !(rate > 0.0 && mean_s > 0.0 && rate.is_finite() && mean_s.is_finite()) {
         return None;
     }
     let load = rate * mean_s;
