@@ -255,6 +255,12 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
                 "stabilizationWindowSeconds": 0,
                 "policies": [{"type": "Pods", "value": 1, "periodSeconds": 4}],
             });
+            // Longer than the policy takes from 3 to 1 (two steps of 4 s,
+            // and a poll): whenever the last job ends, at whatever size the
+            // pool then has, it is down to its last replica before it has
+            // been idle long enough to go to zero. Going to zero is not a
+            // scale-down step: it is taken at once, from any size.
+            spec["scaling"]["idleSecondsBeforeZero"] = 20.into();
         });
     k.apply(&ns.name, &pool.manifest());
     eventually(Duration::from_secs(30), "QueueReachable", |last| {
