@@ -163,6 +163,22 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
 }
 
 /// An environment variable with a plain value.
+/// A variable the kubelet reads from a key of a Secret (which must exist).
+fn from_secret(name: &str, secret: &crate::crd::SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.name.clone(),
+                key: secret.key.clone(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
 fn plain(name: &str, value: String) -> EnvVar {
     EnvVar {
         name: name.into(),
@@ -338,18 +354,7 @@ pub fn tracing_env(pool: &WorkerPool) -> Vec<EnvVar> {
         ),
     ];
     if let Some(secret) = &t.headers_secret_ref {
-        env.push(EnvVar {
-            name: "OTEL_EXPORTER_OTLP_HEADERS".into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.name.clone(),
-                    key: secret.key.clone(),
-                    optional: Some(false),
-                }),
-                ..EnvVarSource::default()
-            }),
-        });
+        env.push(from_secret("OTEL_EXPORTER_OTLP_HEADERS", secret));
     }
     if let Some(percent) = t.sample_percent {
         env.push(plain(
@@ -370,18 +375,7 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
     // A URL from a Secret is a reference the kubelet resolves, not a value.
     let url = match (&redis.url, &redis.url_secret_ref) {
         (_, Some(secret)) => {
-            ours.push(EnvVar {
-                name: settings::REDIS_URL.into(),
-                value: None,
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: secret.name.clone(),
-                        key: secret.key.clone(),
-                        optional: Some(false),
-                    }),
-                    ..EnvVarSource::default()
-                }),
-            });
+            ours.push(from_secret(settings::REDIS_URL, secret));
             None
         }
         (url, None) => Some(url.clone().unwrap_or_default()),

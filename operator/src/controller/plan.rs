@@ -230,6 +230,7 @@ pub(super) fn plan(
         None => status.protected_pods,
     };
     let wanted = disruption::budget(pool);
+    let wanted_name = wanted.as_ref().and_then(|b| b.metadata.name.clone());
     let previous = pool
         .status
         .as_ref()
@@ -245,11 +246,7 @@ pub(super) fn plan(
         }
         (None, _, _) => BudgetWrite::Keep,
     };
-    status.disruption_budget = match &budget {
-        BudgetWrite::Apply(b) => b.metadata.name.clone(),
-        BudgetWrite::Delete(_) => None,
-        BudgetWrite::Keep => disruption::budget(pool).map(|_| disruption::budget_name(pool)),
-    };
+    status.disruption_budget = wanted_name;
     let poll = pool
         .spec
         .scaling

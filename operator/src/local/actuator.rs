@@ -627,6 +627,19 @@ spec:
         }
     }
 
+    /// The worker command local mode builds for the pool in `yaml`, and its notes.
+    fn command_for(yaml: &str) -> (WorkerCommand, Vec<String>) {
+        let pool = pool(yaml);
+        let container = super::super::manifest::worker_container(&pool).expect("worker");
+        WorkerCommand::for_pool(
+            &pool,
+            container,
+            PathBuf::from("workerpool-worker"),
+            "redis://127.0.0.1:7000/0",
+            &workerpool_queue::connection::Tls::default(),
+        )
+    }
+
     #[test]
     fn a_disruption_spec_is_named_as_not_used_locally() {
         let with = POOL.replace(
@@ -634,15 +647,7 @@ spec:
             "  replicas: 2\n  disruption: {protectBusyPods: true}\n",
         );
         for (yaml, noted) in [(POOL.to_string(), false), (with, true)] {
-            let pool = pool(&yaml);
-            let container = super::super::manifest::worker_container(&pool).expect("worker");
-            let (_, notes) = WorkerCommand::for_pool(
-                &pool,
-                container,
-                PathBuf::from("workerpool-worker"),
-                "redis://127.0.0.1:7000/0",
-                &workerpool_queue::connection::Tls::default(),
-            );
+            let (_, notes) = command_for(&yaml);
             assert_eq!(
                 notes
                     .iter()
@@ -659,15 +664,7 @@ spec:
             "  replicas: 2\n",
             "  replicas: 2\n  tracing: {endpoint: \"http://127.0.0.1:4318\", headersSecretRef: {name: o, key: h}}\n",
         );
-        let pool = pool(&with);
-        let container = super::super::manifest::worker_container(&pool).expect("worker");
-        let (command, notes) = WorkerCommand::for_pool(
-            &pool,
-            container,
-            PathBuf::from("workerpool-worker"),
-            "redis://127.0.0.1:7000/0",
-            &workerpool_queue::connection::Tls::default(),
-        );
+        let (command, notes) = command_for(&with);
         let env: BTreeMap<_, _> = command.env.iter().cloned().collect();
         assert_eq!(env["OTEL_EXPORTER_OTLP_ENDPOINT"], "http://127.0.0.1:4318");
         assert_eq!(env["OTEL_SERVICE_NAME"], "mail");
