@@ -6,7 +6,9 @@ use k8s_openapi::api::autoscaling::v2::{
     HPAScalingPolicy, HPAScalingRules, HorizontalPodAutoscalerBehavior,
 };
 use proptest::prelude::*;
-use workerpool_operator::scaling::{Engine, FallbackSpec, Observation, Rule, ScalingSpec};
+use workerpool_operator::scaling::{
+    DEFAULT_IDLE_SECONDS_BEFORE_ZERO, Engine, FallbackSpec, Observation, Rule, ScalingSpec,
+};
 
 fn policy() -> impl Strategy<Value = HPAScalingPolicy> {
     (
@@ -44,7 +46,7 @@ fn spec() -> impl Strategy<Value = ScalingSpec> {
             proptest::option::of(1..120i32),
             proptest::option::of(1..120i32),
         ),
-        (1..5i32, 0..400i32),
+        (1..5i32, proptest::option::of(0..400i32)),
         proptest::option::of((rules(), rules())),
         proptest::option::of((1..4i32, 0..10i32)),
     )
@@ -209,6 +211,43 @@ proptest! {
             if pending && may_wake {
                 let decision = engine.clone().tick(&spec, observation, now);
                 assert!(decision.desired >= 1, "{decision:?} with {observation:?}");
+            }
+        });
+    }
+
+    #[test]
+    fn goes_to_zero_only_after_the_idle_hold_with_nothing_pending_or_completed(
+        (spec, start) in spec_and_start(),
+        steps in proptest::collection::vec(step(), 1..40),
+    ) {
+        // The last poll that saw work: jobs waiting or running, or completed since the
+        // poll before; the engine is then at least `idle_hold` past it when it goes to
+        // zero, and the hold is idleSecondsBeforeZero as written, else at most 300 s.
+        let mut last_work: Option<Duration> = None;
+        let mut last_processed: Option<u64> = None;
+        replay(&spec, start, &steps, |engine, observation, now, step| {
+            if step.failed {
+                return;
+            }
+            let completed = last_processed.is_some_and(|p| p != observation.processed_total);
+            last_processed = Some(observation.processed_total);
+            if observation.backlog > 0 || observation.in_flight > 0 || completed {
+                last_work = Some(now);
+            }
+            let mut after = engine.clone();
+            let decision = after.tick(&spec, observation, now);
+            let hold = after.idle_hold(&spec);
+            match spec.idle_seconds_before_zero {
+                Some(written) => assert_eq!(hold.seconds, written),
+                None => assert!((1..=DEFAULT_IDLE_SECONDS_BEFORE_ZERO).contains(&hold.seconds), "{hold:?}"),
+            }
+            if decision.reason.rule == Rule::IdleToZero && observation.current_replicas > 0 {
+                assert_eq!(decision.desired, 0);
+                assert!(spec.min_replicas == 0);
+                if let Some(work) = last_work {
+                    let idle = now.saturating_sub(work).as_secs_f64();
+                    assert!(idle >= f64::from(hold.seconds), "to zero after {idle} s idle, hold {hold:?}");
+                }
             }
         });
     }

@@ -1,15 +1,21 @@
 //! The engine: one tick turns an observation into a decision.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use workerpool_queue::rate::RateLimit;
 
 use super::behavior::to_i32;
+use super::spec::DEFAULT_IDLE_SECONDS_BEFORE_ZERO;
 use super::{
-    Behavior, Limit, Normalized, Normalizer, Observation, RateCap, RateEstimator, Reason, Rule,
-    ScalingSpec, StartupEstimator,
+    Behavior, HoldBasis, IdleHold, Limit, Normalized, Normalizer, Observation, RateCap,
+    RateEstimator, Reason, Rule, ScalingSpec, StartupEstimator,
 };
+
+/// The idle spells [`Engine::idle_hold`] weighs: the last five that outlasted the short
+/// hold.
+const IDLE_SPELLS_REMEMBERED: usize = 5;
 
 /// What the workers' settings tell the engine: the queue's rate limit (if
 /// any) and the jobs each worker runs at once.
@@ -156,6 +162,12 @@ pub struct Engine {
     startup: StartupEstimator,
     consecutive_failures: u32,
     idle_since: Option<f64>,
+    /// The lengths of the last idle spells that outlasted the short hold (see
+    /// [`Engine::idle_hold`]), oldest first.
+    idle_spells: VecDeque<f64>,
+    /// `processed_total` at the last tick: jobs completed between two polls are work
+    /// even when no poll saw them waiting or running.
+    last_processed: Option<u64>,
     /// Since when the pool has had a ready pod (none at zero): before any job was
     /// timed, its jobs are known to take at least that long.
     ready_since: Option<f64>,
@@ -272,6 +284,7 @@ impl Engine {
                 limit,
                 consecutive_failures: self.consecutive_failures,
                 rate_cap: None,
+                idle_hold: None,
             },
             recommendation: proposed,
             proposals: Proposals::default(),
@@ -352,11 +365,18 @@ impl Engine {
             }
         };
 
-        if obs.pending() {
-            self.idle_since = None;
+        let completed = self
+            .last_processed
+            .is_some_and(|last| last != obs.processed_total);
+        self.last_processed = Some(obs.processed_total);
+        if obs.pending() || completed {
+            if let Some(since) = self.idle_since.take() {
+                self.remember_idle_spell(spec, now - since);
+            }
         } else if self.idle_since.is_none() {
             self.idle_since = Some(now);
         }
+        let hold = self.idle_hold(spec);
 
         if current == 0 {
             // The backlog already holds the due retries and delayed jobs.
@@ -388,6 +408,7 @@ impl Engine {
                         limit,
                         consecutive_failures: 0,
                         rate_cap: None,
+                        idle_hold: None,
                     },
                     recommendation,
                 );
@@ -398,6 +419,7 @@ impl Engine {
                     limit: Some(Limit::MinReplicas),
                     consecutive_failures: 0,
                     rate_cap: None,
+                    idle_hold: None,
                 };
                 return decision(min, reason, 0);
             }
@@ -406,9 +428,16 @@ impl Engine {
 
         if min == 0
             && let Some(since) = self.idle_since
-            && now - since >= f64::from(spec.idle_seconds_before_zero.max(0))
+            && now - since >= f64::from(hold.seconds)
         {
-            return decision(0, Reason::of(Rule::IdleToZero), 0);
+            return decision(
+                0,
+                Reason {
+                    idle_hold: Some(hold),
+                    ..Reason::of(Rule::IdleToZero)
+                },
+                0,
+            );
         }
 
         // The HPA's own guard: a count outside [min, max] goes to the bound directly.
@@ -420,6 +449,7 @@ impl Engine {
                     limit: Some(Limit::MaxReplicas),
                     consecutive_failures: 0,
                     rate_cap: None,
+                    idle_hold: None,
                 },
                 largest,
             );
@@ -432,16 +462,17 @@ impl Engine {
                     limit: Some(Limit::MinReplicas),
                     consecutive_failures: 0,
                     rate_cap: None,
+                    idle_hold: None,
                 },
                 largest,
             );
         }
 
         // Below one replica only through the idle rule above.
-        let (recommendation, rule) = if largest < 1 {
-            (1, Rule::AwaitingIdle)
+        let (recommendation, rule, idle_hold) = if largest < 1 {
+            (1, Rule::AwaitingIdle, (min == 0).then_some(hold))
         } else {
-            (largest, rule)
+            (largest, rule, None)
         };
         // The scale-down window does not hold the pool above what the rate limit keeps
         // busy: those workers are known to be idle, not a noisy reading.
@@ -461,9 +492,79 @@ impl Engine {
                 limit,
                 consecutive_failures: 0,
                 rate_cap: None,
+                idle_hold,
             },
             recommendation,
         )
+    }
+
+    /// How long the pool keeps its last worker with nothing queued, due or running
+    /// before it goes to zero.
+    ///
+    /// `idleSecondsBeforeZero` as written, when it is. Left out, keeping the worker is a
+    /// bet that work comes back before serving it would cost a new pod's start-up:
+    /// - the engine remembers the last idle spells that outlasted one start-up time (the
+    ///   short hold below) and how long they lasted. When at least half of them ended
+    ///   with new work within [`DEFAULT_IDLE_SECONDS_BEFORE_ZERO`] (300 s, the default
+    ///   `cooldownPeriod` of KEDA), the worker is kept that long: the next job then finds
+    ///   it warm instead of waiting for a pod to start;
+    /// - otherwise (no such spell yet, or work lately came back later than that) the
+    ///   worker is kept one measured start-up time, at least one poll. Whatever comes
+    ///   next, that costs at most twice what the best choice made knowing the future
+    ///   costs (the ski-rental rule, as for the scale-down window): work back within the
+    ///   hold finds the worker, and later work pays one start-up, no more than the hold;
+    /// - until the start-up time is measured, the full 300 s.
+    pub fn idle_hold(&self, spec: &ScalingSpec) -> IdleHold {
+        if let Some(written) = spec.idle_seconds_before_zero {
+            return IdleHold {
+                seconds: written.max(0),
+                basis: HoldBasis::Written,
+            };
+        }
+        let cap = DEFAULT_IDLE_SECONDS_BEFORE_ZERO;
+        let Some(short) = self.short_idle_hold(spec) else {
+            return IdleHold {
+                seconds: cap,
+                basis: HoldBasis::StartupUnknown,
+            };
+        };
+        let returned = self
+            .idle_spells
+            .iter()
+            .filter(|spell| **spell <= f64::from(cap))
+            .count();
+        if !self.idle_spells.is_empty() && 2 * returned >= self.idle_spells.len() {
+            IdleHold {
+                seconds: cap,
+                basis: HoldBasis::WorkReturns,
+            }
+        } else {
+            IdleHold {
+                seconds: ceil(short).min(cap),
+                basis: HoldBasis::Startup,
+            }
+        }
+    }
+
+    /// One measured start-up time, at least one poll; `None` until measured.
+    fn short_idle_hold(&self, spec: &ScalingSpec) -> Option<f64> {
+        let startup = self.startup.seconds()?;
+        Some(startup.max(f64::from(spec.poll_interval_seconds.max(1))))
+    }
+
+    /// Remembers an idle spell that ended with new work after `length` seconds, when it
+    /// outlasted the short hold: shorter spells are served by either hold and say
+    /// nothing about whether the longer one pays.
+    fn remember_idle_spell(&mut self, spec: &ScalingSpec, length: f64) {
+        let Some(short) = self.short_idle_hold(spec) else {
+            return;
+        };
+        if length > short {
+            self.idle_spells.push_back(length);
+            while self.idle_spells.len() > IDLE_SPELLS_REMEMBERED {
+                self.idle_spells.pop_front();
+            }
+        }
     }
 
     /// Every target's proposal, the largest, and which rule it belongs to.

@@ -10,7 +10,9 @@
 //!    per-replica throughput is known; the wait target when set), each with the HPA's
 //!    tolerance; the largest proposal wins;
 //! 2. zero is special: a pool at zero wakes only at `activationBacklog` and then goes
-//!    straight to the proposed size; a pool goes to zero only after `idleSecondsBeforeZero`
+//!    straight to the proposed size; a pool goes to zero only after its idle hold
+//!    ([`Engine::idle_hold`]: `idleSecondsBeforeZero`, or when that is left out, 300 s
+//!    while work lately came back within 300 s of going idle, else one pod start-up)
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
 //! 3. a queue with a rate limit (`spec.worker.rateLimit`) caps the proposal at the
 //!    workers the limit keeps busy: with `J = rate × job seconds`,
@@ -36,8 +38,8 @@ pub use behavior::{
 };
 pub use engine::{Decision, Engine, MANUAL_REPLICAS, Proposals, Verdict, Workers, decide};
 pub use estimate::{RateEstimator, StartupEstimator};
-pub use reason::{Limit, RateCap, Reason, Rule};
-pub use spec::{FallbackSpec, ScalingSpec};
+pub use reason::{HoldBasis, IdleHold, Limit, RateCap, Reason, Rule};
+pub use spec::{DEFAULT_IDLE_SECONDS_BEFORE_ZERO, FallbackSpec, ScalingSpec};
 
 use serde::{Deserialize, Serialize};
 

@@ -17,9 +17,10 @@ pub enum Rule {
     /// The largest target was within the tolerance of the current count, which is kept.
     WithinTolerance,
     /// The targets asked for zero; at least one replica stays until the pool has been idle
-    /// for `idleSecondsBeforeZero` (or while work is pending).
+    /// for its hold (`idleSecondsBeforeZero`, or the operator's choice when it is left
+    /// out), or while work is pending.
     AwaitingIdle,
-    /// Idle for `idleSecondsBeforeZero`: scaled to zero.
+    /// Idle for its hold: scaled to zero.
     IdleToZero,
     /// At zero and the backlog reached `activationBacklog`: woke straight to the computed size.
     Activation,
@@ -64,6 +65,45 @@ pub struct RateCap {
     pub workers: i32,
 }
 
+/// How long an idle pool keeps its last worker, and why that long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleHold {
+    /// Seconds with nothing queued, due or running before the pool goes to zero.
+    pub seconds: i32,
+    /// Where the figure comes from.
+    pub basis: HoldBasis,
+}
+
+/// Where an idle hold comes from (see `Engine::idle_hold`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HoldBasis {
+    /// `idleSecondsBeforeZero`, as written.
+    Written,
+    /// Left out, and the queue's work has lately come back within 300 s of going idle.
+    WorkReturns,
+    /// Left out, and work has not lately come back within 300 s: one pod start-up.
+    Startup,
+    /// Left out, before any pod start-up was timed: 300 s.
+    StartupUnknown,
+}
+
+impl IdleHold {
+    /// The hold in words: "300 s (idleSecondsBeforeZero)".
+    pub fn describe(&self) -> String {
+        let why = match self.basis {
+            HoldBasis::Written => "idleSecondsBeforeZero",
+            HoldBasis::WorkReturns => "work has lately come back within 300 s of going idle",
+            HoldBasis::Startup => {
+                "one pod start-up: work has not lately come back within 300 s of going idle"
+            }
+            HoldBasis::StartupUnknown => "no pod start-up timed yet",
+        };
+        format!("{} s ({why})", self.seconds)
+    }
+}
+
 /// Why the engine decided what it did: machine-readable for status and events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -80,6 +120,10 @@ pub struct Reason {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(skip)]
     pub rate_cap: Option<RateCap>,
+    /// With the rules `AwaitingIdle` and `IdleToZero`: the idle hold in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(skip)]
+    pub idle_hold: Option<IdleHold>,
 }
 
 impl Rule {
@@ -123,6 +167,7 @@ impl Reason {
             limit: None,
             consecutive_failures: 0,
             rate_cap: None,
+            idle_hold: None,
         }
     }
 
@@ -140,11 +185,17 @@ impl Reason {
             Rule::WithinTolerance => {
                 "the largest target is within tolerance of the current size".to_string()
             }
-            Rule::AwaitingIdle => {
-                "no work to size for; keeping a replica until the pool has been idle long enough"
-                    .to_string()
-            }
-            Rule::IdleToZero => "idle for idleSecondsBeforeZero; scaling to zero".to_string(),
+            Rule::AwaitingIdle => match self.idle_hold {
+                Some(hold) => format!(
+                    "no work to size for; keeping a replica until the pool has been idle {}",
+                    hold.describe()
+                ),
+                None => "no work to size for; keeping a replica".to_string(),
+            },
+            Rule::IdleToZero => match self.idle_hold {
+                Some(hold) => format!("idle for {}; scaling to zero", hold.describe()),
+                None => "idle; scaling to zero".to_string(),
+            },
             Rule::Activation => {
                 "backlog reached activationBacklog; waking from zero at the computed size"
                     .to_string()

@@ -58,10 +58,13 @@ pub struct ScalingSpec {
     pub activation_backlog: i32,
 
     /// Seconds with nothing queued, due or running before the pool scales to zero (when
-    /// `minReplicas` is 0). Defaults to 300, like KEDA's `cooldownPeriod`.
-    #[serde(default = "default_idle_seconds_before_zero")]
+    /// `minReplicas` is 0), kept exactly as written. Left out, the operator decides within
+    /// 300 s (KEDA's `cooldownPeriod`): it keeps the last worker 300 s while this queue's
+    /// work has lately come back within that time, and otherwise for one measured pod
+    /// start-up time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
-    pub idle_seconds_before_zero: i32,
+    pub idle_seconds_before_zero: Option<i32>,
 
     /// How fast the pool may grow and shrink: the `behavior` field of a
     /// HorizontalPodAutoscaler (`autoscaling/v2`), with the same meaning. Fields left out
@@ -106,9 +109,9 @@ fn default_target_drain_seconds() -> Option<i32> {
 fn default_activation_backlog() -> i32 {
     1
 }
-fn default_idle_seconds_before_zero() -> i32 {
-    300
-}
+/// The longest the operator keeps an idle pool's last worker when
+/// `idleSecondsBeforeZero` is left out: KEDA's `cooldownPeriod` default.
+pub const DEFAULT_IDLE_SECONDS_BEFORE_ZERO: i32 = 300;
 fn default_failure_threshold() -> i32 {
     3
 }
@@ -123,7 +126,7 @@ impl Default for ScalingSpec {
             target_drain_seconds: default_target_drain_seconds(),
             target_wait_seconds: None,
             activation_backlog: default_activation_backlog(),
-            idle_seconds_before_zero: default_idle_seconds_before_zero(),
+            idle_seconds_before_zero: None,
             behavior: None,
             fallback: None,
         }
@@ -171,10 +174,11 @@ impl ScalingSpec {
                 found.push(format!("{name} must be 1 or more, not {value}"));
             }
         }
-        if self.idle_seconds_before_zero < 0 {
+        if let Some(idle) = self.idle_seconds_before_zero
+            && idle < 0
+        {
             found.push(format!(
-                "idleSecondsBeforeZero must be 0 or more, not {}",
-                self.idle_seconds_before_zero
+                "idleSecondsBeforeZero must be 0 or more, not {idle}"
             ));
         }
         if let Some(fallback) = &self.fallback {

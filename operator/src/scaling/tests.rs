@@ -452,7 +452,7 @@ fn a_due_retry_counts_once_towards_activation_through_the_snapshot() {
 #[test]
 fn goes_to_zero_only_after_idle_seconds_before_zero() {
     let spec = ScalingSpec {
-        idle_seconds_before_zero: 300,
+        idle_seconds_before_zero: Some(300),
         ..plain()
     };
     let mut engine = Engine::new();
@@ -465,10 +465,111 @@ fn goes_to_zero_only_after_idle_seconds_before_zero() {
     assert_eq!(last.reason.rule, Rule::IdleToZero);
 }
 
+/// Ticks an idle pool of one every 5 s from `from` until it goes to zero (or `until`),
+/// and returns when it did. Seven jobs were completed before, none since.
+fn idle_until_zero(engine: &mut Engine, spec: &ScalingSpec, from: u64, until: u64) -> Option<u64> {
+    (from..=until).step_by(5).find(|&t| {
+        let o = Observation {
+            processed_total: 7,
+            ..obs(0, 0, 1)
+        };
+        engine.tick(spec, &o, at(t)).desired == 0
+    })
+}
+
+#[test]
+fn left_out_the_idle_hold_is_one_start_up_until_work_is_seen_to_come_back_within_300_s() {
+    let spec = ScalingSpec {
+        idle_seconds_before_zero: None,
+        ..plain()
+    };
+    let busy = |t: u64, engine: &mut Engine| {
+        let o = Observation {
+            processed_total: 7,
+            ..obs(0, 1, 1)
+        };
+        engine.tick(&spec, &o, at(t));
+    };
+    // No pod start-up timed yet: the full 300 s.
+    let engine = Engine::new();
+    assert_eq!(
+        engine.idle_hold(&spec),
+        IdleHold {
+            seconds: 300,
+            basis: HoldBasis::StartupUnknown
+        }
+    );
+    // Woken at 0, ready after 20 s, busy until 30: with no earlier idle spell the last
+    // worker is kept one start-up (20 s) and no longer.
+    let mut engine = Engine::new();
+    engine.applied(at(0), 0, 1);
+    busy(20, &mut engine);
+    busy(30, &mut engine);
+    assert_eq!(engine.startup().seconds(), Some(20.0));
+    let zero = idle_until_zero(&mut engine, &spec, 35, 1000);
+    assert_eq!(zero, Some(55), "idle from 35, kept 20 s");
+    // Work came back 120 s after the pool went idle (a pod ready 20 s after the wake):
+    // within 300 s, so the next idle spell keeps the worker 300 s.
+    engine.applied(at(135), 0, 1);
+    busy(155, &mut engine);
+    assert_eq!(engine.startup().seconds(), Some(20.0));
+    let hold = engine.idle_hold(&spec);
+    assert_eq!((hold.seconds, hold.basis), (300, HoldBasis::WorkReturns));
+    assert_eq!(idle_until_zero(&mut engine, &spec, 160, 2000), Some(460));
+    // Then work comes back only after an hour, three times: most of the spells remembered
+    // outlast 300 s, and the hold is one start-up again.
+    let mut t = 460;
+    for _ in 0..3 {
+        t += 3600;
+        engine.applied(at(t), 0, 1);
+        busy(t + 20, &mut engine);
+        let zero = idle_until_zero(&mut engine, &spec, t + 25, t + 1000).expect("to zero");
+        t = zero;
+    }
+    let hold = engine.idle_hold(&spec);
+    assert_eq!((hold.seconds, hold.basis), (20, HoldBasis::Startup));
+    let message = engine
+        .tick(&spec, &obs(0, 0, 1), at(t + 1))
+        .reason
+        .message();
+    assert!(message.contains("20 s (one pod start-up"), "{message}");
+    // A written idleSecondsBeforeZero is kept as written, whatever was learned.
+    let written = ScalingSpec {
+        idle_seconds_before_zero: Some(120),
+        ..plain()
+    };
+    assert_eq!(engine.idle_hold(&written).seconds, 120);
+}
+
+#[test]
+fn jobs_completed_between_two_polls_are_work_for_the_idle_countdown() {
+    let spec = ScalingSpec {
+        idle_seconds_before_zero: Some(30),
+        ..plain()
+    };
+    let mut engine = Engine::new();
+    // No poll sees a job waiting or running, but one completes between every two polls.
+    for (i, t) in (0..=100).step_by(10).enumerate() {
+        let o = Observation {
+            processed_total: i as u64,
+            ..obs(0, 0, 1)
+        };
+        assert_eq!(engine.tick(&spec, &o, at(t)).desired, 1, "at {t}");
+    }
+    // They stop: 30 s after the first poll that saw nothing new, the pool goes to zero.
+    let quiet = Observation {
+        processed_total: 10,
+        ..obs(0, 0, 1)
+    };
+    assert_eq!(engine.tick(&spec, &quiet, at(110)).desired, 1);
+    assert_eq!(engine.tick(&spec, &quiet, at(135)).desired, 1);
+    assert_eq!(engine.tick(&spec, &quiet, at(140)).desired, 0);
+}
+
 #[test]
 fn any_pending_work_restarts_the_idle_countdown() {
     let spec = ScalingSpec {
-        idle_seconds_before_zero: 300,
+        idle_seconds_before_zero: Some(300),
         ..plain()
     };
     let mut engine = Engine::new();
@@ -492,7 +593,7 @@ fn any_pending_work_restarts_the_idle_countdown() {
 fn keeps_min_replicas_when_idle() {
     let spec = ScalingSpec {
         min_replicas: 2,
-        idle_seconds_before_zero: 0,
+        idle_seconds_before_zero: Some(0),
         ..plain()
     };
     let decision = Engine::new().tick(&spec, &obs(0, 0, 5), at(0));
@@ -920,7 +1021,13 @@ fn spec_schema_is_camel_case_with_documented_defaults() {
         serde_json::to_value(schemars::schema_for!(ScalingSpec)).expect("schema serializes");
     let properties = &schema["properties"];
     assert_eq!(properties["targetBacklogPerReplica"]["default"], 5);
-    assert_eq!(properties["idleSecondsBeforeZero"]["default"], 300);
+    // Left out, the operator chooses the hold (up to 300 s): no default to fill in.
+    assert!(properties["idleSecondsBeforeZero"].get("default").is_none());
+    assert!(
+        properties["idleSecondsBeforeZero"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("300 s"))
+    );
     assert!(properties["behavior"].is_object());
     assert!(
         properties["maxReplicas"]["description"]
@@ -936,6 +1043,7 @@ fn reasons_serialize_to_stable_codes() {
         limit: Some(Limit::ScaleDownStabilized),
         consecutive_failures: 0,
         rate_cap: None,
+        idle_hold: None,
     };
     assert_eq!(
         serde_json::to_value(reason).expect("serializes"),
