@@ -297,10 +297,10 @@ impl Engine {
         let mut behavior = spec.resolved_behavior();
         let (min, max) = spec.bounds();
         let current = obs.current_replicas.max(0);
-        if let Some(window) = self.idle_release_window(spec, obs) {
+        let (proposals, mut largest, rule) = self.propose(spec, &behavior, obs);
+        if let Some(window) = self.idle_release_window(spec, obs, largest) {
             behavior.down.window = behavior.down.window.min(window);
         }
-        let (proposals, mut largest, rule) = self.propose(spec, &behavior, obs);
         if current == 0 || obs.ready_replicas <= 0 {
             self.ready_since = None;
         } else if self.ready_since.is_none() {
@@ -613,6 +613,15 @@ impl Engine {
             self.throughput(obs),
         ) {
             (Some(seconds), Some(arrival), Some(throughput)) if throughput > 0.0 => {
+                // The smoothed arrival rate trails a burst by its time constant. A poll
+                // that finds nothing waiting or running, and nothing completed since the
+                // poll before, shows that no job is arriving now: no pods for arrivals
+                // (else a drained burst would keep its pods busy with nothing).
+                let quiet = !obs.pending()
+                    && self
+                        .last_processed
+                        .is_none_or(|last| last == obs.processed_total);
+                let arrival = if quiet { 0.0 } else { arrival };
                 // Arrivals need their pods; the backlog's share, only the new pods that
                 // will find a start-up time of work when they are ready.
                 let mut catch_up = obs.backlog as f64 / f64::from(seconds.max(1)) / throughput;
@@ -706,8 +715,10 @@ impl Engine {
     /// How long surplus pods are kept once nothing is waiting, when the engine's default
     /// scale-down window is in force (a window the user wrote is kept as written).
     ///
-    /// The window guards against flapping on a noisy signal. With nothing waiting, the
-    /// pods above the recommendation are idle, not noise; keeping one costs a replica per
+    /// The window guards against flapping on a noisy signal. With nothing waiting and no
+    /// more jobs running than the recommended pods have slots for, the pods above the
+    /// recommendation are idle, not noise (while more jobs run than the kept pods could
+    /// hold, the surplus pods are busy and the full window stands); keeping one costs a replica per
     /// second, and letting it go costs, if work comes back, one start-up (the measured
     /// start-up time, during which a pod is paid for and does nothing). Keeping surplus
     /// pods exactly as long as one start-up takes (the ski-rental rule) never costs more
@@ -715,13 +726,20 @@ impl Engine {
     /// time the pods were kept, and otherwise at most one start-up's worth was spent
     /// waiting for it. So the window shrinks to the measured start-up time (at least one
     /// poll), until the start-up time is measured it stays as it is.
-    fn idle_release_window(&self, spec: &ScalingSpec, obs: &Observation) -> Option<f64> {
+    fn idle_release_window(
+        &self,
+        spec: &ScalingSpec,
+        obs: &Observation,
+        recommendation: i32,
+    ) -> Option<f64> {
         let written = spec
             .behavior
             .as_ref()
             .and_then(|b| b.scale_down.as_ref())
             .and_then(|rules| rules.stabilization_window_seconds);
-        if written.is_some() || obs.backlog > 0 {
+        let slots = u64::from(self.workers.concurrency.max(1).unsigned_abs());
+        let kept = u64::from(recommendation.max(1).unsigned_abs());
+        if written.is_some() || obs.backlog > 0 || obs.in_flight > kept.saturating_mul(slots) {
             return None;
         }
         let startup = self.startup.seconds()?;

@@ -127,6 +127,34 @@ fn engine_with_measured_throughput(spec: &ScalingSpec) -> Engine {
 }
 
 #[test]
+fn a_poll_with_nothing_waiting_running_or_completed_sizes_no_pods_for_arrivals() {
+    let spec = ScalingSpec {
+        target_backlog_per_replica: 1000,
+        target_drain_seconds: Some(60),
+        ..plain()
+    };
+    // 4 jobs/s measured; then the queue is drained and the workers idle.
+    let mut engine = engine_with_measured_throughput(&spec);
+    assert_eq!(engine.rates().arrival_rate(), Some(4.0));
+    let quiet = Observation {
+        processed_total: 40,
+        ..obs(0, 0, 4)
+    };
+    let decision = engine.tick(&spec, &quiet, at(20));
+    assert_eq!(decision.proposals.drain, Some(0), "{decision:?}");
+    assert_eq!(decision.reason.rule, Rule::AwaitingIdle);
+    assert_eq!(decision.desired, 1);
+    // One job completed since the last poll: arrivals are still coming.
+    let mut engine = engine_with_measured_throughput(&spec);
+    let busy = Observation {
+        processed_total: 41,
+        ..obs(0, 0, 4)
+    };
+    let decision = engine.tick(&spec, &busy, at(20));
+    assert_eq!(decision.proposals.drain, Some(4), "{decision:?}");
+}
+
+#[test]
 fn drain_target_sizes_for_arrivals_plus_clearing_the_backlog() {
     let spec = ScalingSpec {
         target_backlog_per_replica: 1000,
