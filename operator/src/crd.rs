@@ -524,6 +524,13 @@ pub struct WorkerPoolStatus {
     /// written at most every 30 seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throughput: Option<f64>,
+    /// Seconds from a scale-up to its new workers being ready, as the
+    /// operator measured it (smoothed over scale-ups, to a tenth of a
+    /// second). The scaling engine sizes new workers and the idle hold with
+    /// it; kept here, it is known again after an operator restart or a
+    /// leader change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_startup_seconds: Option<f64>,
     /// When the operator last changed the number of workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_time: Option<Time>,

@@ -288,6 +288,15 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
         wp["status"]
     );
     assert_eq!(wp["status"]["selector"], "workerpool.dev/pool=mail");
+    // The wake's pods were timed from the scale-up to Ready, and the time is
+    // kept at zero, for the next operator that leads.
+    let startup = wp["status"]["podStartupSeconds"].as_f64();
+    assert!(
+        startup.is_some_and(|s| s > 0.0 && s < 90.0),
+        "{}",
+        wp["status"]
+    );
+    eprintln!("  pods ready {:.1} s after the scale-up", startup.unwrap_or(0.0));
     let reasons = event_reasons(k, &ns.name, "mail");
     for reason in ["ScaledUp", "ScaledDown"] {
         assert!(reasons.contains(reason), "no {reason} event: {reasons:?}");

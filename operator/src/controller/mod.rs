@@ -87,6 +87,10 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
         wall: jiff::Timestamp::now(),
     };
     let plan = ctx.pool(&key, |memory| {
+        // What an earlier engine measured (before a restart or a leader change).
+        if let Some(seconds) = pool.status.as_ref().and_then(|s| s.pod_startup_seconds) {
+            memory.engine.seed_startup(seconds);
+        }
         let verdict = scaling::decide(
             memory.engine.with_workers(scaling::Workers::new(
                 pool.spec.worker.rate_limit.as_deref(),

@@ -252,6 +252,10 @@ pub(super) fn status(
             d.per_replica_throughput
                 .map(|t| shown_rate(t * f64::from(ready.max(1))))
         }),
+        pod_startup_seconds: decision
+            .and_then(|d| d.pod_startup_seconds)
+            .map(|s| (s * 10.0).round() / 10.0)
+            .or(old.pod_startup_seconds),
         last_scale_time: if desired != current {
             Some(Time(now))
         } else {

@@ -277,6 +277,38 @@ async fn push(redis: &TestRedis, queue: &str, n: usize) {
 }
 
 #[tokio::test]
+async fn a_restarted_operator_sizes_new_pods_with_the_start_up_time_kept_in_status() {
+    // 400 jobs of 0.5 s (the workers' mean, kept in Redis) for one ready
+    // worker of 4 slots. The status says pods took 20 s to start, as the
+    // operator before this one measured.
+    let redis = TestRedis::start();
+    push(&redis, "mail", 400).await;
+    let mut c = redis.conn().await;
+    let _: () = c.set("mail:stats:duration", "500.000").await.expect("set");
+    let mut p = pool(json!({
+        "queue": {"redis": {"url": redis.url(), "key": "mail"}},
+        "template": template(),
+        "worker": {"concurrency": 4},
+        "scaling": {"maxReplicas": 100, "targetBacklogPerReplica": 5},
+    }));
+    p.status = Some(WorkerPoolStatus {
+        pod_startup_seconds: Some(20.0),
+        ..Default::default()
+    });
+    let (task, mut api, _ctx) = start(p);
+    let Round {
+        applied, status, ..
+    } = api.round(Some(existing_deployment(1, 1)), 1).await;
+    // The pods worth starting, from the first decision: the ready one plus
+    // 400 × 0.5 s / (4 slots × 20 s) = 2.5 new ones, not ceil(400 / 5) = 80
+    // (what a fresh engine that had not timed a start-up would start).
+    assert_eq!(applied["spec"]["replicas"], json!(4), "{status}");
+    assert_eq!(status["status"]["podStartupSeconds"], json!(20.0));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+}
+
+#[tokio::test]
 async fn a_new_pool_gets_exactly_its_built_deployment_and_a_status() {
     let redis = TestRedis::start();
     let p = pool(fixed(&redis.url(), 2));

@@ -94,6 +94,9 @@ pub struct Decision {
     /// Jobs per second one busy replica completes, once measured: the smoothed
     /// measure, or `concurrency / job seconds` when that is more.
     pub per_replica_throughput: Option<f64>,
+    /// Seconds from a scale-up to its pods being ready, once measured (or seeded with
+    /// [`Engine::seed_startup`]).
+    pub pod_startup_seconds: Option<f64>,
 }
 
 /// How many workers a pool runs now, and why: the one decision the
@@ -203,6 +206,14 @@ impl Engine {
             .highest_recommendation_since(secs(now) - window.as_secs_f64())
     }
 
+    /// Takes `seconds` as the pool's pod start-up time until one is measured: what an
+    /// earlier engine measured for the pool (the controller keeps it in the pool's
+    /// status), so that an operator that restarted or took over the lead sizes new pods
+    /// and the idle hold right from its first decision.
+    pub fn seed_startup(&mut self, seconds: f64) {
+        self.startup.seed(seconds);
+    }
+
     /// How long new replicas take to become ready, once measured.
     pub fn startup(&self) -> &StartupEstimator {
         &self.startup
@@ -290,6 +301,7 @@ impl Engine {
             proposals: Proposals::default(),
             arrival_rate: self.rates.arrival_rate(),
             per_replica_throughput: self.rates.per_replica_throughput(),
+            pod_startup_seconds: self.startup.seconds(),
         }
     }
 
@@ -346,8 +358,11 @@ impl Engine {
             .zip(self.workers.rate_limit)
             .map(|(workers, limit)| RateCap { limit, workers });
         let largest = cap.map_or(largest, |cap| cap.workers);
-        let (arrival_rate, per_replica_throughput) =
-            (self.rates.arrival_rate(), self.throughput(obs));
+        let (arrival_rate, per_replica_throughput, pod_startup_seconds) = (
+            self.rates.arrival_rate(),
+            self.throughput(obs),
+            self.startup.seconds(),
+        );
         let decision = |desired: i32, mut reason: Reason, recommendation: i32| {
             if reason.limit.is_none() && cap.is_some() && desired == recommendation {
                 reason.limit = Some(Limit::RateLimit);
@@ -362,6 +377,7 @@ impl Engine {
                 proposals,
                 arrival_rate,
                 per_replica_throughput,
+                pod_startup_seconds,
             }
         };
 

@@ -182,6 +182,16 @@ impl StartupEstimator {
         self.seconds
     }
 
+    /// Takes `seconds` as the start-up time when none has been measured yet: the one a
+    /// previous engine measured for the same pool (kept in its status), so that a
+    /// restarted operator sizes new pods right from its first decision. A measure
+    /// taken since is kept, and later ones are smoothed into the seed as usual.
+    pub fn seed(&mut self, seconds: f64) {
+        if self.seconds.is_none() && seconds.is_finite() && seconds >= 0.0 {
+            self.seconds = Some(seconds);
+        }
+    }
+
     /// A scale-up from `from` to `to` replicas was applied at `at`.
     pub fn scaled(&mut self, at: f64, from: i32, to: i32) {
         if to > from {
@@ -335,6 +345,22 @@ mod tests {
         s.scaled(30.0, 5, 6);
         s.observe(40.0, 6, 6);
         assert_eq!(s.seconds(), Some(15.0));
+    }
+
+    #[test]
+    fn a_seed_stands_until_measured_and_never_replaces_a_measure() {
+        let mut s = StartupEstimator::default();
+        s.seed(f64::NAN);
+        s.seed(-1.0);
+        assert_eq!(s.seconds(), None, "no nonsense seed");
+        s.seed(20.0);
+        assert_eq!(s.seconds(), Some(20.0));
+        // A scale-up that takes 10 s moves it halfway, as a measure would.
+        s.scaled(0.0, 1, 2);
+        s.observe(10.0, 2, 2);
+        assert_eq!(s.seconds(), Some(15.0));
+        s.seed(40.0);
+        assert_eq!(s.seconds(), Some(15.0), "the measure stays");
     }
 
     #[test]
