@@ -296,7 +296,10 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
         "{}",
         wp["status"]
     );
-    eprintln!("  pods ready {:.1} s after the scale-up", startup.unwrap_or(0.0));
+    eprintln!(
+        "  pods ready {:.1} s after the scale-up",
+        startup.unwrap_or(0.0)
+    );
     let reasons = event_reasons(k, &ns.name, "mail");
     for reason in ["ScaledUp", "ScaledDown"] {
         assert!(reasons.contains(reason), "no {reason} event: {reasons:?}");

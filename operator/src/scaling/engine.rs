@@ -520,10 +520,12 @@ impl Engine {
     /// `idleSecondsBeforeZero` as written, when it is. Left out, keeping the worker is a
     /// bet that work comes back before serving it would cost a new pod's start-up:
     /// - the engine remembers the last idle spells that outlasted one start-up time (the
-    ///   short hold below) and how long they lasted. When at least half of them ended
-    ///   with new work within [`DEFAULT_IDLE_SECONDS_BEFORE_ZERO`] (300 s, the default
-    ///   `cooldownPeriod` of KEDA), the worker is kept that long: the next job then finds
-    ///   it warm instead of waiting for a pod to start;
+    ///   short hold below) and how long they lasted. When at least two of them, and at
+    ///   least half, ended with new work within [`DEFAULT_IDLE_SECONDS_BEFORE_ZERO`]
+    ///   (300 s, the default `cooldownPeriod` of KEDA), the worker is kept that long: the
+    ///   next job then finds it warm instead of waiting for a pod to start. One return
+    ///   is not yet a pattern: a lone spike soon after a stray job would otherwise keep
+    ///   its last pod 300 s;
     /// - otherwise (no such spell yet, or work lately came back later than that) the
     ///   worker is kept one measured start-up time, at least one poll. Whatever comes
     ///   next, that costs at most twice what the best choice made knowing the future
@@ -549,7 +551,7 @@ impl Engine {
             .iter()
             .filter(|spell| **spell <= f64::from(cap))
             .count();
-        if !self.idle_spells.is_empty() && 2 * returned >= self.idle_spells.len() {
+        if returned >= 2 && 2 * returned >= self.idle_spells.len() {
             IdleHold {
                 seconds: cap,
                 basis: HoldBasis::WorkReturns,
@@ -607,7 +609,13 @@ impl Engine {
 
         // AverageValue form: ratio = total / (target × current), on the work that will
         // still be there when a pod started now is ready.
-        let target = f64::from(spec.target_backlog_per_replica.max(1));
+        // A pod runs `concurrency` jobs at once: a target below that counts a pod's own
+        // running jobs as reasons for more pods, and keeps every pod partly idle.
+        let target = f64::from(
+            spec.target_backlog_per_replica
+                .max(self.workers.concurrency)
+                .max(1),
+        );
         let work = self.work_left_at_readiness(obs);
         let mut backlog_raw = work / target;
         if let Some(worth) = self.replicas_worth_starting(obs, work) {

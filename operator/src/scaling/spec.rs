@@ -27,8 +27,8 @@ pub struct ScalingSpec {
     pub poll_interval_seconds: i32,
 
     /// Jobs (waiting plus running) that one worker should have. The pool is sized to
-    /// ceil((backlog + inFlight) / targetBacklogPerReplica). Defaults to 5, like KEDA's
-    /// `listLength`.
+    /// ceil((backlog + inFlight) / targetBacklogPerReplica), counting at least the
+    /// worker's `concurrency` per worker. Defaults to 5, like KEDA's `listLength`.
     #[serde(default = "default_target_backlog_per_replica")]
     #[schemars(range(min = 1))]
     pub target_backlog_per_replica: i32,

@@ -127,6 +127,33 @@ fn engine_with_measured_throughput(spec: &ScalingSpec) -> Engine {
 }
 
 #[test]
+fn the_backlog_target_counts_at_least_a_workers_slots_per_worker() {
+    // 8 jobs running on one worker of 8 slots, none waiting: the default target of 5
+    // would ask for ceil(8 / 5) = 2 workers, one of them for jobs the first already runs.
+    let spec = plain();
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(None, 8));
+    let decision = engine.tick(&spec, &obs(0, 8, 1), at(0));
+    assert_eq!(decision.proposals.backlog, 1, "{decision:?}");
+    // 9 jobs are more than one worker runs at once.
+    let decision =
+        Engine::new()
+            .with_workers(Workers::new(None, 8))
+            .tick(&spec, &obs(1, 8, 1), at(0));
+    assert_eq!(decision.proposals.backlog, 2, "{decision:?}");
+    // A target above the concurrency is kept as written.
+    let roomy = ScalingSpec {
+        target_backlog_per_replica: 20,
+        ..plain()
+    };
+    let decision =
+        Engine::new()
+            .with_workers(Workers::new(None, 8))
+            .tick(&roomy, &obs(30, 8, 1), at(0));
+    assert_eq!(decision.proposals.backlog, 2, "ceil(38 / 20)");
+}
+
+#[test]
 fn a_poll_with_nothing_waiting_running_or_completed_sizes_no_pods_for_arrivals() {
     let spec = ScalingSpec {
         target_backlog_per_replica: 1000,
@@ -537,16 +564,21 @@ fn left_out_the_idle_hold_is_one_start_up_until_work_is_seen_to_come_back_within
     let zero = idle_until_zero(&mut engine, &spec, 35, 1000);
     assert_eq!(zero, Some(55), "idle from 35, kept 20 s");
     // Work came back 120 s after the pool went idle (a pod ready 20 s after the wake):
-    // within 300 s, so the next idle spell keeps the worker 300 s.
+    // within 300 s, but once is not yet a pattern, and the hold stays one start-up.
     engine.applied(at(135), 0, 1);
     busy(155, &mut engine);
     assert_eq!(engine.startup().seconds(), Some(20.0));
+    assert_eq!(engine.idle_hold(&spec).basis, HoldBasis::Startup);
+    assert_eq!(idle_until_zero(&mut engine, &spec, 160, 2000), Some(180));
+    // A second time: the next idle spell keeps the worker 300 s.
+    engine.applied(at(260), 0, 1);
+    busy(280, &mut engine);
     let hold = engine.idle_hold(&spec);
     assert_eq!((hold.seconds, hold.basis), (300, HoldBasis::WorkReturns));
-    assert_eq!(idle_until_zero(&mut engine, &spec, 160, 2000), Some(460));
+    assert_eq!(idle_until_zero(&mut engine, &spec, 285, 2000), Some(585));
     // Then work comes back only after an hour, three times: most of the spells remembered
     // outlast 300 s, and the hold is one start-up again.
-    let mut t = 460;
+    let mut t = 585;
     for _ in 0..3 {
         t += 3600;
         engine.applied(at(t), 0, 1);
