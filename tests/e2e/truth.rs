@@ -24,7 +24,75 @@ pub const ALL: &[crate::Scenario] = &[
         "a_scale_down_in_steps_shows_every_step_as_its_own_event",
         a_scale_down_in_steps_shows_every_step_as_its_own_event,
     ),
+    (
+        "left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so",
+        left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so,
+    ),
 ];
+
+/// A pool with no `idleSecondsBeforeZero` and no earlier idle spell: after a
+/// lone burst it keeps its last worker one measured pod start-up, not 300 s,
+/// and the event that takes it to zero says which hold and why.
+fn left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-hold");
+    let redis = Redis::start(k, &ns.name);
+    let pool = Pool::new("mail", &redis).with(|spec| {
+        if let Some(scaling) = spec["scaling"].as_object_mut() {
+            scaling.remove("idleSecondsBeforeZero");
+        }
+    });
+    k.apply(&ns.name, &pool.manifest());
+    eventually(Duration::from_secs(30), "QueueReachable", |last| {
+        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
+    });
+    let ids: Vec<String> = (0..5).map(|i| format!("job-{i}")).collect();
+    redis.push("mail", &ids, 300);
+    eventually(Duration::from_secs(120), "every job done", |last| {
+        let done = redis.done();
+        *last = format!("{} of {} done", done.len(), ids.len());
+        (done.len() >= ids.len()).then_some(())
+    });
+    let done_at = std::time::Instant::now();
+    // Well inside KEDA's 300 s: one start-up (a few seconds here) and a poll.
+    eventually(Duration::from_secs(120), "the pool back at zero", |last| {
+        let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
+        *last = d["spec"].to_string();
+        (d["spec"]["replicas"] == 0).then_some(())
+    });
+    let idle = done_at.elapsed();
+    let wp = k.get(&["wp", "-n", &ns.name, "mail"]).expect("the pool");
+    let startup = wp["status"]["podStartupSeconds"]
+        .as_f64()
+        .expect("a measured start-up");
+    let steps = eventually(Duration::from_secs(30), "the scale events", |last| {
+        let steps = scale_events(k, &ns.name, "mail");
+        *last = format!("{steps:?}");
+        (steps.last().map(|s| s.2) == Some(0)).then_some(steps)
+    });
+    // "scaled down from 1 to 0: idle for 4 s (one pod start-up: ...)"
+    let note = &steps.last().expect("a last step").3;
+    assert!(note.contains(" s (one pod start-up"), "{note}");
+    let held: f64 = note
+        .split("idle for ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no hold in {note}"));
+    // The hold is the start-up the engine measured (the status shows it to
+    // a tenth of a second), rounded up to a whole second.
+    assert!(
+        held >= startup.floor() && held <= startup.ceil() + 1.0 && held < 300.0,
+        "a hold of {held} s for a start-up of {startup} s: {note}"
+    );
+    assert!(
+        idle < Duration::from_secs(100),
+        "back at zero {idle:?} after the last job, with a start-up of {startup} s"
+    );
+    eprintln!("  back at zero {idle:.1?} after the last job (pods ready in {startup} s)");
+}
 
 /// The `STATUS` column of `kubectl get wp NAME`, as a user reads it.
 fn status_column(k: &Cluster, namespace: &str, name: &str) -> String {
