@@ -739,10 +739,12 @@ impl Engine {
     /// How long surplus pods are kept once nothing is waiting, when the engine's default
     /// scale-down window is in force (a window the user wrote is kept as written).
     ///
-    /// The window guards against flapping on a noisy signal. With nothing waiting and no
-    /// more jobs running than the recommended pods have slots for, the pods above the
-    /// recommendation are idle, not noise (while more jobs run than the kept pods could
-    /// hold, the surplus pods are busy and the full window stands); keeping one costs a replica per
+    /// The window guards against flapping on a noisy signal. With nothing waiting and the
+    /// running jobs well within the recommended pods' slots, the pods above the
+    /// recommendation are idle, not noise. "Well within" allows for the running count's
+    /// own noise: with `r` jobs running, `r + √r` slots (the count in flight varies by
+    /// about `√r`, as in the rate cap). While more run than that, the surplus pods are
+    /// busy, or soon will be, and the full window stands; keeping one costs a replica per
     /// second, and letting it go costs, if work comes back, one start-up (the measured
     /// start-up time, during which a pod is paid for and does nothing). Keeping surplus
     /// pods exactly as long as one start-up takes (the ski-rental rule) never costs more
@@ -763,7 +765,11 @@ impl Engine {
             .and_then(|rules| rules.stabilization_window_seconds);
         let slots = u64::from(self.workers.concurrency.max(1).unsigned_abs());
         let kept = u64::from(recommendation.max(1).unsigned_abs());
-        if written.is_some() || obs.backlog > 0 || obs.in_flight > kept.saturating_mul(slots) {
+        let running = obs.in_flight as f64;
+        if written.is_some()
+            || obs.backlog > 0
+            || running + running.sqrt() > kept.saturating_mul(slots) as f64
+        {
             return None;
         }
         let startup = self.startup.seconds()?;

@@ -964,6 +964,44 @@ fn scale_up_stabilization_uses_the_lowest_recent_recommendation() {
     assert_eq!(engine.tick(&spec, &obs(100, 0, 2), at(60)).desired, 20);
 }
 
+/// A pool of 6 workers of `slots` slots that a backlog sized at 20 s, its pods timed
+/// at 20 s to start; then nothing waits and `running` jobs run at every poll. When does
+/// it first shrink?
+fn first_shrink_with(slots: i32, running: u64) -> Option<u64> {
+    let spec = ScalingSpec {
+        target_drain_seconds: None,
+        ..ScalingSpec::default()
+    };
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(None, slots));
+    engine.applied(at(0), 0, 6);
+    let busy = engine.tick(&spec, &obs(100, 0, 6), at(20));
+    assert_eq!((busy.desired, engine.startup().seconds()), (6, Some(20.0)));
+    (25..=120).step_by(5).find(|&t| {
+        let o = Observation {
+            processed_total: t,
+            ..obs(0, running, 6)
+        };
+        engine.tick(&spec, &o, at(t)).desired < 6
+    })
+}
+
+#[test]
+fn idle_pods_go_after_one_start_up_and_busy_ones_keep_the_default_window() {
+    // The targets want one pod. Nothing running: the five above it are idle and go one
+    // start-up (20 s) after the last higher recommendation.
+    assert_eq!(first_shrink_with(1, 0), Some(40));
+    // Four jobs running on one-slot pods: more than the pod kept holds. The pods are
+    // busy, not idle, and the full 60 s window stands.
+    assert_eq!(first_shrink_with(1, 4), Some(80));
+    // On 8-slot pods, 4 running jobs fit on the one kept with room for their noise
+    // (4 + √4 ≤ 8): the surplus is idle.
+    assert_eq!(first_shrink_with(8, 4), Some(40));
+    // 7 fit, but without that room (7 + √7 > 8): a moment's more jobs would need a
+    // second pod, so the window stands.
+    assert_eq!(first_shrink_with(8, 7), Some(80));
+}
+
 #[test]
 fn a_fresh_engine_does_not_scale_down_inside_the_default_window() {
     let spec = ScalingSpec {
