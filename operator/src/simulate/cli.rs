@@ -81,6 +81,11 @@ pub struct SimulateArgs {
     /// Seed for arrival times, job durations and generated traces.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// After the table, every change of the engine's replica count: when, from and to,
+    /// the jobs waiting and running at that poll, and the reason, as status and events
+    /// give it.
+    #[arg(long, conflicts_with_all = ["json", "compare_keda"])]
+    timeline: bool,
     /// Print JSON: one object keyed by policy (with --compare-keda, the engine and one row
     /// per KEDA setting); with several traces, one such object per trace, keyed by trace.
     #[arg(long)]
@@ -199,6 +204,20 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
                 r.scale_events,
                 100.0 * r.utilization
             ));
+        }
+        if args.timeline {
+            for (name, r) in &report.policies {
+                if r.steps.is_empty() {
+                    continue;
+                }
+                out.push_str(&format!("{name} timeline:\n"));
+                for step in &r.steps {
+                    out.push_str(&format!(
+                        "{:>9.1}s {:>4} -> {:<4} backlog {:<6} in flight {:<5} {}\n",
+                        step.at_s, step.from, step.to, step.backlog, step.in_flight, step.reason
+                    ));
+                }
+            }
         }
         // On steady traffic, the physical bound beside what each spent.
         if let Some(rate) = config.trace.steady_rate() {
@@ -362,5 +381,38 @@ mod tests {
         );
         let burst = run(&["--generate", "burst", "--seed", "3"]);
         assert!(!burst.contains("Erlang-C"), "{burst}");
+    }
+
+    #[test]
+    fn the_timeline_lists_every_change_of_the_engine_with_its_reason() {
+        let trace = std::env::temp_dir().join(format!("timeline-{}.csv", std::process::id()));
+        std::fs::write(&trace, "t_seconds,jobs\n0,200\n10,0\n900,0\n").expect("a trace");
+        let path = trace.to_string_lossy().into_owned();
+        let out = run(&["--trace", &path, "--policy", "engine", "--timeline"]);
+        let _ = std::fs::remove_file(&trace);
+        let steps: Vec<&str> = out
+            .lines()
+            .skip_while(|l| *l != "engine timeline:")
+            .skip(1)
+            .collect();
+        // Woken from zero for the burst, and back to zero once idle; as many lines as the
+        // table counts scale events.
+        let events: usize = out
+            .lines()
+            .find(|l| l.starts_with("engine "))
+            .and_then(|l| l.split_whitespace().nth(7))
+            .and_then(|n| n.parse().ok())
+            .expect("scale events");
+        assert_eq!(steps.len(), events, "{out}");
+        assert!(
+            steps[0].contains("0 -> ") && steps[0].contains("waking from zero"),
+            "{out}"
+        );
+        let last = steps.last().expect("a last step");
+        assert!(
+            last.contains("-> 0 ") && last.contains("IdleToZero"),
+            "{out}"
+        );
+        assert!(!out.contains("keda timeline"), "{out}");
     }
 }

@@ -197,6 +197,7 @@ mod tests {
             scale_events: 0,
             jobs: 0,
             utilization: 0.0,
+            steps: Vec::new(),
         }
     }
 

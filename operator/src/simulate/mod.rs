@@ -106,6 +106,26 @@ pub struct PolicyReport {
     pub utilization: f64,
     /// Jobs completed.
     pub jobs: u64,
+    /// The engine's scale changes, in order (empty for KEDA, whose model gives no reasons).
+    #[serde(skip)]
+    pub steps: Vec<Step>,
+}
+
+/// One change of the engine's replica count, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Step {
+    /// Seconds into the trace.
+    pub at_s: f64,
+    /// Replicas before.
+    pub from: i32,
+    /// Replicas after.
+    pub to: i32,
+    /// Jobs waiting at the poll.
+    pub backlog: u64,
+    /// Jobs running at the poll.
+    pub in_flight: u64,
+    /// The engine's reason, as status, events and logs give it.
+    pub reason: String,
 }
 
 /// The outcome of every policy, keyed by policy name.
@@ -451,6 +471,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         world.schedule(phase, Event::Tick(u8::try_from(kind).unwrap_or(0)));
     }
     let end = config.trace.end();
+    let mut steps = Vec::new();
     let mut next_arrival = 0;
     loop {
         let arrival = arrivals.get(next_arrival).copied();
@@ -483,7 +504,18 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                         let now = Duration::from_secs_f64(world.now);
                         let desired = match &mut controller {
                             Controller::Engine { engine, spec } => {
-                                Some(engine.tick(spec, &observation, now).desired)
+                                let decision = engine.tick(spec, &observation, now);
+                                if decision.desired.max(0) != world.desired {
+                                    steps.push(Step {
+                                        at_s: world.now,
+                                        from: world.desired,
+                                        to: decision.desired.max(0),
+                                        backlog: observation.backlog,
+                                        in_flight: observation.in_flight,
+                                        reason: decision.reason.to_string(),
+                                    });
+                                }
+                                Some(decision.desired)
                             }
                             Controller::Keda(model) => model.tick(kind, world.now, &observation),
                         };
@@ -515,6 +547,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         max_backlog: world.max_backlog,
         replica_seconds: world.replica_seconds.round(),
         scale_events: world.scale_events,
+        steps,
         jobs: world.processed,
         utilization: if world.replica_seconds > 0.0 {
             (1000.0 * world.busy / (world.replica_seconds * f64::from(config.concurrency.max(1))))
