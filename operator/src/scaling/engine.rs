@@ -58,8 +58,7 @@ impl Workers {
     /// limit.
     pub fn busy_at_limit(&self, job_seconds: f64) -> Option<i32> {
         let rate = self.rate_limit?.per_second();
-        let jobs = rate * job_seconds.max(0.0);
-        let busy = (jobs + jobs.sqrt()) / f64::from(self.concurrency.max(1));
+        let busy = with_noise(rate * job_seconds.max(0.0)) / f64::from(self.concurrency.max(1));
         Some(ceil(busy).saturating_add(1))
     }
 }
@@ -309,7 +308,13 @@ impl Engine {
         let mut behavior = spec.resolved_behavior();
         let (min, max) = spec.bounds();
         let current = obs.current_replicas.max(0);
-        let (proposals, mut largest, rule) = self.propose(spec, &behavior, obs);
+        // Work since the last poll: jobs waiting or running now, or completed since.
+        let completed = self
+            .last_processed
+            .is_some_and(|last| last != obs.processed_total);
+        self.last_processed = Some(obs.processed_total);
+        let worked = obs.pending() || completed;
+        let (proposals, mut largest, rule) = self.propose(spec, &behavior, obs, worked);
         if let Some(window) = self.idle_release_window(spec, obs, largest) {
             behavior.down.window = behavior.down.window.min(window);
         }
@@ -381,11 +386,7 @@ impl Engine {
             }
         };
 
-        let completed = self
-            .last_processed
-            .is_some_and(|last| last != obs.processed_total);
-        self.last_processed = Some(obs.processed_total);
-        if obs.pending() || completed {
+        if worked {
             if let Some(since) = self.idle_since.take() {
                 self.remember_idle_spell(spec, now - since);
             }
@@ -420,22 +421,16 @@ impl Engine {
                 return decision(
                     desired,
                     Reason {
-                        rule: Rule::Activation,
                         limit,
-                        consecutive_failures: 0,
-                        rate_cap: None,
-                        idle_hold: None,
+                        ..Reason::of(Rule::Activation)
                     },
                     recommendation,
                 );
             }
             if min > 0 {
                 let reason = Reason {
-                    rule: Rule::BelowActivation,
                     limit: Some(Limit::MinReplicas),
-                    consecutive_failures: 0,
-                    rate_cap: None,
-                    idle_hold: None,
+                    ..Reason::of(Rule::BelowActivation)
                 };
                 return decision(min, reason, 0);
             }
@@ -461,11 +456,8 @@ impl Engine {
             return decision(
                 max,
                 Reason {
-                    rule,
                     limit: Some(Limit::MaxReplicas),
-                    consecutive_failures: 0,
-                    rate_cap: None,
-                    idle_hold: None,
+                    ..Reason::of(rule)
                 },
                 largest,
             );
@@ -474,11 +466,8 @@ impl Engine {
             return decision(
                 min,
                 Reason {
-                    rule,
                     limit: Some(Limit::MinReplicas),
-                    consecutive_failures: 0,
-                    rate_cap: None,
-                    idle_hold: None,
+                    ..Reason::of(rule)
                 },
                 largest,
             );
@@ -504,11 +493,9 @@ impl Engine {
         decision(
             desired,
             Reason {
-                rule,
                 limit,
-                consecutive_failures: 0,
-                rate_cap: None,
                 idle_hold,
+                ..Reason::of(rule)
             },
             recommendation,
         )
@@ -540,7 +527,7 @@ impl Engine {
             };
         }
         let cap = DEFAULT_IDLE_SECONDS_BEFORE_ZERO;
-        let Some(short) = self.short_idle_hold(spec) else {
+        let Some(short) = self.one_start_up(spec) else {
             return IdleHold {
                 seconds: cap,
                 basis: HoldBasis::StartupUnknown,
@@ -564,8 +551,9 @@ impl Engine {
         }
     }
 
-    /// One measured start-up time, at least one poll; `None` until measured.
-    fn short_idle_hold(&self, spec: &ScalingSpec) -> Option<f64> {
+    /// One measured start-up time, at least one poll; `None` until measured: the
+    /// ski-rental hold of idle pods, surplus or last.
+    fn one_start_up(&self, spec: &ScalingSpec) -> Option<f64> {
         let startup = self.startup.seconds()?;
         Some(startup.max(f64::from(spec.poll_interval_seconds.max(1))))
     }
@@ -574,7 +562,7 @@ impl Engine {
     /// outlasted the short hold: shorter spells are served by either hold and say
     /// nothing about whether the longer one pays.
     fn remember_idle_spell(&mut self, spec: &ScalingSpec, length: f64) {
-        let Some(short) = self.short_idle_hold(spec) else {
+        let Some(short) = self.one_start_up(spec) else {
             return;
         };
         if length > short {
@@ -591,6 +579,7 @@ impl Engine {
         spec: &ScalingSpec,
         behavior: &Behavior,
         obs: &Observation,
+        worked: bool,
     ) -> (Proposals, i32, Rule) {
         let current = obs.current_replicas.max(0);
         let tolerate = |raw: f64, ratio: f64| -> (i32, bool) {
@@ -641,11 +630,7 @@ impl Engine {
                 // that finds nothing waiting or running, and nothing completed since the
                 // poll before, shows that no job is arriving now: no pods for arrivals
                 // (else a drained burst would keep its pods busy with nothing).
-                let quiet = !obs.pending()
-                    && self
-                        .last_processed
-                        .is_none_or(|last| last == obs.processed_total);
-                let arrival = if quiet { 0.0 } else { arrival };
+                let arrival = if worked { arrival } else { 0.0 };
                 // Arrivals need their pods; the backlog's share, only the new pods that
                 // will find a start-up time of work when they are ready.
                 let mut catch_up = obs.backlog as f64 / f64::from(seconds.max(1)) / throughput;
@@ -765,15 +750,13 @@ impl Engine {
             .and_then(|rules| rules.stabilization_window_seconds);
         let slots = u64::from(self.workers.concurrency.max(1).unsigned_abs());
         let kept = u64::from(recommendation.max(1).unsigned_abs());
-        let running = obs.in_flight as f64;
         if written.is_some()
             || obs.backlog > 0
-            || running + running.sqrt() > kept.saturating_mul(slots) as f64
+            || with_noise(obs.in_flight as f64) > kept.saturating_mul(slots) as f64
         {
             return None;
         }
-        let startup = self.startup.seconds()?;
-        Some(startup.max(f64::from(spec.poll_interval_seconds.max(1))))
+        self.one_start_up(spec)
     }
 
     /// The most replicas worth running for `work` jobs left when a pod started now is
@@ -876,6 +859,14 @@ fn ratio(raw: f64, current: i32) -> f64 {
     } else {
         f64::INFINITY
     }
+}
+
+/// Slots for `jobs` in flight on average, with room for their noise: the count in
+/// flight varies by about `√jobs` around its mean (as in an M/G/∞ queue), so
+/// `jobs + √jobs` (the square-root staffing rule).
+fn with_noise(jobs: f64) -> f64 {
+    let jobs = jobs.max(0.0);
+    jobs + jobs.sqrt()
 }
 
 /// Rounds up, forgiving floating-point dust (5.000000001 is 5).
