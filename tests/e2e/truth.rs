@@ -43,35 +43,19 @@ fn left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so(e2e
         }
     });
     k.apply(&ns.name, &pool.manifest());
-    eventually(Duration::from_secs(30), "QueueReachable", |last| {
-        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
-        *last = wp["status"].to_string();
-        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
-    });
+    queue_reachable(k, &ns.name, "mail");
     let ids: Vec<String> = (0..5).map(|i| format!("job-{i}")).collect();
     redis.push("mail", &ids, 300);
-    eventually(Duration::from_secs(120), "every job done", |last| {
-        let done = redis.done();
-        *last = format!("{} of {} done", done.len(), ids.len());
-        (done.len() >= ids.len()).then_some(())
-    });
+    every_job_done(&redis, ids.len());
     let done_at = std::time::Instant::now();
     // Well inside KEDA's 300 s: one start-up (a few seconds here) and a poll.
-    eventually(Duration::from_secs(120), "the pool back at zero", |last| {
-        let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
-        *last = d["spec"].to_string();
-        (d["spec"]["replicas"] == 0).then_some(())
-    });
+    back_at_zero(k, &ns.name, "mail", Duration::from_secs(120));
     let idle = done_at.elapsed();
     let wp = k.get(&["wp", "-n", &ns.name, "mail"]).expect("the pool");
     let startup = wp["status"]["podStartupSeconds"]
         .as_f64()
         .expect("a measured start-up");
-    let steps = eventually(Duration::from_secs(30), "the scale events", |last| {
-        let steps = scale_events(k, &ns.name, "mail");
-        *last = format!("{steps:?}");
-        (steps.last().map(|s| s.2) == Some(0)).then_some(steps)
-    });
+    let steps = scale_events_to_zero(k, &ns.name, "mail");
     // "scaled down from 1 to 0: idle for 4 s (one pod start-up: ...)"
     let note = &steps.last().expect("a last step").3;
     assert!(note.contains(" s (one pod start-up"), "{note}");
@@ -92,6 +76,46 @@ fn left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so(e2e
         "back at zero {idle:?} after the last job, with a start-up of {startup} s"
     );
     eprintln!("  back at zero {idle:.1?} after the last job (pods ready in {startup} s)");
+}
+
+/// Waits for the pool to read its queue.
+fn queue_reachable(k: &Cluster, namespace: &str, name: &str) {
+    eventually(Duration::from_secs(30), "QueueReachable", |last| {
+        let wp = k.get(&["wp", "-n", namespace, name])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
+    });
+}
+
+/// Waits until `jobs` jobs have run.
+fn every_job_done(redis: &Redis, jobs: usize) {
+    eventually(Duration::from_secs(120), "every job done", |last| {
+        let done = redis.done();
+        *last = format!("{} of {jobs} done", done.len());
+        (done.len() >= jobs).then_some(())
+    });
+}
+
+/// Waits for the pool's Deployment to be scaled to zero.
+fn back_at_zero(k: &Cluster, namespace: &str, name: &str, within: Duration) {
+    eventually(within, "the pool back at zero", |last| {
+        let d = k.get(&["deployment", "-n", namespace, name])?;
+        *last = d["spec"].to_string();
+        (d["spec"]["replicas"] == 0).then_some(())
+    });
+}
+
+/// The pool's scale events, once the last of them took it to zero.
+fn scale_events_to_zero(
+    k: &Cluster,
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, i64, i64, String)> {
+    eventually(Duration::from_secs(30), "the scale events", |last| {
+        let steps = scale_events(k, namespace, name);
+        *last = format!("{steps:?}");
+        (steps.last().map(|s| s.2) == Some(0)).then_some(steps)
+    })
 }
 
 /// The `STATUS` column of `kubectl get wp NAME`, as a user reads it.
@@ -332,11 +356,7 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
             spec["scaling"]["idleSecondsBeforeZero"] = 20.into();
         });
     k.apply(&ns.name, &pool.manifest());
-    eventually(Duration::from_secs(30), "QueueReachable", |last| {
-        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
-        *last = wp["status"].to_string();
-        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
-    });
+    queue_reachable(k, &ns.name, "mail");
     // Jobs long enough to be worth more than one pod (the engine starts
     // only the pods that will find work when they are ready): 2 s each.
     let ids: Vec<String> = (0..30).map(|i| format!("job-{i}")).collect();
@@ -350,23 +370,11 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
             (d["spec"]["replicas"].as_i64() >= Some(2)).then_some(())
         },
     );
-    eventually(Duration::from_secs(120), "every job done", |last| {
-        let done = redis.done();
-        *last = format!("{} of {} done", done.len(), ids.len());
-        (done.len() >= ids.len()).then_some(())
-    });
-    eventually(Duration::from_secs(90), "the pool back at zero", |last| {
-        let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
-        *last = d["spec"].to_string();
-        (d["spec"]["replicas"] == 0).then_some(())
-    });
+    every_job_done(&redis, ids.len());
+    back_at_zero(k, &ns.name, "mail", Duration::from_secs(90));
 
     // Every step, in order, with its numbers and its reason.
-    let steps = eventually(Duration::from_secs(30), "the scale events", |last| {
-        let steps = scale_events(k, &ns.name, "mail");
-        *last = format!("{steps:?}");
-        (steps.last().map(|s| s.2) == Some(0)).then_some(steps)
-    });
+    let steps = scale_events_to_zero(k, &ns.name, "mail");
     let mut at = 0;
     for (reason, from, to, note) in &steps {
         assert_eq!(*from, at, "no step is missing: {steps:#?}");
