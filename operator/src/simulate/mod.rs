@@ -124,8 +124,9 @@ pub struct Step {
     pub backlog: u64,
     /// Jobs running at the poll.
     pub in_flight: u64,
-    /// The engine's reason, as status, events and logs give it.
-    pub reason: String,
+    /// The engine's reason (shown as status, events and logs give it); formatted only
+    /// when printed, so the runs that do not print it pay nothing for it.
+    pub reason: crate::scaling::Reason,
 }
 
 /// The outcome of every policy, keyed by policy name.
@@ -512,7 +513,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                                         to: decision.desired.max(0),
                                         backlog: observation.backlog,
                                         in_flight: observation.in_flight,
-                                        reason: decision.reason.to_string(),
+                                        reason: decision.reason,
                                     });
                                 }
                                 Some(decision.desired)
