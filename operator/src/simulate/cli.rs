@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use super::compare::Comparison;
 use super::fuzz::{Case, Outcome};
 use super::keda::{DEFAULT_COOLDOWN_SECONDS, DEFAULT_SCALE_DOWN_WINDOW_SECONDS};
-use super::{DurationDist, KedaSettings, Policy, Shape, SimConfig, Trace};
+use super::{DurationDist, KedaSettings, Policy, PolicyReport, Shape, SimConfig, Trace};
 use crate::scaling::ScalingSpec;
 
 /// Why a simulation could not run; says what to fix.
@@ -81,9 +81,9 @@ pub struct SimulateArgs {
     /// Seed for arrival times, job durations and generated traces.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// After the table, every change of the engine's replica count: when, from and to,
-    /// the jobs waiting and running at that poll, and the reason, as status and events
-    /// give it.
+    /// After the table (or the one case that --fuzz 1 replays), every change of the
+    /// engine's replica count: when, from and to, the jobs waiting and running at that
+    /// poll, and the reason, as status and events give it.
     #[arg(long, conflicts_with_all = ["json", "compare_keda"])]
     timeline: bool,
     /// Print JSON: one object keyed by policy (with --compare-keda, the engine and one row
@@ -207,16 +207,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
         }
         if args.timeline {
             for (name, r) in &report.policies {
-                if r.steps.is_empty() {
-                    continue;
-                }
-                out.push_str(&format!("{name} timeline:\n"));
-                for step in &r.steps {
-                    out.push_str(&format!(
-                        "{:>9.1}s {:>4} -> {:<4} backlog {:<6} in flight {:<5} {}\n",
-                        step.at_s, step.from, step.to, step.backlog, step.in_flight, step.reason
-                    ));
-                }
+                out.push_str(&timeline(name, r));
             }
         }
         // On steady traffic, the physical bound beside what each spent.
@@ -297,6 +288,9 @@ fn fuzz(args: &SimulateArgs, cases: u64) -> Result<String, SimulateError> {
             // One case (a replay): every policy's figures too.
             if outcomes.len() == 1 {
                 out.push_str(&outcome.comparison.render());
+                if args.timeline {
+                    out.push_str(&timeline("engine", &outcome.comparison.engine));
+                }
             }
         }
         let worst = outcomes
@@ -334,6 +328,22 @@ fn fuzz(args: &SimulateArgs, cases: u64) -> Result<String, SimulateError> {
     } else {
         Err(SimulateError(out))
     }
+}
+
+/// `--timeline`: every change of a policy's replica count, one line each (nothing for a
+/// policy that keeps no steps).
+fn timeline(name: &str, report: &PolicyReport) -> String {
+    if report.steps.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("{name} timeline:\n");
+    for step in &report.steps {
+        out.push_str(&format!(
+            "{:>9.1}s {:>4} -> {:<4} backlog {:<6} in flight {:<5} {}\n",
+            step.at_s, step.from, step.to, step.backlog, step.in_flight, step.reason
+        ));
+    }
+    out
 }
 
 /// `--rate-limit`, with the accepted forms in the error.
@@ -414,5 +424,30 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("keda timeline"), "{out}");
+    }
+
+    #[test]
+    fn a_replayed_fuzz_case_prints_both_percentiles_and_with_timeline_the_engine_s_steps() {
+        let plain = run(&["--fuzz", "1", "--seed", "1"]);
+        let line = plain.lines().next().expect("the case's line");
+        assert!(
+            line.starts_with("seed 1 ") && line.matches(" p99 ").count() == 2,
+            "the engine's and the closest setting's p99: {plain}"
+        );
+        assert!(!plain.contains("timeline"), "{plain}");
+        let out = run(&["--fuzz", "1", "--seed", "1", "--timeline"]);
+        let steps: Vec<&str> = out
+            .lines()
+            .skip_while(|l| *l != "engine timeline:")
+            .skip(1)
+            .take_while(|l| !l.starts_with("worst:"))
+            .collect();
+        assert!(
+            steps
+                .first()
+                .is_some_and(|s| s.contains("waking from zero")),
+            "{out}"
+        );
+        assert!(steps.iter().all(|s| s.contains(" -> ")), "{out}");
     }
 }

@@ -276,15 +276,20 @@ impl Outcome {
         };
         let closest = match self.closest() {
             Some((row, ratio)) => format!(
-                "closest: keda {} p95 {:.2}s {:.0} rs (engine costs {:.2}x)",
-                row.setting, row.report.p95_wait_s, row.report.replica_seconds, ratio
+                "closest: keda {} p95 {:.2}s p99 {:.2}s {:.0} rs (engine costs {:.2}x)",
+                row.setting,
+                row.report.p95_wait_s,
+                row.report.p99_wait_s,
+                row.report.replica_seconds,
+                ratio
             ),
             None => "every KEDA setting waits longer".into(),
         };
         format!(
-            "seed {:<6} {verdict} engine p95 {:.2}s {:.0} rs, utilization {:.0} %; {closest}\n             {}",
+            "seed {:<6} {verdict} engine p95 {:.2}s p99 {:.2}s {:.0} rs, utilization {:.0} %; {closest}\n             {}",
             self.seed,
             e.p95_wait_s,
+            e.p99_wait_s,
             e.replica_seconds,
             100.0 * e.utilization,
             self.description
