@@ -97,7 +97,12 @@ fn step() -> impl Strategy<Value = Step> {
             prop_oneof![Just(0u64), 0..200u64],
             prop_oneof![4 => Just(0u64), 1 => 0..3u64],
         ),
-        (0..500u64, proptest::option::of(0.0..600.0f64), 0.0..=1.0f64),
+        (
+            0..500u64,
+            proptest::option::of(0.0..600.0f64),
+            // Often every pod ready, so that start-ups get timed.
+            prop_oneof![Just(1.0f64), 0.0..=1.0f64],
+        ),
     )
         .prop_map(
             |(
@@ -268,13 +273,23 @@ proptest! {
                 return;
             }
             // The window as documented: the one written, else the default, cut to the
-            // measured start-up time (at least a poll) while nothing is waiting. The
-            // start-up time is the one known at this poll (pods ready now tell it).
+            // measured start-up time (at least a poll) while nothing is waiting and the
+            // running jobs with their noise (`r + √r`) fit on the largest target's pods
+            // (one slot each: the engine here has the default workers). The start-up
+            // time is the one known at this poll (pods ready now tell it).
             let mut after = engine.clone();
             let decision = after.tick(&spec, observation, now);
+            let proposals = decision.proposals;
+            let largest = proposals
+                .backlog
+                .max(proposals.drain.unwrap_or(0))
+                .max(proposals.wait.unwrap_or(0))
+                .max(1);
+            let running = observation.in_flight as f64;
             let mut window = spec.resolved_behavior().down.window;
             if !written
                 && observation.backlog == 0
+                && running + running.sqrt() <= f64::from(largest)
                 && let Some(startup) = after.startup().seconds()
             {
                 window = window.min(startup.max(f64::from(spec.poll_interval_seconds.max(1))));
