@@ -201,11 +201,7 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
             (d["spec"]["replicas"] == 0).then_some(())
         },
     );
-    let status = eventually(Duration::from_secs(30), "QueueReachable", |last| {
-        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
-        *last = wp["status"].to_string();
-        (condition(&wp, "QueueReachable") == Some("True")).then(|| wp["status"].clone())
-    });
+    let status = queue_reachable(k, &ns.name, "mail", Duration::from_secs(30));
     assert_eq!(status["replicas"], 0, "{status}");
 
     // Idle at zero, the pool is looked at every second, but a look that
@@ -606,11 +602,7 @@ fn a_missing_secret_shows_in_conditions_and_an_event_and_the_pool_recovers_once_
         &ns.name,
         &literal,
     ]);
-    eventually(Duration::from_secs(30), "QueueReachable True", |last| {
-        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
-        *last = wp["status"].to_string();
-        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
-    });
+    queue_reachable(k, &ns.name, "mail", Duration::from_secs(30));
     let ids: Vec<String> = (0..3).map(|i| format!("job-{i}")).collect();
     redis.push("mail", &ids, 100);
     every_job_ran_once(&redis, "mail", &ids);
@@ -991,11 +983,7 @@ fn with_two_operators_one_leads_and_the_other_takes_over_when_it_goes(e2e: &E2e)
     let redis = Redis::start(k, &ns.name);
     let pool = Pool::new("mail", &redis).max(2).per_replica(5);
     k.apply(&ns.name, &pool.manifest());
-    eventually(Duration::from_secs(30), "the pool's status", |last| {
-        let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
-        *last = wp["status"].to_string();
-        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
-    });
+    queue_reachable(k, &ns.name, "mail", Duration::from_secs(30));
     // Only the leader reconciles: the standby has no reconcile counted.
     let standby_metrics = pod_metrics(k, &standby);
     assert!(
@@ -1351,6 +1339,15 @@ impl Pool {
         })
         .to_string()
     }
+}
+
+/// Waits for the pool to have read its queue (`QueueReachable=True`); returns its status.
+pub fn queue_reachable(k: &Cluster, namespace: &str, name: &str, within: Duration) -> Value {
+    eventually(within, "QueueReachable", |last| {
+        let wp = k.get(&["wp", "-n", namespace, name])?;
+        *last = wp["status"].to_string();
+        (condition(&wp, "QueueReachable") == Some("True")).then(|| wp["status"].clone())
+    })
 }
 
 /// The status of a condition of an object (`True`, `False`, `Unknown`).

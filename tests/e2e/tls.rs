@@ -9,7 +9,7 @@ use workerpool_tests::tls::Certificates;
 
 use crate::E2e;
 use crate::cluster::{Cluster, Namespace, eventually};
-use crate::scenarios::{condition, is_ready, redis_image, worker_image};
+use crate::scenarios::{condition, is_ready, queue_reachable, redis_image, worker_image};
 
 pub const ALL: &[crate::Scenario] = &[(
     "a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs",
@@ -135,15 +135,8 @@ fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
         },
     });
     k.apply(&ns.name, &pool.to_string());
-    eventually(
-        Duration::from_secs(60),
-        "QueueReachable True over TLS",
-        |last| {
-            let wp = k.get(&["wp", "-n", &ns.name, "secure"])?;
-            *last = wp["status"].to_string();
-            (condition(&wp, "QueueReachable") == Some("True")).then_some(())
-        },
-    );
+    // Over TLS.
+    queue_reachable(k, &ns.name, "secure", Duration::from_secs(60));
     let mut push = vec!["LPUSH", "secure"];
     let jobs: Vec<String> = (0..20)
         .map(|n| format!(r#"{{"data":{{"n":{n}}}}}"#))

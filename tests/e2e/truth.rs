@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::E2e;
 use crate::cluster::{Cluster, Namespace, eventually};
-use crate::scenarios::{Pool, Redis, condition, event_reasons, is_ready};
+use crate::scenarios::{Pool, Redis, condition, event_reasons, is_ready, queue_reachable};
 
 pub const ALL: &[crate::Scenario] = &[
     (
@@ -43,7 +43,7 @@ fn left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so(e2e
         }
     });
     k.apply(&ns.name, &pool.manifest());
-    queue_reachable(k, &ns.name, "mail");
+    queue_reachable(k, &ns.name, "mail", Duration::from_secs(30));
     let ids: Vec<String> = (0..5).map(|i| format!("job-{i}")).collect();
     redis.push("mail", &ids, 300);
     every_job_done(&redis, ids.len());
@@ -76,15 +76,6 @@ fn left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so(e2e
         "back at zero {idle:?} after the last job, with a start-up of {startup} s"
     );
     eprintln!("  back at zero {idle:.1?} after the last job (pods ready in {startup} s)");
-}
-
-/// Waits for the pool to read its queue.
-fn queue_reachable(k: &Cluster, namespace: &str, name: &str) {
-    eventually(Duration::from_secs(30), "QueueReachable", |last| {
-        let wp = k.get(&["wp", "-n", namespace, name])?;
-        *last = wp["status"].to_string();
-        (condition(&wp, "QueueReachable") == Some("True")).then_some(())
-    });
 }
 
 /// Waits until `jobs` jobs have run.
@@ -356,7 +347,7 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
             spec["scaling"]["idleSecondsBeforeZero"] = 20.into();
         });
     k.apply(&ns.name, &pool.manifest());
-    queue_reachable(k, &ns.name, "mail");
+    queue_reachable(k, &ns.name, "mail", Duration::from_secs(30));
     // Jobs long enough to be worth more than one pod (the engine starts
     // only the pods that will find work when they are ready): 2 s each.
     let ids: Vec<String> = (0..30).map(|i| format!("job-{i}")).collect();
