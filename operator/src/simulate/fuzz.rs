@@ -266,6 +266,16 @@ impl Outcome {
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 
+    /// Whether a setting that beats the engine (by p95 and cost, the verdict's measure)
+    /// also keeps its p99 wait within the same margin of the engine's: a win at the tail
+    /// too, not one that makes the slowest jobs wait longer.
+    pub fn beaten_at_the_tail_too(&self) -> bool {
+        let engine = &self.comparison.engine;
+        self.comparison.beaten_by().iter().any(|row| {
+            row.report.p99_wait_s <= engine.p99_wait_s + super::compare::P95_MARGIN_SECONDS
+        })
+    }
+
     /// One line: the seed, the verdict, the engine's figures and the closest KEDA setting.
     pub fn line(&self) -> String {
         let e = &self.comparison.engine;
@@ -346,6 +356,57 @@ mod tests {
             })
             .collect();
         assert_eq!(kinds.len(), 3);
+    }
+
+    #[test]
+    fn a_win_at_the_tail_too_needs_a_winning_setting_whose_p99_is_within_the_margin() {
+        let report = |p95: f64, p99: f64, cost: f64| super::super::PolicyReport {
+            p50_wait_s: 0.0,
+            p95_wait_s: p95,
+            p99_wait_s: p99,
+            max_backlog: 0,
+            replica_seconds: cost,
+            scale_events: 0,
+            utilization: 0.0,
+            jobs: 1,
+            steps: Vec::new(),
+        };
+        let row = |report: super::super::PolicyReport, engine: &super::super::PolicyReport| {
+            super::super::compare::KedaRow {
+                setting: "s".into(),
+                min_replicas: 0,
+                cooldown_seconds: 30,
+                scale_down_window_seconds: 30,
+                beats_engine: super::super::compare::beats(&report, engine),
+                report,
+            }
+        };
+        let engine = report(5.0, 6.0, 1000.0);
+        let outcome = |keda: Vec<super::super::compare::KedaRow>| Outcome {
+            seed: 0,
+            shape: FuzzShape::ColdSpike,
+            description: String::new(),
+            comparison: super::super::compare::Comparison {
+                engine: engine.clone(),
+                keda,
+            },
+        };
+        // Cheaper, as quick at p95, far slower at p99: beaten, not at the tail.
+        let slow_tail = outcome(vec![row(report(5.0, 40.0, 800.0), &engine)]);
+        assert!(!slow_tail.comparison.beaten_by().is_empty());
+        assert!(!slow_tail.beaten_at_the_tail_too());
+        // Another setting that wins with a p99 within 1 s: beaten at the tail too.
+        let both = outcome(vec![
+            row(report(5.0, 40.0, 800.0), &engine),
+            row(report(5.5, 6.9, 850.0), &engine),
+        ]);
+        assert!(both.beaten_at_the_tail_too());
+        // A p99 within the margin from a setting that does not win counts for nothing.
+        let dear = outcome(vec![
+            row(report(5.0, 40.0, 800.0), &engine),
+            row(report(5.0, 6.0, 950.0), &engine),
+        ]);
+        assert!(!dear.beaten_at_the_tail_too());
     }
 
     #[test]
