@@ -8,7 +8,7 @@
 //! The p99 half of that goal is not held here: for spikes of 100 to 300 jobs
 //! the engine's p99 wait is 0.1 to 2.6 s above KEDA's. That p99 is the wait of
 //! the spike's jobs served before any new pod is ready, by the pods already
-//! warm, and KEDA `min 1` runs 1.47 pods on this day where the engine runs one
+//! warm, and KEDA `min 1` runs 1.43 to 1.47 pods on this day where the engine runs one
 //! (see "A lone spike on a warm pool" in docs/scaling.md).
 
 use std::time::Duration;

@@ -381,6 +381,16 @@ mod tests {
         super::run(&cli.args).expect("a report")
     }
 
+    /// The lines of the engine's timeline: those after its heading, up to a replayed
+    /// fuzz case's summary.
+    fn timeline_steps(out: &str) -> Vec<&str> {
+        out.lines()
+            .skip_while(|l| *l != "engine timeline:")
+            .skip(1)
+            .take_while(|l| !l.starts_with("worst:"))
+            .collect()
+    }
+
     #[test]
     fn steady_traffic_gets_the_erlang_c_minimum_beside_each_policy_and_bursts_do_not() {
         let steady = run(&["--generate", "steady", "--seed", "3"]);
@@ -404,11 +414,7 @@ mod tests {
         let path = trace.to_string_lossy().into_owned();
         let out = run(&["--trace", &path, "--policy", "engine", "--timeline"]);
         let _ = std::fs::remove_file(&trace);
-        let steps: Vec<&str> = out
-            .lines()
-            .skip_while(|l| *l != "engine timeline:")
-            .skip(1)
-            .collect();
+        let steps = timeline_steps(&out);
         // Woken from zero for the burst, and back to zero once idle; as many lines as the
         // table counts scale events.
         let events: usize = out
@@ -440,12 +446,7 @@ mod tests {
         );
         assert!(!plain.contains("timeline"), "{plain}");
         let out = run(&["--fuzz", "1", "--seed", "1", "--timeline"]);
-        let steps: Vec<&str> = out
-            .lines()
-            .skip_while(|l| *l != "engine timeline:")
-            .skip(1)
-            .take_while(|l| !l.starts_with("worst:"))
-            .collect();
+        let steps = timeline_steps(&out);
         assert!(
             steps
                 .first()

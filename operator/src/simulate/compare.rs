@@ -188,17 +188,7 @@ mod tests {
     use crate::simulate::{DurationDist, Trace};
 
     fn report(p95: f64, cost: f64) -> PolicyReport {
-        PolicyReport {
-            p50_wait_s: 0.0,
-            p95_wait_s: p95,
-            p99_wait_s: p95,
-            max_backlog: 0,
-            replica_seconds: cost,
-            scale_events: 0,
-            jobs: 0,
-            utilization: 0.0,
-            steps: Vec::new(),
-        }
+        PolicyReport::waits(p95, p95, cost)
     }
 
     #[test]

@@ -330,6 +330,8 @@ fn describe(d: DurationDist) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulate::PolicyReport;
+    use crate::simulate::compare::{Comparison, KedaRow, beats};
 
     #[test]
     fn a_seed_always_gives_the_same_case_and_seeds_cover_every_shape() {
@@ -360,33 +362,21 @@ mod tests {
 
     #[test]
     fn a_win_at_the_tail_too_needs_a_winning_setting_whose_p99_is_within_the_margin() {
-        let report = |p95: f64, p99: f64, cost: f64| super::super::PolicyReport {
-            p50_wait_s: 0.0,
-            p95_wait_s: p95,
-            p99_wait_s: p99,
-            max_backlog: 0,
-            replica_seconds: cost,
-            scale_events: 0,
-            utilization: 0.0,
-            jobs: 1,
-            steps: Vec::new(),
-        };
-        let row = |report: super::super::PolicyReport, engine: &super::super::PolicyReport| {
-            super::super::compare::KedaRow {
-                setting: "s".into(),
-                min_replicas: 0,
-                cooldown_seconds: 30,
-                scale_down_window_seconds: 30,
-                beats_engine: super::super::compare::beats(&report, engine),
-                report,
-            }
+        let report = PolicyReport::waits;
+        let row = |report: PolicyReport, engine: &PolicyReport| KedaRow {
+            setting: "s".into(),
+            min_replicas: 0,
+            cooldown_seconds: 30,
+            scale_down_window_seconds: 30,
+            beats_engine: beats(&report, engine),
+            report,
         };
         let engine = report(5.0, 6.0, 1000.0);
-        let outcome = |keda: Vec<super::super::compare::KedaRow>| Outcome {
+        let outcome = |keda: Vec<KedaRow>| Outcome {
             seed: 0,
             shape: FuzzShape::ColdSpike,
             description: String::new(),
-            comparison: super::super::compare::Comparison {
+            comparison: Comparison {
                 engine: engine.clone(),
                 keda,
             },

@@ -111,6 +111,25 @@ pub struct PolicyReport {
     pub steps: Vec<Step>,
 }
 
+#[cfg(test)]
+impl PolicyReport {
+    /// A report with these waits and replica-seconds and nothing else, for the tests
+    /// that judge reports against each other.
+    pub(crate) fn waits(p95_wait_s: f64, p99_wait_s: f64, replica_seconds: f64) -> Self {
+        PolicyReport {
+            p50_wait_s: 0.0,
+            p95_wait_s,
+            p99_wait_s,
+            max_backlog: 0,
+            replica_seconds,
+            scale_events: 0,
+            utilization: 0.0,
+            jobs: 0,
+            steps: Vec::new(),
+        }
+    }
+}
+
 /// One change of the engine's replica count, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Step {
@@ -503,22 +522,16 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                         world.fold_job_durations();
                         let observation = world.observation();
                         let now = Duration::from_secs_f64(world.now);
-                        let desired = match &mut controller {
+                        // The engine's reason goes with the change it asked for, recorded
+                        // where the change is applied.
+                        let (desired, reason) = match &mut controller {
                             Controller::Engine { engine, spec } => {
                                 let decision = engine.tick(spec, &observation, now);
-                                if decision.desired.max(0) != world.desired {
-                                    steps.push(Step {
-                                        at_s: world.now,
-                                        from: world.desired,
-                                        to: decision.desired.max(0),
-                                        backlog: observation.backlog,
-                                        in_flight: observation.in_flight,
-                                        reason: decision.reason,
-                                    });
-                                }
-                                Some(decision.desired)
+                                (Some(decision.desired), Some(decision.reason))
                             }
-                            Controller::Keda(model) => model.tick(kind, world.now, &observation),
+                            Controller::Keda(model) => {
+                                (model.tick(kind, world.now, &observation), None)
+                            }
                         };
                         if let Some(desired) = desired {
                             let from = world.desired;
@@ -527,6 +540,16 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                                 && world.desired != from
                             {
                                 engine.applied(now, from, world.desired);
+                                if let Some(reason) = reason {
+                                    steps.push(Step {
+                                        at_s: world.now,
+                                        from,
+                                        to: world.desired,
+                                        backlog: observation.backlog,
+                                        in_flight: observation.in_flight,
+                                        reason,
+                                    });
+                                }
                             }
                         }
                         let period = periods.get(usize::from(kind)).copied().unwrap_or(15.0);
