@@ -192,15 +192,7 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
 
     // The operator creates the Deployment (server-side apply of a new
     // object: the 403 this suite was written for), at zero replicas.
-    eventually(
-        Duration::from_secs(30),
-        "the pool's Deployment at 0",
-        |last| {
-            let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
-            *last = d["spec"].to_string();
-            (d["spec"]["replicas"] == 0).then_some(())
-        },
-    );
+    deployment_at(k, &ns.name, "mail", 0, Duration::from_secs(30));
     let status = queue_reachable(k, &ns.name, "mail", Duration::from_secs(30));
     assert_eq!(status["replicas"], 0, "{status}");
 
@@ -1339,6 +1331,15 @@ impl Pool {
         })
         .to_string()
     }
+}
+
+/// Waits for the pool's Deployment to be scaled to `replicas`.
+pub fn deployment_at(k: &Cluster, namespace: &str, name: &str, replicas: i64, within: Duration) {
+    eventually(within, &format!("the Deployment at {replicas}"), |last| {
+        let d = k.get(&["deployment", "-n", namespace, name])?;
+        *last = d["spec"].to_string();
+        (d["spec"]["replicas"] == replicas).then_some(())
+    });
 }
 
 /// Waits for the pool to have read its queue (`QueueReachable=True`); returns its status.

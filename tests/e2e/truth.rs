@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 
 use crate::E2e;
 use crate::cluster::{Cluster, Namespace, eventually};
-use crate::scenarios::{Pool, Redis, condition, event_reasons, is_ready, queue_reachable};
+use crate::scenarios::{
+    Pool, Redis, condition, deployment_at, event_reasons, is_ready, queue_reachable,
+};
 
 pub const ALL: &[crate::Scenario] = &[
     (
@@ -49,7 +51,7 @@ fn left_out_the_idle_hold_is_one_pod_start_up_after_a_lone_burst_and_says_so(e2e
     every_job_done(&redis, ids.len());
     let done_at = std::time::Instant::now();
     // Well inside KEDA's 300 s: one start-up (a few seconds here) and a poll.
-    back_at_zero(k, &ns.name, "mail", Duration::from_secs(120));
+    deployment_at(k, &ns.name, "mail", 0, Duration::from_secs(120));
     let idle = done_at.elapsed();
     let wp = k.get(&["wp", "-n", &ns.name, "mail"]).expect("the pool");
     let startup = wp["status"]["podStartupSeconds"]
@@ -84,15 +86,6 @@ fn every_job_done(redis: &Redis, jobs: usize) {
         let done = redis.done();
         *last = format!("{} of {jobs} done", done.len());
         (done.len() >= jobs).then_some(())
-    });
-}
-
-/// Waits for the pool's Deployment to be scaled to zero.
-fn back_at_zero(k: &Cluster, namespace: &str, name: &str, within: Duration) {
-    eventually(within, "the pool back at zero", |last| {
-        let d = k.get(&["deployment", "-n", namespace, name])?;
-        *last = d["spec"].to_string();
-        (d["spec"]["replicas"] == 0).then_some(())
     });
 }
 
@@ -151,15 +144,7 @@ fn a_pool_whose_redis_cannot_be_read_holds_its_replica_bounds_and_says_so(e2e: &
     k.apply(&ns.name, &pool.manifest());
 
     // minReplicas holds although the queue was never read.
-    eventually(
-        Duration::from_secs(60),
-        "the Deployment at minReplicas",
-        |last| {
-            let d = k.get(&["deployment", "-n", &ns.name, "mail"])?;
-            *last = d["spec"].to_string();
-            (d["spec"]["replicas"] == 2).then_some(())
-        },
-    );
+    deployment_at(k, &ns.name, "mail", 2, Duration::from_secs(60));
     let wp = eventually(Duration::from_secs(30), "Ready=False", |last| {
         let wp = k.get(&["wp", "-n", &ns.name, "mail"])?;
         *last = wp["status"].to_string();
@@ -362,7 +347,7 @@ fn a_scale_down_in_steps_shows_every_step_as_its_own_event(e2e: &E2e) {
         },
     );
     every_job_done(&redis, ids.len());
-    back_at_zero(k, &ns.name, "mail", Duration::from_secs(90));
+    deployment_at(k, &ns.name, "mail", 0, Duration::from_secs(90));
 
     // Every step, in order, with its numbers and its reason.
     let steps = scale_events_to_zero(k, &ns.name, "mail");
