@@ -268,6 +268,12 @@ fn engine_spec(args: &SimulateArgs) -> Result<ScalingSpec, SimulateError> {
 /// `--fuzz N`: N generated cases against every KEDA setting, one line each, then the
 /// worst; an error (a non-zero exit) when KEDA beats the engine on any.
 fn fuzz(args: &SimulateArgs, cases: u64) -> Result<String, SimulateError> {
+    if args.timeline && cases > 1 {
+        return Err(SimulateError(format!(
+            "--timeline prints the steps of one case: replay one of these {cases} with \
+             --fuzz 1 --seed S (S = the seed its line names)"
+        )));
+    }
     let spec = engine_spec(args)?;
     let outcomes: Vec<Outcome> = (args.seed..args.seed.saturating_add(cases))
         .map(|seed| Outcome::run(&Case::new(seed), &spec))
@@ -434,6 +440,14 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("keda timeline"), "{out}");
+    }
+
+    #[test]
+    fn timeline_over_several_fuzz_cases_is_refused_with_how_to_replay_one() {
+        let cli =
+            Cli::try_parse_from(["simulate", "--fuzz", "3", "--timeline"]).expect("arguments");
+        let err = super::run(&cli.args).expect_err("several cases have no one timeline");
+        assert!(err.to_string().contains("--fuzz 1 --seed S"), "{err}");
     }
 
     #[test]
