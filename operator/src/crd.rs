@@ -107,7 +107,9 @@ pub struct TracingSpec {
     /// The OTLP/HTTP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`); spans go to
     /// its `/v1/traces`. An https:// one is checked against the system's
     /// roots, or a CA file the worker container names in
-    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (with the volume that holds it).
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (with the volume that holds it); a
+    /// collector that asks for a client certificate gets the one in
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY`.
     #[schemars(length(min = 8, max = 2048))]
     pub endpoint: String,
 

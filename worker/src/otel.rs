@@ -63,7 +63,9 @@ impl Otel {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
     /// is set, unless `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`.
     /// The exporter reads the endpoint (http:// or https://, trusted by the
-    /// system's roots and `OTEL_EXPORTER_OTLP_CERTIFICATE`),
+    /// system's roots and `OTEL_EXPORTER_OTLP_CERTIFICATE`, presenting
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY` to a
+    /// collector that asks for a client certificate),
     /// `OTEL_EXPORTER_OTLP_HEADERS` and the timeout; the resource reads `OTEL_SERVICE_NAME` (else
     /// `workerpool-worker`) and `OTEL_RESOURCE_ATTRIBUTES`; the sampler
     /// reads `OTEL_TRACES_SAMPLER` (parent-based, always on by default).
@@ -99,10 +101,9 @@ impl Otel {
                 "the OTLP endpoint {endpoint:?} must be an http:// or https:// URL"
             )));
         }
-        let ca =
-            var("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE").or(var("OTEL_EXPORTER_OTLP_CERTIFICATE"));
+        let tls = TlsFiles::from_vars(var)?;
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(ca.as_deref())?)
+            .with_tls_config(tls.client_config()?)
             .https_or_http()
             .enable_http1()
             .build();
@@ -295,36 +296,117 @@ impl Attempt {
     }
 }
 
-/// TLS to an https:// collector: the system's roots, and the CA in the PEM
-/// file `ca` (`OTEL_EXPORTER_OTLP_CERTIFICATE`) when one is given.
-fn tls_config(ca: Option<&str>) -> Result<rustls::ClientConfig, OtelError> {
+/// A variable's name and the path it holds.
+type Named = (&'static str, String);
+
+/// The PEM files of TLS to an https:// collector, each with the variable
+/// that named it (the `_TRACES_` one wins over the general one, as the
+/// OpenTelemetry specification says).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct TlsFiles {
+    /// A CA to trust besides the system's roots: `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+    ca: Option<Named>,
+    /// The worker's own certificate chain and key, for a collector that asks
+    /// for one (mutual TLS): `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and
+    /// `OTEL_EXPORTER_OTLP_CLIENT_KEY`.
+    client: Option<(Named, Named)>,
+}
+
+impl TlsFiles {
+    /// The files the variables name (`var` reads one, `None` when unset or blank).
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<TlsFiles, OtelError> {
+        let setting = |traces: &'static str, general: &'static str| {
+            var(traces)
+                .map(|v| (traces, v))
+                .or_else(|| var(general).map(|v| (general, v)))
+        };
+        let ca = setting(
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        );
+        let cert = setting(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        );
+        let key = setting(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        );
+        let client = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some((name, _)), None) => {
+                return Err(OtelError(format!(
+                    "{name} is set without OTEL_EXPORTER_OTLP_CLIENT_KEY: \
+                     a client certificate needs its private key"
+                )));
+            }
+            (None, Some((name, _))) => {
+                return Err(OtelError(format!(
+                    "{name} is set without OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE: \
+                     a client key needs its certificate"
+                )));
+            }
+        };
+        Ok(TlsFiles { ca, client })
+    }
+
+    /// TLS as these files ask: the system's roots and the CA, and the
+    /// client certificate when there is one.
+    fn client_config(&self) -> Result<rustls::ClientConfig, OtelError> {
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        if let Some((name, path)) = &self.ca {
+            for cert in certificates(name, path)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| OtelError(format!("{name} {path:?}: {e}")))?;
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| OtelError(format!("TLS: {e}")))?
+        .with_root_certificates(roots);
+        let Some(((cert_name, cert_path), (key_name, key_path))) = &self.client else {
+            return Ok(builder.with_no_client_auth());
+        };
+        let chain = certificates(cert_name, cert_path)?;
+        let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| {
+            OtelError(format!(
+                "{key_name} {key_path:?}: no PEM private key could be read ({e})"
+            ))
+        })?;
+        builder.with_client_auth_cert(chain, key).map_err(|e| {
+            OtelError(format!(
+                "{cert_name} {cert_path:?} and {key_name} {key_path:?} do not make a client \
+                 identity: {e}"
+            ))
+        })
+    }
+}
+
+/// The certificates in the PEM file `path`, which `name` gave: at least one.
+fn certificates(
+    name: &str,
+    path: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, OtelError> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect())
+        .map_err(|e| OtelError(format!("{name} {path:?}: {e}")))?;
+    if certs.is_empty() {
+        return Err(OtelError(format!(
+            "{name} {path:?} holds no PEM certificate"
+        )));
     }
-    if let Some(path) = ca {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .and_then(|certs| certs.collect())
-            .map_err(|e| OtelError(format!("OTEL_EXPORTER_OTLP_CERTIFICATE {path:?}: {e}")))?;
-        if certs.is_empty() {
-            return Err(OtelError(format!(
-                "OTEL_EXPORTER_OTLP_CERTIFICATE {path:?} holds no PEM certificate"
-            )));
-        }
-        for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| OtelError(format!("OTEL_EXPORTER_OTLP_CERTIFICATE {path:?}: {e}")))?;
-        }
-    }
-    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-    .map_err(|e| OtelError(format!("TLS: {e}")))
+    Ok(certs)
 }
 
 /// `text` with the password of every URL in it masked (`redis://u:***@h`):
@@ -518,6 +600,113 @@ fn export_loop(
 
 #[cfg(test)]
 mod tests {
+    use super::TlsFiles;
+
+    fn vars(set: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        |name| {
+            set.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_traces_variables_win_over_the_general_ones_and_each_file_keeps_its_variable() {
+        let files = TlsFiles::from_vars(vars(&[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/general/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces/ca.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/general/cert.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/traces/key.pem"),
+        ]))
+        .expect("a whole client identity");
+        assert_eq!(
+            files,
+            TlsFiles {
+                ca: Some((
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                    "/traces/ca.pem".into()
+                )),
+                client: Some((
+                    (
+                        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                        "/general/cert.pem".into()
+                    ),
+                    (
+                        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+                        "/traces/key.pem".into()
+                    ),
+                )),
+            }
+        );
+        assert_eq!(
+            TlsFiles::from_vars(vars(&[])).ok(),
+            Some(TlsFiles::default())
+        );
+    }
+
+    #[test]
+    fn half_a_client_identity_is_refused_naming_what_is_missing() {
+        let err = TlsFiles::from_vars(vars(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "/c.pem",
+        )]))
+        .expect_err("a certificate without its key");
+        assert!(
+            err.to_string().contains(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE is set without \
+                 OTEL_EXPORTER_OTLP_CLIENT_KEY"
+            ),
+            "{err}"
+        );
+        let err = TlsFiles::from_vars(vars(&[("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/k.pem")]))
+            .expect_err("a key without its certificate");
+        assert!(
+            err.to_string()
+                .contains("without OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unreadable_or_empty_files_are_refused_naming_the_variable_and_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no PEM here\n").expect("write");
+        let empty = empty.to_string_lossy().into_owned();
+        let missing = dir
+            .path()
+            .join("missing.pem")
+            .to_string_lossy()
+            .into_owned();
+        let ca_err = TlsFiles {
+            ca: Some(("OTEL_EXPORTER_OTLP_CERTIFICATE", empty.clone())),
+            client: None,
+        }
+        .client_config()
+        .expect_err("an empty CA file");
+        assert!(
+            ca_err.to_string().contains(&format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE {empty:?} holds no PEM certificate"
+            )),
+            "{ca_err}"
+        );
+        let key_err = TlsFiles {
+            ca: None,
+            client: Some((
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", missing.clone()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", missing.clone()),
+            )),
+        }
+        .client_config()
+        .expect_err("a missing certificate file");
+        assert!(
+            key_err.to_string().starts_with(&format!(
+                "OpenTelemetry: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE {missing:?}"
+            )),
+            "{key_err}"
+        );
+    }
+
     #[test]
     fn passwords_of_urls_in_an_error_are_masked_and_the_rest_kept() {
         assert_eq!(

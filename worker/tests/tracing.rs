@@ -118,8 +118,12 @@ impl axum::serve::Listener for TlsListener {
 }
 
 /// The receiver over TLS, with the server certificate of `certs` (for
-/// 127.0.0.1).
-async fn tls_receiver(certs: &workerpool_tests::tls::Certificates) -> (u16, Arc<Mutex<Vec<Span>>>) {
+/// 127.0.0.1); with `client_auth`, only for a client whose certificate
+/// `certs.ca` signed (mutual TLS).
+async fn tls_receiver(
+    certs: &workerpool_tests::tls::Certificates,
+    client_auth: bool,
+) -> (u16, Arc<Mutex<Vec<Span>>>) {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&certs.server_cert)
@@ -127,14 +131,24 @@ async fn tls_receiver(certs: &workerpool_tests::tls::Certificates) -> (u16, Arc<
         .collect::<Result<_, _>>()
         .expect("pem");
     let key = PrivateKeyDer::from_pem_file(&certs.server_key).expect("server key");
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .expect("server config");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions");
+    let builder = if client_auth {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&certs.ca).expect("ca") {
+            roots.add(cert.expect("pem")).expect("ca cert");
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .expect("client verifier");
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder.with_single_cert(chain, key).expect("server config");
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -523,7 +537,7 @@ async fn spans_reach_an_https_collector_trusted_through_otel_exporter_otlp_certi
     let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
-    let (port, spans) = tls_receiver(&certs).await;
+    let (port, spans) = tls_receiver(&certs, false).await;
     let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
     common::push(
         &mut c,
@@ -544,12 +558,77 @@ async fn spans_reach_an_https_collector_trusted_through_otel_exporter_otlp_certi
 }
 
 #[tokio::test]
+async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_worker_that_has_one()
+{
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = workerpool_tests::tls::Certificates::make(dir.path());
+    let (port, spans) = tls_receiver(&certs, true).await;
+    let endpoint = format!("https://127.0.0.1:{port}");
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let (ca, cert, key) = (
+        path(&certs.ca),
+        path(&certs.client_cert),
+        path(&certs.client_key),
+    );
+    let record = path(&dir.path().join("seen"));
+    let handler = ["--", "python3", "-c", HANDLER, &record];
+    let q = QueueKeys::new("traced");
+
+    // Without a client certificate the handshake fails: the job still runs,
+    // and its spans are counted as dropped.
+    common::push(&mut c, "traced", &[json!({"id": "anonymous"}).to_string()]).await;
+    let worker = Worker::with_env(
+        &redis,
+        &endpoint,
+        &handler,
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
+    );
+    eventually(WAIT, "the job done", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (common::counter(&mut c, q.stats_processed()).await == 1).then_some(()) }
+    })
+    .await;
+    eventually(WAIT, "the dropped spans counted", || {
+        let dropped =
+            worker.metric("workerpool_trace_spans_dropped_total{reason=\"export_failed\"}");
+        async move { (dropped >= 1.0).then_some(()) }
+    })
+    .await;
+    drop(worker);
+    assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
+
+    // With one that the collector's CA signed, the attempt arrives.
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let _worker = Worker::with_env(
+        &redis,
+        &endpoint,
+        &handler,
+        &[
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
+        ],
+    );
+    let attempt = the_attempt(&spans).await;
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+}
+
+#[tokio::test]
 async fn an_https_collector_whose_certificate_is_not_trusted_gets_nothing_and_the_jobs_run() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
-    let (port, spans) = tls_receiver(&certs).await;
+    let (port, spans) = tls_receiver(&certs, false).await;
     let q = QueueKeys::new("traced");
     common::push(&mut c, "traced", &[json!({"id": "one"}).to_string()]).await;
     let record = dir.path().join("seen").to_string_lossy().into_owned();
