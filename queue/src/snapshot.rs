@@ -360,17 +360,6 @@ impl Snapshot {
         }
         out
     }
-
-    /// Jobs in flight per worker id (the pod name), over all queues and
-    /// incarnations.
-    pub fn in_flight_by_worker_id(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut out = std::collections::BTreeMap::new();
-        for w in self.queues.iter().flat_map(|q| &q.workers) {
-            let id = crate::keys::Instance::id_of(&w.instance).unwrap_or(&w.instance);
-            *out.entry(id.to_string()).or_default() += w.in_flight;
-        }
-        out
-    }
 }
 
 /// What one worker process is doing ([`Snapshot::activity_by_worker_id`]).

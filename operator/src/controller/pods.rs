@@ -25,8 +25,9 @@ pub(super) async fn list_pods(pool: &WorkerPool, ctx: &Context) -> Result<Vec<Po
     Ok(list.items)
 }
 
-/// Before a scale-down, sets each pod's deletion cost to its worker's
-/// in-flight jobs, so the ReplicaSet removes idle workers first.
+/// Before a scale-down, sets each pod's deletion cost to its live worker's
+/// jobs in hand, so the ReplicaSet removes idle workers first (and pods
+/// whose worker is lost: the reaper returns its jobs to the queue).
 pub(super) async fn mark_idle_pods(
     pool: &WorkerPool,
     ctx: &Context,
@@ -34,10 +35,10 @@ pub(super) async fn mark_idle_pods(
     list: Vec<Pod>,
 ) -> Result<(), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
-    let busy = snap.in_flight_by_worker_id();
+    let activity = snap.activity_by_worker_id();
     for pod in list {
         let name = pod.name_any();
-        let cost = busy.get(&name).copied().unwrap_or(0).to_string();
+        let cost = activity.get(&name).map_or(0, |a| a.in_flight).to_string();
         if pod.annotations().get(DELETION_COST) == Some(&cost) {
             continue;
         }

@@ -25,6 +25,7 @@ use rustix::process::{Pid, Signal};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
+use workerpool_queue::snapshot::WorkerActivity;
 
 use crate::crd::WorkerPool;
 use crate::deployment::worker_settings;
@@ -300,14 +301,15 @@ impl Actuator {
         self.running() == 0 && self.draining.is_empty()
     }
 
-    /// Starts or stops workers until the pool has `n`. `in_flight` maps worker
-    /// ids to their jobs in flight; the least busy stop first.
+    /// Starts or stops workers until the pool has `n`. `activity` maps the
+    /// live workers' ids to what they are doing; the least busy stop first.
     pub fn scale_to(
         &mut self,
         n: usize,
-        in_flight: &BTreeMap<String, u64>,
+        activity: &BTreeMap<String, WorkerActivity>,
         now: Instant,
     ) -> Vec<Event> {
+        let in_flight = |id: &str| activity.get(id).map_or(0, |a| a.in_flight);
         let mut events = Vec::new();
         while self.slots.len() < n {
             let slot = self.free_slot();
@@ -320,10 +322,7 @@ impl Actuator {
                 .slots
                 .iter()
                 .min_by_key(|(n, s)| {
-                    let busy = in_flight
-                        .get(&self.command.worker_id(**n))
-                        .copied()
-                        .unwrap_or(0);
+                    let busy = in_flight(&self.command.worker_id(**n));
                     // Not running at all first, then the least busy, then the newest.
                     let started = s.process.as_ref().map(|p| p.started);
                     (
@@ -340,7 +339,7 @@ impl Actuator {
             };
             let id = self.command.worker_id(victim);
             if let Some(process) = slot.process {
-                let busy = in_flight.get(&id).copied().unwrap_or(0);
+                let busy = in_flight(&id);
                 events.push(self.terminate(id, process, now, busy));
             }
         }
@@ -400,8 +399,12 @@ impl Actuator {
     }
 
     /// SIGTERM to every worker: the pool is going away.
-    pub fn stop_all(&mut self, in_flight: &BTreeMap<String, u64>, now: Instant) -> Vec<Event> {
-        self.scale_to(0, in_flight, now)
+    pub fn stop_all(
+        &mut self,
+        activity: &BTreeMap<String, WorkerActivity>,
+        now: Instant,
+    ) -> Vec<Event> {
+        self.scale_to(0, activity, now)
     }
 
     /// A second SIGTERM to every stopping worker, which makes it return its
@@ -712,11 +715,15 @@ spec:
         let started = actuator.scale_to(3, &BTreeMap::new(), Instant::now());
         assert_eq!(started.len(), 3);
         assert!(matches!(&started[0], Event::Started { id, .. } if id == "p-1"));
-        let busy = BTreeMap::from([
-            ("p-1".to_string(), 0),
-            ("p-2".to_string(), 5),
-            ("p-3".to_string(), 1),
-        ]);
+        let busy = BTreeMap::from([("p-1", 0), ("p-2", 5), ("p-3", 1)].map(|(id, in_flight)| {
+            (
+                id.to_string(),
+                WorkerActivity {
+                    in_flight,
+                    ..WorkerActivity::default()
+                },
+            )
+        }));
         let stopping = actuator.scale_to(1, &busy, Instant::now());
         assert_eq!(
             stopping,

@@ -273,20 +273,28 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             _ => {}
         }
         was_reachable = reading.is_ok();
+        // The live workers' jobs in hand, by worker id: who is ready, and
+        // who stops last.
+        let activity = reading
+            .as_ref()
+            .map(Snapshot::activity_by_worker_id)
+            .unwrap_or_default();
+        // Ready: a running worker whose heartbeat the queue holds.
+        let ready = |actuator: &Actuator| {
+            let ready = actuator
+                .running_ids()
+                .iter()
+                .filter(|id| activity.contains_key(*id))
+                .count();
+            i32::try_from(ready).unwrap_or(i32::MAX)
+        };
 
         if cadence.due(now) {
             let current = i32::try_from(actuator.replicas()).unwrap_or(i32::MAX);
-            // Ready: a running worker that has registered with the queue.
-            let observed = reading.as_ref().ok().map(|snap| {
-                let registered = snap.in_flight_by_worker_id();
-                let ready = actuator
-                    .running_ids()
-                    .iter()
-                    .filter(|id| registered.contains_key(*id))
-                    .count();
-                let ready = i32::try_from(ready).unwrap_or(i32::MAX);
-                Observation::from_counts(&snap.counts(), current, ready)
-            });
+            let observed = reading
+                .as_ref()
+                .ok()
+                .map(|snap| Observation::from_counts(&snap.counts(), current, ready(&actuator)));
             let decided_at = started.elapsed();
             let verdict = scaling::decide(
                 engine.with_workers(scaling::Workers::new(
@@ -306,11 +314,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
                     &format!("scaling from {current} to {}: {message}", verdict.desired),
                 );
             }
-            let busy = reading
-                .as_ref()
-                .map(Snapshot::in_flight_by_worker_id)
-                .unwrap_or_default();
-            for event in actuator.scale_to(verdict.desired.max(0) as usize, &busy, now) {
+            for event in actuator.scale_to(verdict.desired.max(0) as usize, &activity, now) {
                 view.note(elapsed(), &event.to_string());
             }
             let applied = i32::try_from(actuator.replicas()).unwrap_or(i32::MAX);
@@ -320,17 +324,9 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
             decided = (verdict.desired, verdict.code().to_string(), message);
         }
         peak = peak.max(actuator.running());
-        let ready = reading.as_ref().map_or(0, |snap| {
-            let registered = snap.in_flight_by_worker_id();
-            actuator
-                .running_ids()
-                .iter()
-                .filter(|id| registered.contains_key(*id))
-                .count()
-        });
         shown_pool.update(
             decided.0,
-            i32::try_from(ready).unwrap_or(i32::MAX),
+            ready(&actuator),
             format!("{}: {}", decided.1, decided.2),
         );
         let queue = reading.as_ref().map(|snap| {
@@ -359,7 +355,7 @@ pub async fn run(args: LocalArgs) -> Result<Summary, Error> {
     // unfinished jobs to the queue at once.
     let busy = reading
         .as_ref()
-        .map(Snapshot::in_flight_by_worker_id)
+        .map(Snapshot::activity_by_worker_id)
         .unwrap_or_default();
     view.note(
         elapsed(),
