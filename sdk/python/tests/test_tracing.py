@@ -110,9 +110,19 @@ class _Receiver:
         self.server.shutdown()
 
 
+def _attributes(span, keys) -> dict:
+    """The span's attributes under `keys`, as {key: string or int value}."""
+    found = {}
+    for kv in span.attributes:
+        if kv.key in keys:
+            found[kv.key] = getattr(kv.value, kv.value.WhichOneof("value"))
+    return found
+
+
 def test_producer_attempt_and_task_spans_form_one_trace_through_the_real_worker(
         redis_server, queue, tmp_path):
     pytest.importorskip("opentelemetry.proto")
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
     from support import Worker, python_env, python_handler
 
     receiver = _Receiver()
@@ -122,13 +132,20 @@ def test_producer_attempt_and_task_spans_form_one_trace_through_the_real_worker(
     try:
         with Client(redis_server.url) as client:
             with TRACER.start_as_current_span("enqueue") as producer:
-                client.enqueue(queue, "traced", {"n": 1})
+                job_id = client.enqueue(queue, "traced", {"n": 1})
         with Worker(redis_server.url, [queue], python_handler("traced_app"), env=env) as worker:
             from support import eventually
 
-            attempt = eventually(
-                lambda: next((s for s in receiver.spans if s.name == f"process {queue}"), None),
-                "the attempt's span at the receiver")
+            def exported():
+                found = tuple(next((s for s in receiver.spans if s.name == name), None)
+                              for name in (f"process {queue}", f"wait {queue}"))
+                return all(found) and found
+
+            # The attempt, and the time the job waited in the queue (the
+            # client stamps enqueued_at), a span of its own beside it.
+            attempt, wait = eventually(
+                exported, "the attempt's and the wait's spans at the receiver",
+                seen=lambda: [s.name for s in receiver.spans])
             eventually(lambda: record.exists() and record.read_text().strip(), "the task's span")
             log = worker.read_log()
         produced = producer.get_span_context()
@@ -137,5 +154,23 @@ def test_producer_attempt_and_task_spans_form_one_trace_through_the_real_worker(
         task_trace, task_parent = record.read_text().split()
         assert task_trace == f"{produced.trace_id:032x}"
         assert task_parent == attempt.span_id.hex(), "the task's span is the attempt's child"
+        assert attempt.kind == Span.SpanKind.SPAN_KIND_CONSUMER
+        assert _attributes(attempt, {"messaging.system", "messaging.destination.name",
+                                     "messaging.message.id", "workerpool.job.task",
+                                     "workerpool.job.attempt"}) == {
+            "messaging.system": "workerpool",
+            "messaging.destination.name": queue,
+            "messaging.message.id": job_id,
+            "workerpool.job.task": "traced",
+            "workerpool.job.attempt": 1,
+        }
+        assert wait.trace_id.hex() == f"{produced.trace_id:032x}", "in the producer's trace"
+        assert wait.parent_span_id.hex() == f"{produced.span_id:016x}", "the producer's child"
+        assert wait.span_id != attempt.span_id
+        assert wait.kind == Span.SpanKind.SPAN_KIND_INTERNAL
+        assert _attributes(wait, {"messaging.destination.name", "messaging.message.id"}) == {
+            "messaging.destination.name": queue,
+            "messaging.message.id": job_id,
+        }
     finally:
         receiver.stop()
