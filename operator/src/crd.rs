@@ -101,17 +101,24 @@ pub struct WorkerPoolSpec {
 /// OpenTelemetry for the workers, injected as the standard `OTEL_*`
 /// variables (a variable the worker container sets itself wins).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
-#[x_kube(validation = Rule::new("self.endpoint.matches('^https?://[^/?#]+(/.*)?$')").message("spec.tracing.endpoint must be an http:// or https:// URL of an OTLP/HTTP receiver, such as an OpenTelemetry Collector's port 4318 (http://otel-collector.observability:4318); the workers send OTLP over HTTP, not gRPC"))]
+#[x_kube(validation = Rule::new("self.endpoint.matches('^https?://[^/?#]+(/.*)?$')").message("spec.tracing.endpoint must be an http:// or https:// URL of an OTLP receiver, such as an OpenTelemetry Collector's port 4318 (http://otel-collector.observability:4318), or its port 4317 with protocol: grpc"))]
 #[serde(rename_all = "camelCase")]
 pub struct TracingSpec {
-    /// The OTLP/HTTP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`); spans go to
-    /// its `/v1/traces`. An https:// one is checked against the system's
+    /// The OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): over
+    /// `http/protobuf`, spans go to its `/v1/traces` (a Collector's port
+    /// 4318); over `grpc`, to its `TraceService` (port 4317; an http:// one
+    /// is HTTP/2 without TLS). An https:// one is checked against the system's
     /// roots, or a CA file the worker container names in
     /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (with the volume that holds it); a
     /// collector that asks for a client certificate gets the one in
     /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY`.
     #[schemars(length(min = 8, max = 2048))]
     pub endpoint: String,
+
+    /// How spans travel (`OTEL_EXPORTER_OTLP_PROTOCOL`): `http/protobuf`
+    /// (the default) or `grpc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<OtlpProtocol>,
 
     /// Headers for every export (`OTEL_EXPORTER_OTLP_HEADERS`,
     /// `key=value,key2=value2`), from a Secret in the pool's namespace: an
@@ -125,6 +132,30 @@ pub struct TracingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub sample_percent: Option<i32>,
+}
+
+/// The OTLP transport of `spec.tracing`.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP with protobuf bodies.
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    /// OTLP/gRPC.
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// Its value in `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
+            OtlpProtocol::Grpc => "grpc",
+        }
+    }
 }
 
 /// How the workers meet node disruption.
@@ -1000,6 +1031,27 @@ mod tests {
                 "{bad}: {errors}"
             );
         }
+    }
+
+    #[test]
+    fn a_tracing_protocol_is_http_protobuf_or_grpc() {
+        let spec = |protocol: &str| {
+            json!({"queue": {"redis": {"url": "redis://r", "key": "q"}}, "template": template(),
+                   "replicas": 1, "tracing": {"endpoint": "http://otel:4317", "protocol": protocol}})
+        };
+        for (text, protocol) in [
+            ("grpc", OtlpProtocol::Grpc),
+            ("http/protobuf", OtlpProtocol::HttpProtobuf),
+        ] {
+            let pool: WorkerPoolSpec = serde_json::from_value(spec(text)).expect("a valid spec");
+            assert_eq!(pool.tracing.and_then(|t| t.protocol), Some(protocol));
+            assert_eq!(protocol.as_str(), text);
+        }
+        let crd = serde_json::to_value(crd()).expect("json");
+        let allowed = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["tracing"]["properties"]["protocol"]["enum"];
+        assert_eq!(allowed, &json!(["http/protobuf", "grpc"]));
+        assert!(serde_json::from_value::<WorkerPoolSpec>(spec("http/json")).is_err());
     }
 
     #[test]

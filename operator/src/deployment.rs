@@ -343,7 +343,10 @@ pub fn tracing_env(pool: &WorkerPool) -> Vec<EnvVar> {
     let namespace = pool.metadata.namespace.clone().unwrap_or_default();
     let mut env = vec![
         plain("OTEL_EXPORTER_OTLP_ENDPOINT", t.endpoint.clone()),
-        plain("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".into()),
+        plain(
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            t.protocol.unwrap_or_default().as_str().into(),
+        ),
         plain("OTEL_SERVICE_NAME", name.clone()),
         plain(
             "OTEL_RESOURCE_ATTRIBUTES",
@@ -511,6 +514,21 @@ pub(crate) mod tests {
             env.iter().filter(|e| e.name == "OTEL_SERVICE_NAME").count(),
             1
         );
+
+        let grpc = pool(json!({
+            "queue": {"redis": {"url": "redis://r:6379", "key": "mail"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w"}]}},
+            "replicas": 1,
+            "tracing": {"endpoint": "http://otel-collector.observability:4317", "protocol": "grpc"},
+        }));
+        let d = build(&grpc, 1).expect("deployment");
+        let protocol = pod_of(&d).containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "OTEL_EXPORTER_OTLP_PROTOCOL")
+            .and_then(|e| e.value.clone());
+        assert_eq!(protocol.as_deref(), Some("grpc"));
 
         let untraced = pool(json!({
             "queue": {"redis": {"url": "redis://r:6379", "key": "mail"}},

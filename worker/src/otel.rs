@@ -88,32 +88,36 @@ impl Otel {
         let Some(endpoint) = endpoint else {
             return Ok(None);
         };
-        let protocol =
-            var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or(var("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        if let Some(p) = protocol.filter(|p| p != "http/protobuf") {
-            return Err(OtelError(format!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL={p} is not supported: the worker sends http/protobuf \
-                 (an OpenTelemetry Collector's port 4318)"
-            )));
-        }
+        let protocol = Protocol::from_vars(var)?;
         if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
             return Err(OtelError(format!(
                 "the OTLP endpoint {endpoint:?} must be an http:// or https:// URL"
             )));
         }
-        let tls = TlsFiles::from_vars(var)?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls.client_config()?)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client =
-            opentelemetry_http::hyper::HyperClient::new(connector, Duration::from_secs(10), None);
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .build()
-            .map_err(|e| OtelError(format!("building the OTLP exporter: {e}")))?;
+        let tls = TlsFiles::from_vars(var)?.client_config()?;
+        let transport = match protocol {
+            Protocol::HttpProtobuf => Transport::Http(
+                hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_or_http()
+                    .enable_http1()
+                    .build(),
+            ),
+            Protocol::Grpc => Transport::Grpc(
+                Box::new(
+                    tonic::transport::Endpoint::from_shared(endpoint.clone())
+                        .map_err(|e| {
+                            OtelError(format!("the OTLP endpoint {endpoint:?} is not a URL: {e}"))
+                        })?
+                        .timeout(EXPORT_TIMEOUT),
+                ),
+                hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_or_http()
+                    .enable_http2()
+                    .build(),
+            ),
+        };
         let mut resource = Resource::builder();
         let named = var("OTEL_SERVICE_NAME").is_some()
             || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.contains("service.name="));
@@ -121,15 +125,23 @@ impl Otel {
             resource = resource.with_service_name("workerpool-worker");
         }
         let resource = resource.build();
-        // The export thread owns the exporter: it gets the resource first.
-        exporter.set_resource(&resource);
-        let processor = Exporter::start(exporter, counters).map_err(OtelError)?;
+        // The export thread builds and owns the exporter (a gRPC channel
+        // lives on that thread's runtime); it gets the resource first.
+        let build = {
+            let resource = resource.clone();
+            move || {
+                let mut exporter = transport.exporter()?;
+                exporter.set_resource(&resource);
+                Ok(exporter)
+            }
+        };
+        let processor = Exporter::start(build, counters)?;
         let provider = SdkTracerProvider::builder()
             .with_resource(resource)
             .with_span_processor(processor)
             .build();
         let tracer = provider.tracer("workerpool-worker");
-        tracing::info!(endpoint = %endpoint, "tracing: one span per attempt, exported with OTLP over HTTP");
+        tracing::info!(endpoint = %endpoint, protocol = protocol.name(), "tracing: one span per attempt, exported with OTLP");
         Ok(Some(Otel { provider, tracer }))
     }
 
@@ -296,6 +308,85 @@ impl Attempt {
     }
 }
 
+/// How spans travel to the collector: `OTEL_EXPORTER_OTLP_PROTOCOL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    /// OTLP/HTTP with protobuf bodies (a Collector's port 4318), the default.
+    HttpProtobuf,
+    /// OTLP/gRPC (a Collector's port 4317).
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol the variables ask for (the `_TRACES_` one wins).
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Protocol, OtelError> {
+        let (name, value) = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
+            Some(v) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v),
+            None => match var("OTEL_EXPORTER_OTLP_PROTOCOL") {
+                Some(v) => ("OTEL_EXPORTER_OTLP_PROTOCOL", v),
+                None => return Ok(Protocol::HttpProtobuf),
+            },
+        };
+        match value.trim() {
+            "http/protobuf" => Ok(Protocol::HttpProtobuf),
+            "grpc" => Ok(Protocol::Grpc),
+            other => Err(OtelError(format!(
+                "{name}={other} is not supported: use http/protobuf (an OpenTelemetry \
+                 Collector's port 4318) or grpc (its port 4317)"
+            ))),
+        }
+    }
+
+    /// Its name in `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::HttpProtobuf => "http/protobuf",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// The longest one export request may take.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Connector = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+
+/// The connection to the collector, ready to become an exporter.
+enum Transport {
+    /// OTLP/HTTP through the hyper client.
+    Http(Connector),
+    /// OTLP/gRPC through a tonic channel to this endpoint.
+    Grpc(Box<tonic::transport::Endpoint>, Connector),
+}
+
+impl Transport {
+    /// The exporter over this transport. A gRPC channel starts its
+    /// connection task on the current Tokio runtime: call it inside the one
+    /// that will run the exports.
+    fn exporter(self) -> Result<opentelemetry_otlp::SpanExporter, String> {
+        use opentelemetry_otlp::WithExportConfig;
+        let built = match self {
+            Transport::Http(connector) => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(opentelemetry_http::hyper::HyperClient::new(
+                    connector,
+                    EXPORT_TIMEOUT,
+                    None,
+                ))
+                .build(),
+            Transport::Grpc(endpoint, connector) => {
+                use opentelemetry_otlp::WithTonicConfig;
+                opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_timeout(EXPORT_TIMEOUT)
+                    .with_channel(endpoint.connect_with_connector_lazy(connector))
+                    .build()
+            }
+        };
+        built.map_err(|e| format!("building the OTLP exporter: {e}"))
+    }
+}
+
 /// A variable's name and the path it holds.
 type Named = (&'static str, String);
 
@@ -449,16 +540,45 @@ impl std::fmt::Debug for Message {
 }
 
 impl Exporter {
+    /// Starts the export thread, which builds its exporter with `build`
+    /// inside its own runtime; fails as building it does.
     fn start(
-        exporter: opentelemetry_otlp::SpanExporter,
+        build: impl FnOnce() -> Result<opentelemetry_otlp::SpanExporter, String> + Send + 'static,
         counters: SpanCounters,
-    ) -> Result<Exporter, String> {
+    ) -> Result<Exporter, OtelError> {
         let (tx, rx) = sync_channel(QUEUE);
+        let (built_tx, built) = sync_channel(1);
         let thread_counters = counters.clone();
         let thread = std::thread::Builder::new()
             .name("otlp-export".into())
-            .spawn(move || export_loop(exporter, rx, thread_counters))
-            .map_err(|e| format!("starting the export thread: {e}"))?;
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("starting the export runtime: {e}"));
+                let exporter = runtime.and_then(|runtime| {
+                    let exporter = {
+                        let _inside = runtime.enter();
+                        build()?
+                    };
+                    Ok((runtime, exporter))
+                });
+                match exporter {
+                    Ok((runtime, exporter)) => {
+                        let _ = built_tx.send(Ok(()));
+                        export_loop(&runtime, exporter, rx, thread_counters);
+                    }
+                    Err(e) => {
+                        let _ = built_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| OtelError(format!("starting the export thread: {e}")))?;
+        match built.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(OtelError(e)),
+            Err(_) => return Err(OtelError("the export thread stopped while starting".into())),
+        }
         Ok(Exporter {
             queue: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
@@ -531,25 +651,11 @@ impl SpanProcessor for Exporter {
 }
 
 fn export_loop(
+    runtime: &tokio::runtime::Runtime,
     exporter: opentelemetry_otlp::SpanExporter,
     rx: Receiver<Message>,
     counters: SpanCounters,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "tracing: cannot start the export runtime; spans are dropped");
-            for message in rx {
-                if let Message::Span(_) = message {
-                    counters.dropped.with_label_values(&["export_failed"]).inc();
-                }
-            }
-            return;
-        }
-    };
     let send = |batch: &mut Vec<SpanData>| {
         if batch.is_empty() {
             return;
@@ -641,6 +747,35 @@ mod tests {
         assert_eq!(
             TlsFiles::from_vars(vars(&[])).ok(),
             Some(TlsFiles::default())
+        );
+    }
+
+    #[test]
+    fn the_protocol_is_http_protobuf_unless_grpc_is_asked_and_anything_else_is_refused() {
+        use super::Protocol;
+        assert_eq!(
+            Protocol::from_vars(vars(&[])).ok(),
+            Some(Protocol::HttpProtobuf)
+        );
+        assert_eq!(
+            Protocol::from_vars(vars(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])).ok(),
+            Some(Protocol::Grpc)
+        );
+        assert_eq!(
+            Protocol::from_vars(vars(&[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+            ]))
+            .ok(),
+            Some(Protocol::HttpProtobuf),
+            "the traces variable wins"
+        );
+        let err = Protocol::from_vars(vars(&[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")]))
+            .expect_err("JSON bodies are not sent");
+        assert!(
+            err.to_string()
+                .contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/json is not supported"),
+            "{err}"
         );
     }
 

@@ -1,5 +1,5 @@
-//! Traces through the queue, against a real OTLP/HTTP receiver that decodes
-//! the official protobuf definitions: the producer's trace continued by one
+//! Traces through the queue, against real OTLP/HTTP and OTLP/gRPC receivers
+//! that decode the official protobuf definitions: the producer's trace continued by one
 //! span per attempt, the handler handed that span's traceparent, failures
 //! marked, and a collector that is gone costing no job.
 
@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -34,7 +37,14 @@ async fn receiver() -> (u16, Arc<Mutex<Vec<Span>>>) {
 /// [`receiver`], and what stops it: dropped or fired, the receiver closes
 /// its port (the collector goes away).
 async fn stoppable_receiver() -> (u16, Arc<Mutex<Vec<Span>>>, tokio::sync::oneshot::Sender<()>) {
-    let (app, spans) = collector_app();
+    let (port, (spans, _), stop) = plain_receiver(Protocol::Http).await;
+    (port, spans, stop)
+}
+
+/// A receiver of `protocol` without TLS (gRPC: HTTP/2 with prior
+/// knowledge), and what stops it.
+async fn plain_receiver(protocol: Protocol) -> (u16, Kept, tokio::sync::oneshot::Sender<()>) {
+    let (app, kept) = collector_app(protocol);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -47,48 +57,97 @@ async fn stoppable_receiver() -> (u16, Arc<Mutex<Vec<Span>>>, tokio::sync::onesh
             })
             .await
     });
-    (port, spans, stop)
+    (port, kept, stop)
 }
 
-/// The receiver's routes: `/v1/traces` decodes each request and keeps its
-/// spans.
-fn collector_app() -> (axum::Router, Arc<Mutex<Vec<Span>>>) {
-    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
-    let kept = spans.clone();
-    let app = axum::Router::new().route(
-        "/v1/traces",
-        post(move |body: Bytes| {
+/// What a receiver was sent: the spans, and the `authorization` header (or
+/// gRPC metadata) of each request.
+type Kept = (Arc<Mutex<Vec<Span>>>, Arc<Mutex<Vec<String>>>);
+
+/// Keeps the spans of one export request, checking that its resource names
+/// the service from `OTEL_SERVICE_NAME`.
+fn keep(request: ExportTraceServiceRequest, authorization: Option<&str>, (spans, auths): &Kept) {
+    if let Some(a) = authorization {
+        auths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(a.to_string());
+    }
+    let mut all = spans.lock().unwrap_or_else(|e| e.into_inner());
+    for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .any(|a| a.key == "service.name" && format!("{:?}", a.value).contains("traced-worker"));
+        assert!(
+            service,
+            "the resource names the service from OTEL_SERVICE_NAME: {:?}",
+            resource.resource
+        );
+        for scope in resource.scope_spans {
+            all.extend(scope.spans);
+        }
+    }
+}
+
+/// An OTLP/gRPC receiver: the collector's `TraceService`.
+struct GrpcCollector(Kept);
+
+#[tonic::async_trait]
+impl TraceService for GrpcCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        keep(request.into_inner(), authorization.as_deref(), &self.0);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// The receiver's routes: over HTTP, `/v1/traces` decodes each request and
+/// keeps its spans; over gRPC, the `TraceService` does.
+fn collector_app(protocol: Protocol) -> (axum::Router, Kept) {
+    let kept: Kept = Default::default();
+    let app = match protocol {
+        Protocol::Grpc => {
+            tonic::service::Routes::new(TraceServiceServer::new(GrpcCollector(kept.clone())))
+                .into_axum_router()
+        }
+        Protocol::Http => {
             let kept = kept.clone();
-            async move {
-                let request =
-                    ExportTraceServiceRequest::decode(body).expect("an OTLP trace request");
-                let mut all = kept.lock().unwrap_or_else(|e| e.into_inner());
-                for resource in request.resource_spans {
-                    let service = resource
-                        .resource
-                        .iter()
-                        .flat_map(|r| &r.attributes)
-                        .any(|a| {
-                            a.key == "service.name"
-                                && format!("{:?}", a.value).contains("traced-worker")
-                        });
-                    assert!(
-                        service,
-                        "the resource names the service from OTEL_SERVICE_NAME: {:?}",
-                        resource.resource
-                    );
-                    for scope in resource.scope_spans {
-                        all.extend(scope.spans);
+            axum::Router::new().route(
+                "/v1/traces",
+                post(move |headers: axum::http::HeaderMap, body: Bytes| {
+                    let kept = kept.clone();
+                    async move {
+                        let request =
+                            ExportTraceServiceRequest::decode(body).expect("an OTLP trace request");
+                        let authorization =
+                            headers.get("authorization").and_then(|v| v.to_str().ok());
+                        keep(request, authorization, &kept);
+                        (
+                            [("content-type", "application/x-protobuf")],
+                            ExportTraceServiceResponse::default().encode_to_vec(),
+                        )
                     }
-                }
-                (
-                    [("content-type", "application/x-protobuf")],
-                    ExportTraceServiceResponse::default().encode_to_vec(),
-                )
-            }
-        }),
-    );
-    (app, spans)
+                }),
+            )
+        }
+    };
+    (app, kept)
+}
+
+/// How a receiver takes OTLP.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http,
+    Grpc,
 }
 
 /// A TLS listener for axum: TCP, then the handshake with `acceptor`.
@@ -123,6 +182,7 @@ impl axum::serve::Listener for TlsListener {
 async fn tls_receiver(
     certs: &workerpool_tests::tls::Certificates,
     client_auth: bool,
+    protocol: Protocol,
 ) -> (u16, Arc<Mutex<Vec<Span>>>) {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -148,7 +208,10 @@ async fn tls_receiver(
     } else {
         builder.with_no_client_auth()
     };
-    let config = builder.with_single_cert(chain, key).expect("server config");
+    let mut config = builder.with_single_cert(chain, key).expect("server config");
+    if protocol == Protocol::Grpc {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+    }
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -157,7 +220,7 @@ async fn tls_receiver(
         tcp,
         acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
     };
-    let (app, spans) = collector_app();
+    let (app, (spans, _)) = collector_app(protocol);
     tokio::spawn(async move { axum::serve(listener, app).await });
     (port, spans)
 }
@@ -537,7 +600,7 @@ async fn spans_reach_an_https_collector_trusted_through_otel_exporter_otlp_certi
     let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
-    let (port, spans) = tls_receiver(&certs, false).await;
+    let (port, spans) = tls_receiver(&certs, false, Protocol::Http).await;
     let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
     common::push(
         &mut c,
@@ -564,7 +627,7 @@ async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_w
     let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
-    let (port, spans) = tls_receiver(&certs, true).await;
+    let (port, spans) = tls_receiver(&certs, true, Protocol::Http).await;
     let endpoint = format!("https://127.0.0.1:{port}");
     let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let (ca, cert, key) = (
@@ -623,12 +686,81 @@ async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_w
 }
 
 #[tokio::test]
+async fn with_protocol_grpc_spans_reach_a_grpc_collector_with_the_headers_as_metadata() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (port, (spans, authorizations), _stop) = plain_receiver(Protocol::Grpc).await;
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let record = dir.path().join("seen").to_string_lossy().into_owned();
+    let _worker = Worker::with_env(
+        &redis,
+        &format!("http://127.0.0.1:{port}"),
+        &["--", "python3", "-c", HANDLER, &record],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer t0ken"),
+        ],
+    );
+    let attempt = the_attempt(&spans).await;
+    assert_eq!(hex(&attempt.trace_id), TRACE);
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    let seen = authorizations.lock().map(|a| a.clone()).unwrap_or_default();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|a| a == "Bearer t0ken"),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_grpc_collector_over_mutual_tls_gets_spans_from_a_worker_with_a_client_certificate() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = workerpool_tests::tls::Certificates::make(dir.path());
+    let (port, spans) = tls_receiver(&certs, true, Protocol::Grpc).await;
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let (ca, cert, key) = (
+        path(&certs.ca),
+        path(&certs.client_cert),
+        path(&certs.client_key),
+    );
+    let record = path(&dir.path().join("seen"));
+    let _worker = Worker::with_env(
+        &redis,
+        &format!("https://127.0.0.1:{port}"),
+        &["--", "python3", "-c", HANDLER, &record],
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
+        ],
+    );
+    let attempt = the_attempt(&spans).await;
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+}
+
+#[tokio::test]
 async fn an_https_collector_whose_certificate_is_not_trusted_gets_nothing_and_the_jobs_run() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
-    let (port, spans) = tls_receiver(&certs, false).await;
+    let (port, spans) = tls_receiver(&certs, false, Protocol::Http).await;
     let q = QueueKeys::new("traced");
     common::push(&mut c, "traced", &[json!({"id": "one"}).to_string()]).await;
     let record = dir.path().join("seen").to_string_lossy().into_owned();
