@@ -128,4 +128,33 @@ fn a_pool_with_spec_tracing_exports_its_attempts_to_the_collector_in_the_cluster
             (counts.len() == 5 && counts[0] > 0 && counts[1..].iter().all(|n| *n > 0)).then_some(())
         },
     );
+
+    // Over gRPC: the API server takes `protocol: grpc`, the operator passes
+    // it on, and the worker rolls out Ready with it (the spans' way over
+    // gRPC is tested against a gRPC receiver in worker/tests/tracing.rs).
+    let grpc = pool.clone().with(|spec| {
+        spec["tracing"] = json!({"endpoint": format!("http://{ip}:4317"), "protocol": "grpc"});
+    });
+    k.apply(&ns.name, &grpc.manifest());
+    eventually(
+        Duration::from_secs(120),
+        "a Ready worker with OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+        |last| {
+            let d = k.get(&["deployment", "-n", &ns.name, "traced"])?;
+            let env = &d["spec"]["template"]["spec"]["containers"][0]["env"];
+            let protocol = env
+                .as_array()?
+                .iter()
+                .find(|e| e["name"] == "OTEL_EXPORTER_OTLP_PROTOCOL")?["value"]
+                .clone();
+            let status = &d["status"];
+            *last = format!("protocol {protocol}, status {status}");
+            (protocol == "grpc"
+                && status["observedGeneration"] == d["metadata"]["generation"]
+                && status["updatedReplicas"] == 1
+                && status["readyReplicas"] == 1
+                && status["replicas"] == 1)
+                .then_some(())
+        },
+    );
 }

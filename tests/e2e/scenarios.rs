@@ -1239,6 +1239,7 @@ for line in sys.stdin:
 "#;
 
 /// A WorkerPool of the test handler on a queue named after the pool.
+#[derive(Clone)]
 pub struct Pool {
     name: String,
     spec: Value,

@@ -320,12 +320,12 @@ enum Protocol {
 impl Protocol {
     /// The protocol the variables ask for (the `_TRACES_` one wins).
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Protocol, OtelError> {
-        let (name, value) = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
-            Some(v) => ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v),
-            None => match var("OTEL_EXPORTER_OTLP_PROTOCOL") {
-                Some(v) => ("OTEL_EXPORTER_OTLP_PROTOCOL", v),
-                None => return Ok(Protocol::HttpProtobuf),
-            },
+        let Some((name, value)) = setting(
+            &var,
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ) else {
+            return Ok(Protocol::HttpProtobuf);
         };
         match value.trim() {
             "http/protobuf" => Ok(Protocol::HttpProtobuf),
@@ -387,8 +387,21 @@ impl Transport {
     }
 }
 
-/// A variable's name and the path it holds.
+/// A variable's name and the value (a path) it holds.
 type Named = (&'static str, String);
+
+/// The value of the signal's own variable (`traces`), or else of the
+/// general one, as the OpenTelemetry specification orders them; with the
+/// name of the variable it came from.
+fn setting(
+    var: impl Fn(&str) -> Option<String>,
+    traces: &'static str,
+    general: &'static str,
+) -> Option<Named> {
+    var(traces)
+        .map(|v| (traces, v))
+        .or_else(|| var(general).map(|v| (general, v)))
+}
 
 /// The PEM files of TLS to an https:// collector, each with the variable
 /// that named it (the `_TRACES_` one wins over the general one, as the
@@ -406,11 +419,7 @@ struct TlsFiles {
 impl TlsFiles {
     /// The files the variables name (`var` reads one, `None` when unset or blank).
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<TlsFiles, OtelError> {
-        let setting = |traces: &'static str, general: &'static str| {
-            var(traces)
-                .map(|v| (traces, v))
-                .or_else(|| var(general).map(|v| (general, v)))
-        };
+        let setting = |traces, general| setting(&var, traces, general);
         let ca = setting(
             "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
             "OTEL_EXPORTER_OTLP_CERTIFICATE",

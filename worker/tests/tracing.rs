@@ -464,6 +464,42 @@ async fn a_retried_job_gives_two_attempt_spans_the_second_linked_to_the_failed_f
     assert_eq!(second.links[0].trace_id, first.trace_id);
 }
 
+/// Pushes one job in the producer's trace, runs a worker that exports to
+/// `endpoint` with `env`, and returns the job's attempt span once `spans`
+/// holds it, checked to be the producer's child.
+async fn attempt_in_producers_trace(
+    redis: &TestRedis,
+    spans: &Arc<Mutex<Vec<Span>>>,
+    endpoint: &str,
+    env: &[(&str, &str)],
+) -> Span {
+    let mut c = redis.conn().await;
+    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
+    common::push(
+        &mut c,
+        "traced",
+        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("seen").to_string_lossy().into_owned();
+    let _worker = Worker::with_env(
+        redis,
+        endpoint,
+        &["--", "python3", "-c", HANDLER, &record],
+        env,
+    );
+    let attempt = the_attempt(spans).await;
+    assert_eq!(hex(&attempt.trace_id), TRACE);
+    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    attempt
+}
+
+/// The paths of the CA, and of the client certificate and key, of `certs`.
+fn client_files(certs: &workerpool_tests::tls::Certificates) -> [String; 3] {
+    [&certs.ca, &certs.client_cert, &certs.client_key].map(|p| p.to_string_lossy().into_owned())
+}
+
 /// The attempt span of the one job in `spans`, once exported.
 async fn the_attempt(spans: &Arc<Mutex<Vec<Span>>>) -> Span {
     eventually(WAIT, "the attempt's span", || {
@@ -597,27 +633,17 @@ async fn the_recovery_of_a_lost_workers_jobs_is_a_span_with_a_recovered_event() 
 #[tokio::test]
 async fn spans_reach_an_https_collector_trusted_through_otel_exporter_otlp_certificate() {
     let redis = TestRedis::start();
-    let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, false, Protocol::Http).await;
-    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
-    common::push(
-        &mut c,
-        "traced",
-        &[json!({"id": "one", "traceparent": producer}).to_string()],
+    let [ca, ..] = client_files(&certs);
+    attempt_in_producers_trace(
+        &redis,
+        &spans,
+        &format!("https://127.0.0.1:{port}"),
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
     )
     .await;
-    let record = dir.path().join("seen").to_string_lossy().into_owned();
-    let ca = certs.ca.to_string_lossy().into_owned();
-    let _worker = Worker::with_env(
-        &redis,
-        &format!("https://127.0.0.1:{port}"),
-        &["--", "python3", "-c", HANDLER, &record],
-        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
-    );
-    let attempt = the_attempt(&spans).await;
-    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
 }
 
 #[tokio::test]
@@ -629,13 +655,8 @@ async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_w
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, true, Protocol::Http).await;
     let endpoint = format!("https://127.0.0.1:{port}");
-    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    let (ca, cert, key) = (
-        path(&certs.ca),
-        path(&certs.client_cert),
-        path(&certs.client_key),
-    );
-    let record = path(&dir.path().join("seen"));
+    let [ca, cert, key] = client_files(&certs);
+    let record = dir.path().join("seen").to_string_lossy().into_owned();
     let handler = ["--", "python3", "-c", HANDLER, &record];
     let q = QueueKeys::new("traced");
 
@@ -664,53 +685,33 @@ async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_w
     assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
 
     // With one that the collector's CA signed, the attempt arrives.
-    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
-    common::push(
-        &mut c,
-        "traced",
-        &[json!({"id": "one", "traceparent": producer}).to_string()],
-    )
-    .await;
-    let _worker = Worker::with_env(
+    attempt_in_producers_trace(
         &redis,
+        &spans,
         &endpoint,
-        &handler,
         &[
             ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
             ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
             ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
         ],
-    );
-    let attempt = the_attempt(&spans).await;
-    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn with_protocol_grpc_spans_reach_a_grpc_collector_with_the_headers_as_metadata() {
     let redis = TestRedis::start();
-    let mut c = redis.conn().await;
-    let dir = tempfile::tempdir().expect("tempdir");
     let (port, (spans, authorizations), _stop) = plain_receiver(Protocol::Grpc).await;
-    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
-    common::push(
-        &mut c,
-        "traced",
-        &[json!({"id": "one", "traceparent": producer}).to_string()],
-    )
-    .await;
-    let record = dir.path().join("seen").to_string_lossy().into_owned();
-    let _worker = Worker::with_env(
+    attempt_in_producers_trace(
         &redis,
+        &spans,
         &format!("http://127.0.0.1:{port}"),
-        &["--", "python3", "-c", HANDLER, &record],
         &[
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer t0ken"),
         ],
-    );
-    let attempt = the_attempt(&spans).await;
-    assert_eq!(hex(&attempt.trace_id), TRACE);
-    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    )
+    .await;
     let seen = authorizations.lock().map(|a| a.clone()).unwrap_or_default();
     assert!(
         !seen.is_empty() && seen.iter().all(|a| a == "Bearer t0ken"),
@@ -721,37 +722,22 @@ async fn with_protocol_grpc_spans_reach_a_grpc_collector_with_the_headers_as_met
 #[tokio::test]
 async fn a_grpc_collector_over_mutual_tls_gets_spans_from_a_worker_with_a_client_certificate() {
     let redis = TestRedis::start();
-    let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, true, Protocol::Grpc).await;
-    let producer = format!("00-{TRACE}-{PRODUCER_SPAN}-01");
-    common::push(
-        &mut c,
-        "traced",
-        &[json!({"id": "one", "traceparent": producer}).to_string()],
-    )
-    .await;
-    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    let (ca, cert, key) = (
-        path(&certs.ca),
-        path(&certs.client_cert),
-        path(&certs.client_key),
-    );
-    let record = path(&dir.path().join("seen"));
-    let _worker = Worker::with_env(
+    let [ca, cert, key] = client_files(&certs);
+    attempt_in_producers_trace(
         &redis,
+        &spans,
         &format!("https://127.0.0.1:{port}"),
-        &["--", "python3", "-c", HANDLER, &record],
         &[
             ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
             ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
             ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
             ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
         ],
-    );
-    let attempt = the_attempt(&spans).await;
-    assert_eq!(hex(&attempt.parent_span_id), PRODUCER_SPAN);
+    )
+    .await;
 }
 
 #[tokio::test]
