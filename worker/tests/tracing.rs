@@ -495,6 +495,46 @@ async fn attempt_in_producers_trace(
     attempt
 }
 
+/// Pushes one job, runs a worker that exports to `endpoint` with `env`,
+/// which the collector refuses: the job is done all the same, its spans are
+/// counted as dropped, and `spans` stays empty.
+async fn the_job_runs_and_its_spans_are_dropped(
+    redis: &TestRedis,
+    spans: &Arc<Mutex<Vec<Span>>>,
+    endpoint: &str,
+    env: &[(&str, &str)],
+) {
+    let c = redis.conn().await;
+    let q = QueueKeys::new("traced");
+    common::push(
+        &mut c.clone(),
+        "traced",
+        &[json!({"id": "refused"}).to_string()],
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("seen").to_string_lossy().into_owned();
+    let worker = Worker::with_env(
+        redis,
+        endpoint,
+        &["--", "python3", "-c", HANDLER, &record],
+        env,
+    );
+    eventually(WAIT, "the job done", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (common::counter(&mut c, q.stats_processed()).await >= 1).then_some(()) }
+    })
+    .await;
+    eventually(WAIT, "the dropped spans counted", || {
+        let dropped =
+            worker.metric("workerpool_trace_spans_dropped_total{reason=\"export_failed\"}");
+        async move { (dropped >= 1.0).then_some(()) }
+    })
+    .await;
+    assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
+}
+
 /// The paths of the CA, and of the client certificate and key, of `certs`.
 fn client_files(certs: &workerpool_tests::tls::Certificates) -> [String; 3] {
     [&certs.ca, &certs.client_cert, &certs.client_key].map(|p| p.to_string_lossy().into_owned())
@@ -650,39 +690,19 @@ async fn spans_reach_an_https_collector_trusted_through_otel_exporter_otlp_certi
 async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_worker_that_has_one()
 {
     let redis = TestRedis::start();
-    let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, true, Protocol::Http).await;
     let endpoint = format!("https://127.0.0.1:{port}");
     let [ca, cert, key] = client_files(&certs);
-    let record = dir.path().join("seen").to_string_lossy().into_owned();
-    let handler = ["--", "python3", "-c", HANDLER, &record];
-    let q = QueueKeys::new("traced");
-
-    // Without a client certificate the handshake fails: the job still runs,
-    // and its spans are counted as dropped.
-    common::push(&mut c, "traced", &[json!({"id": "anonymous"}).to_string()]).await;
-    let worker = Worker::with_env(
+    // Without a client certificate the handshake fails.
+    the_job_runs_and_its_spans_are_dropped(
         &redis,
+        &spans,
         &endpoint,
-        &handler,
         &[("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
-    );
-    eventually(WAIT, "the job done", || {
-        let mut c = c.clone();
-        let q = q.clone();
-        async move { (common::counter(&mut c, q.stats_processed()).await == 1).then_some(()) }
-    })
+    )
     .await;
-    eventually(WAIT, "the dropped spans counted", || {
-        let dropped =
-            worker.metric("workerpool_trace_spans_dropped_total{reason=\"export_failed\"}");
-        async move { (dropped >= 1.0).then_some(()) }
-    })
-    .await;
-    drop(worker);
-    assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
 
     // With one that the collector's CA signed, the attempt arrives.
     attempt_in_producers_trace(
@@ -743,33 +763,17 @@ async fn a_grpc_collector_over_mutual_tls_gets_spans_from_a_worker_with_a_client
 #[tokio::test]
 async fn an_https_collector_whose_certificate_is_not_trusted_gets_nothing_and_the_jobs_run() {
     let redis = TestRedis::start();
-    let mut c = redis.conn().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, false, Protocol::Http).await;
-    let q = QueueKeys::new("traced");
-    common::push(&mut c, "traced", &[json!({"id": "one"}).to_string()]).await;
-    let record = dir.path().join("seen").to_string_lossy().into_owned();
     // No CA given: the private CA is not among the system's roots.
-    let worker = Worker::with_env(
+    the_job_runs_and_its_spans_are_dropped(
         &redis,
+        &spans,
         &format!("https://127.0.0.1:{port}"),
-        &["--", "python3", "-c", HANDLER, &record],
         &[],
-    );
-    eventually(WAIT, "the job done", || {
-        let mut c = c.clone();
-        let q = q.clone();
-        async move { (common::counter(&mut c, q.stats_processed()).await == 1).then_some(()) }
-    })
+    )
     .await;
-    eventually(WAIT, "the dropped spans counted", || {
-        let dropped =
-            worker.metric("workerpool_trace_spans_dropped_total{reason=\"export_failed\"}");
-        async move { (dropped >= 1.0).then_some(()) }
-    })
-    .await;
-    assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
 }
 
 #[tokio::test]
