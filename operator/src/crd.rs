@@ -34,7 +34,7 @@ use crate::scaling::ScalingSpec;
         label_selector_path = ".status.selector"
     ),
     printcolumn = r#"{"name":"Backlog","type":"integer","jsonPath":".status.backlog","description":"Jobs waiting, including due retries"}"#,
-    printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs running"}"#,
+    printcolumn = r#"{"name":"In-Flight","type":"integer","jsonPath":".status.inFlight","description":"Jobs in workers' hands (a lost worker's until the reaper returns them)"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Workers wanted"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Workers ready"}"#,
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","description":"The most important problem first: the queue cannot be read (RedisUnreachable, SecretNotFound ...), the workers do not run (FailedCreate, ImagePullBackOff, CrashLoopBackOff ...) or their handler cannot (HandlerFailing), jobs are being dead-lettered (JobsFailing); else WorkersStarting or WorkersReady"}"#,
@@ -540,7 +540,8 @@ pub struct WorkerPoolStatus {
     /// Jobs waiting, including retries and delayed jobs that are due.
     #[serde(default)]
     pub backlog: i64,
-    /// Jobs running.
+    /// Jobs in workers' processing lists: running, or held by a lost
+    /// worker until the reaper returns them to the queue.
     #[serde(default)]
     pub in_flight: i64,
     /// Age in seconds of the oldest waiting job.
