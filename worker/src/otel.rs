@@ -17,7 +17,6 @@ use opentelemetry::trace::{
     TraceState, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::WithHttpConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{
@@ -89,6 +88,7 @@ impl Otel {
             return Ok(None);
         };
         let protocol = Protocol::from_vars(var)?;
+        let gzip = gzip_from_vars(var)?;
         if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
             return Err(OtelError(format!(
                 "the OTLP endpoint {endpoint:?} must be an http:// or https:// URL"
@@ -130,7 +130,7 @@ impl Otel {
         let build = {
             let resource = resource.clone();
             move || {
-                let mut exporter = transport.exporter()?;
+                let mut exporter = transport.exporter(gzip)?;
                 exporter.set_resource(&resource);
                 Ok(exporter)
             }
@@ -346,6 +346,24 @@ impl Protocol {
     }
 }
 
+/// Whether `OTEL_EXPORTER_OTLP_COMPRESSION` asks for gzip (`none`, or
+/// unset, sends bodies as they are); any other value is refused, as the
+/// exporter would otherwise ignore it without a word.
+fn gzip_from_vars(var: impl Fn(&str) -> Option<String>) -> Result<bool, OtelError> {
+    match setting(
+        var,
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        "OTEL_EXPORTER_OTLP_COMPRESSION",
+    ) {
+        None => Ok(false),
+        Some((_, v)) if v.trim().eq_ignore_ascii_case("gzip") => Ok(true),
+        Some((_, v)) if v.trim().eq_ignore_ascii_case("none") => Ok(false),
+        Some((name, other)) => Err(OtelError(format!(
+            "{name}={other} is not supported: use gzip or none"
+        ))),
+    }
+}
+
 /// The longest one export request may take.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -363,24 +381,34 @@ impl Transport {
     /// The exporter over this transport. A gRPC channel starts its
     /// connection task on the current Tokio runtime: call it inside the one
     /// that will run the exports.
-    fn exporter(self) -> Result<opentelemetry_otlp::SpanExporter, String> {
-        use opentelemetry_otlp::WithExportConfig;
+    /// With `gzip`, every request body is gzipped.
+    fn exporter(self, gzip: bool) -> Result<opentelemetry_otlp::SpanExporter, String> {
+        use opentelemetry_otlp::{Compression, WithExportConfig};
         let built = match self {
-            Transport::Http(connector) => opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_http_client(opentelemetry_http::hyper::HyperClient::new(
-                    connector,
-                    EXPORT_TIMEOUT,
-                    None,
-                ))
-                .build(),
+            Transport::Http(connector) => {
+                use opentelemetry_otlp::WithHttpConfig;
+                let builder = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(opentelemetry_http::hyper::HyperClient::new(
+                        connector,
+                        EXPORT_TIMEOUT,
+                        None,
+                    ));
+                match gzip {
+                    true => builder.with_compression(Compression::Gzip).build(),
+                    false => builder.build(),
+                }
+            }
             Transport::Grpc(endpoint, connector) => {
                 use opentelemetry_otlp::WithTonicConfig;
-                opentelemetry_otlp::SpanExporter::builder()
+                let builder = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_timeout(EXPORT_TIMEOUT)
-                    .with_channel(endpoint.connect_with_connector_lazy(connector))
-                    .build()
+                    .with_channel(endpoint.connect_with_connector_lazy(connector));
+                match gzip {
+                    true => builder.with_compression(Compression::Gzip).build(),
+                    false => builder.build(),
+                }
             }
         };
         built.map_err(|e| format!("building the OTLP exporter: {e}"))
@@ -784,6 +812,32 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/json is not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn compression_is_gzip_or_none_and_anything_else_is_refused() {
+        use super::gzip_from_vars;
+        assert_eq!(gzip_from_vars(vars(&[])).ok(), Some(false));
+        assert_eq!(
+            gzip_from_vars(vars(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")])).ok(),
+            Some(true)
+        );
+        assert_eq!(
+            gzip_from_vars(vars(&[
+                ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+                ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+            ]))
+            .ok(),
+            Some(false),
+            "the traces variable wins"
+        );
+        let err = gzip_from_vars(vars(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")]))
+            .expect_err("zstd is not built in");
+        assert!(
+            err.to_string()
+                .contains("OTEL_EXPORTER_OTLP_COMPRESSION=zstd is not supported: use gzip or none"),
             "{err}"
         );
     }

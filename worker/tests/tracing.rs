@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::http::HeaderMap;
 use axum::routing::post;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -60,19 +61,14 @@ async fn plain_receiver(protocol: Protocol) -> (u16, Kept, tokio::sync::oneshot:
     (port, kept, stop)
 }
 
-/// What a receiver was sent: the spans, and the `authorization` header (or
-/// gRPC metadata) of each request.
-type Kept = (Arc<Mutex<Vec<Span>>>, Arc<Mutex<Vec<String>>>);
+/// What a receiver was sent: the spans, and the headers (or gRPC metadata)
+/// of each request.
+type Kept = (Arc<Mutex<Vec<Span>>>, Arc<Mutex<Vec<HeaderMap>>>);
 
-/// Keeps the spans of one export request, checking that its resource names
-/// the service from `OTEL_SERVICE_NAME`.
-fn keep(request: ExportTraceServiceRequest, authorization: Option<&str>, (spans, auths): &Kept) {
-    if let Some(a) = authorization {
-        auths
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(a.to_string());
-    }
+/// Keeps the spans and headers of one export request, checking that its
+/// resource names the service from `OTEL_SERVICE_NAME`.
+fn keep(request: ExportTraceServiceRequest, headers: HeaderMap, (spans, seen): &Kept) {
+    seen.lock().unwrap_or_else(|e| e.into_inner()).push(headers);
     let mut all = spans.lock().unwrap_or_else(|e| e.into_inner());
     for resource in request.resource_spans {
         let service = resource
@@ -100,12 +96,8 @@ impl TraceService for GrpcCollector {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let authorization = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        keep(request.into_inner(), authorization.as_deref(), &self.0);
+        let headers = request.metadata().clone().into_headers();
+        keep(request.into_inner(), headers, &self.0);
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -115,22 +107,33 @@ impl TraceService for GrpcCollector {
 fn collector_app(protocol: Protocol) -> (axum::Router, Kept) {
     let kept: Kept = Default::default();
     let app = match protocol {
-        Protocol::Grpc => {
-            tonic::service::Routes::new(TraceServiceServer::new(GrpcCollector(kept.clone())))
-                .into_axum_router()
-        }
+        Protocol::Grpc => tonic::service::Routes::new(
+            TraceServiceServer::new(GrpcCollector(kept.clone()))
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+        )
+        .into_axum_router(),
         Protocol::Http => {
             let kept = kept.clone();
             axum::Router::new().route(
                 "/v1/traces",
-                post(move |headers: axum::http::HeaderMap, body: Bytes| {
+                post(move |headers: HeaderMap, body: Bytes| {
                     let kept = kept.clone();
                     async move {
+                        let body = match headers.get("content-encoding") {
+                            Some(e) if e == "gzip" => {
+                                use std::io::Read;
+                                let mut out = Vec::new();
+                                flate2::read::GzDecoder::new(&body[..])
+                                    .read_to_end(&mut out)
+                                    .expect("a gzip body");
+                                Bytes::from(out)
+                            }
+                            Some(other) => panic!("content-encoding {other:?}"),
+                            None => body,
+                        };
                         let request =
                             ExportTraceServiceRequest::decode(body).expect("an OTLP trace request");
-                        let authorization =
-                            headers.get("authorization").and_then(|v| v.to_str().ok());
-                        keep(request, authorization, &kept);
+                        keep(request, headers, &kept);
                         (
                             [("content-type", "application/x-protobuf")],
                             ExportTraceServiceResponse::default().encode_to_vec(),
@@ -535,6 +538,15 @@ async fn the_job_runs_and_its_spans_are_dropped(
     assert!(spans.lock().map(|s| s.is_empty()).unwrap_or(false));
 }
 
+/// Asserts that the receiver got requests, each with `name: value`.
+fn every_request_has(headers: &Arc<Mutex<Vec<HeaderMap>>>, name: &str, value: &str) {
+    let seen = headers.lock().map(|h| h.clone()).unwrap_or_default();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|h| h.get(name).is_some_and(|v| v == value)),
+        "{name}: {value} in every request: {seen:?}"
+    );
+}
+
 /// The paths of the CA, and of the client certificate and key, of `certs`.
 fn client_files(certs: &workerpool_tests::tls::Certificates) -> [String; 3] {
     [&certs.ca, &certs.client_cert, &certs.client_key].map(|p| p.to_string_lossy().into_owned())
@@ -721,7 +733,7 @@ async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_w
 #[tokio::test]
 async fn with_protocol_grpc_spans_reach_a_grpc_collector_with_the_headers_as_metadata() {
     let redis = TestRedis::start();
-    let (port, (spans, authorizations), _stop) = plain_receiver(Protocol::Grpc).await;
+    let (port, (spans, headers), _stop) = plain_receiver(Protocol::Grpc).await;
     attempt_in_producers_trace(
         &redis,
         &spans,
@@ -732,11 +744,29 @@ async fn with_protocol_grpc_spans_reach_a_grpc_collector_with_the_headers_as_met
         ],
     )
     .await;
-    let seen = authorizations.lock().map(|a| a.clone()).unwrap_or_default();
-    assert!(
-        !seen.is_empty() && seen.iter().all(|a| a == "Bearer t0ken"),
-        "{seen:?}"
-    );
+    every_request_has(&headers, "authorization", "Bearer t0ken");
+}
+
+#[tokio::test]
+async fn with_compression_gzip_the_bodies_are_gzipped_over_http_and_grpc() {
+    for (protocol, name, header) in [
+        (Protocol::Http, "http/protobuf", "content-encoding"),
+        (Protocol::Grpc, "grpc", "grpc-encoding"),
+    ] {
+        let redis = TestRedis::start();
+        let (port, (spans, headers), _stop) = plain_receiver(protocol).await;
+        attempt_in_producers_trace(
+            &redis,
+            &spans,
+            &format!("http://127.0.0.1:{port}"),
+            &[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", name),
+                ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ],
+        )
+        .await;
+        every_request_has(&headers, header, "gzip");
+    }
 }
 
 #[tokio::test]
