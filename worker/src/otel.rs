@@ -89,6 +89,7 @@ impl Otel {
         };
         let protocol = Protocol::from_vars(var)?;
         let gzip = gzip_from_vars(var)?;
+        let timeout = timeout_from_vars(var)?;
         if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
             return Err(OtelError(format!(
                 "the OTLP endpoint {endpoint:?} must be an http:// or https:// URL"
@@ -109,7 +110,7 @@ impl Otel {
                         .map_err(|e| {
                             OtelError(format!("the OTLP endpoint {endpoint:?} is not a URL: {e}"))
                         })?
-                        .timeout(EXPORT_TIMEOUT),
+                        .timeout(timeout),
                 ),
                 hyper_rustls::HttpsConnectorBuilder::new()
                     .with_tls_config(tls)
@@ -130,7 +131,7 @@ impl Otel {
         let build = {
             let resource = resource.clone();
             move || {
-                let mut exporter = transport.exporter(gzip)?;
+                let mut exporter = transport.exporter(gzip, timeout)?;
                 exporter.set_resource(&resource);
                 Ok(exporter)
             }
@@ -364,8 +365,28 @@ fn gzip_from_vars(var: impl Fn(&str) -> Option<String>) -> Result<bool, OtelErro
     }
 }
 
-/// The longest one export request may take.
+/// The longest one export request may take, unless
+/// `OTEL_EXPORTER_OTLP_TIMEOUT` says otherwise (the specification's default).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `OTEL_EXPORTER_OTLP_TIMEOUT`: whole milliseconds, at least 1; anything
+/// else is refused, as the exporter would otherwise take its default
+/// without a word.
+fn timeout_from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Duration, OtelError> {
+    let Some((name, value)) = setting(
+        var,
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ) else {
+        return Ok(EXPORT_TIMEOUT);
+    };
+    match value.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(OtelError(format!(
+            "{name}={value} is not a timeout: give whole milliseconds, such as 10000"
+        ))),
+    }
+}
 
 type Connector = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
 
@@ -381,18 +402,22 @@ impl Transport {
     /// The exporter over this transport. A gRPC channel starts its
     /// connection task on the current Tokio runtime: call it inside the one
     /// that will run the exports.
-    /// With `gzip`, every request body is gzipped.
-    fn exporter(self, gzip: bool) -> Result<opentelemetry_otlp::SpanExporter, String> {
+    /// With `gzip`, every request body is gzipped; each request may take
+    /// `timeout`.
+    fn exporter(
+        self,
+        gzip: bool,
+        timeout: Duration,
+    ) -> Result<opentelemetry_otlp::SpanExporter, String> {
         use opentelemetry_otlp::{Compression, WithExportConfig};
         let built = match self {
             Transport::Http(connector) => {
                 use opentelemetry_otlp::WithHttpConfig;
                 let builder = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
+                    .with_timeout(timeout)
                     .with_http_client(opentelemetry_http::hyper::HyperClient::new(
-                        connector,
-                        EXPORT_TIMEOUT,
-                        None,
+                        connector, timeout, None,
                     ));
                 match gzip {
                     true => builder.with_compression(Compression::Gzip).build(),
@@ -403,7 +428,7 @@ impl Transport {
                 use opentelemetry_otlp::WithTonicConfig;
                 let builder = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
-                    .with_timeout(EXPORT_TIMEOUT)
+                    .with_timeout(timeout)
                     .with_channel(endpoint.connect_with_connector_lazy(connector));
                 match gzip {
                     true => builder.with_compression(Compression::Gzip).build(),
@@ -745,12 +770,13 @@ fn export_loop(
 mod tests {
     use super::TlsFiles;
 
-    fn vars(set: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        |name| {
+    fn vars(set: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + Copy {
+        let set: &'static [(String, String)] = Box::leak(
             set.iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.to_string())
-        }
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        );
+        move |name| set.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     }
 
     #[test]
@@ -840,6 +866,35 @@ mod tests {
                 .contains("OTEL_EXPORTER_OTLP_COMPRESSION=zstd is not supported: use gzip or none"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_timeout_is_whole_milliseconds_ten_seconds_by_default() {
+        use super::timeout_from_vars;
+        use std::time::Duration;
+        assert_eq!(
+            timeout_from_vars(vars(&[])).ok(),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            timeout_from_vars(vars(&[
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "30000"),
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2500"),
+            ]))
+            .ok(),
+            Some(Duration::from_millis(2500)),
+            "the traces variable wins"
+        );
+        for bad in ["10s", "0", "-1", "1.5"] {
+            let err =
+                timeout_from_vars(vars(&[("OTEL_EXPORTER_OTLP_TIMEOUT", bad)])).expect_err(bad);
+            assert!(
+                err.to_string().contains(&format!(
+                    "OTEL_EXPORTER_OTLP_TIMEOUT={bad} is not a timeout"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]
