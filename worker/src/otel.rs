@@ -67,7 +67,8 @@ impl Otel {
     /// collector that asks for a client certificate),
     /// `OTEL_EXPORTER_OTLP_HEADERS` and the timeout; the resource reads `OTEL_SERVICE_NAME` (else
     /// `workerpool-worker`) and `OTEL_RESOURCE_ATTRIBUTES`; the sampler
-    /// reads `OTEL_TRACES_SAMPLER` (parent-based, always on by default).
+    /// reads `OTEL_TRACES_SAMPLER` (parent-based, always on by default). A
+    /// setting the exporter or SDK would ignore without a word is refused.
     pub fn from_env(counters: SpanCounters) -> Result<Option<Otel>, OtelError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
@@ -90,6 +91,7 @@ impl Otel {
         let protocol = Protocol::from_vars(var)?;
         let gzip = gzip_from_vars(var)?;
         let timeout = timeout_from_vars(var)?;
+        check_sampler(var)?;
         if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
             return Err(OtelError(format!(
                 "the OTLP endpoint {endpoint:?} must be an http:// or https:// URL"
@@ -361,6 +363,34 @@ fn gzip_from_vars(var: impl Fn(&str) -> Option<String>) -> Result<bool, OtelErro
         Some((_, v)) if v.trim().eq_ignore_ascii_case("none") => Ok(false),
         Some((name, other)) => Err(OtelError(format!(
             "{name}={other} is not supported: use gzip or none"
+        ))),
+    }
+}
+
+/// Refuses an `OTEL_TRACES_SAMPLER` (or its ratio) that the SDK would
+/// replace with its default without a word: a sampler it does not have, or
+/// a ratio that is not a number from 0 to 1 (read as the SDK reads it).
+fn check_sampler(var: impl Fn(&str) -> Option<String>) -> Result<(), OtelError> {
+    let Some(sampler) = var("OTEL_TRACES_SAMPLER") else {
+        return Ok(());
+    };
+    match sampler.as_str() {
+        "always_on" | "always_off" | "parentbased_always_on" | "parentbased_always_off" => Ok(()),
+        "traceidratio" | "parentbased_traceidratio" => match var("OTEL_TRACES_SAMPLER_ARG") {
+            // The specification's default ratio, 1.
+            None => Ok(()),
+            Some(arg) => match arg.parse::<f64>() {
+                Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(()),
+                _ => Err(OtelError(format!(
+                    "OTEL_TRACES_SAMPLER_ARG={arg} is not a ratio: give a number from 0 to 1, \
+                     such as 0.25 to sample a quarter of the traces"
+                ))),
+            },
+        },
+        other => Err(OtelError(format!(
+            "OTEL_TRACES_SAMPLER={other} is not supported: use always_on, always_off, \
+             traceidratio, or parentbased_always_on, parentbased_always_off, \
+             parentbased_traceidratio"
         ))),
     }
 }
@@ -894,6 +924,45 @@ mod tests {
                 )),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn a_sampler_the_sdk_would_replace_without_a_word_is_refused() {
+        use super::check_sampler;
+        for good in [
+            vars(&[]),
+            vars(&[("OTEL_TRACES_SAMPLER", "always_off")]),
+            vars(&[("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")]),
+            vars(&[
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ]),
+        ] {
+            assert!(check_sampler(good).is_ok());
+        }
+        for (set, says) in [
+            (
+                vars(&[("OTEL_TRACES_SAMPLER", "xray")]),
+                "OTEL_TRACES_SAMPLER=xray is not supported",
+            ),
+            (
+                vars(&[
+                    ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "25"),
+                ]),
+                "OTEL_TRACES_SAMPLER_ARG=25 is not a ratio",
+            ),
+            (
+                vars(&[
+                    ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                    ("OTEL_TRACES_SAMPLER_ARG", "half"),
+                ]),
+                "OTEL_TRACES_SAMPLER_ARG=half is not a ratio",
+            ),
+        ] {
+            let err = check_sampler(set).expect_err(says);
+            assert!(err.to_string().contains(says), "{err}");
         }
     }
 

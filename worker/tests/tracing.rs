@@ -856,3 +856,34 @@ async fn with_the_collector_stopped_mid_run_no_job_is_lost_or_stalled_and_the_dr
     .await;
     assert!(worker.metric("workerpool_trace_spans_exported_total") >= 100.0);
 }
+
+#[test]
+fn a_tracing_setting_the_worker_cannot_honour_stops_it_at_start_naming_the_variable() {
+    for (name, value) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
+        ("OTEL_TRACES_SAMPLER", "xray"),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "/nonexistent/cert.pem",
+        ),
+    ] {
+        // No Redis is needed: the settings are read before it is reached.
+        let out = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+            .args(["--redis-url", "redis://127.0.0.1:1", "--queue", "traced"])
+            .args(["--", "cat"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+            .env(name, value)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run workerpool-worker");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}={value}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains("OpenTelemetry"),
+            "{name}={value}: {stderr}"
+        );
+    }
+}
