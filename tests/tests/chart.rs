@@ -848,6 +848,7 @@ fn values_outside_the_schema_are_refused() {
         "prometheusRule.queueUnreachable.severity=",
         "prometheusRule.redisEvictedKeys.window=soon",
         "prometheusRule.workersLost.unknownSetting=1",
+        "prometheusRule.tracesDropped.window=soon",
         "podMonitor.interval=30",
         "podMonitor.namespaces[0]=Not_A_Namespace",
         "grafana.dashboard.enabled=yes",
@@ -1079,7 +1080,7 @@ fn clusters_without_crd_validation_rules_are_refused() {
 }
 
 /// Every alert the chart's PrometheusRule defines.
-const ALERTS: [&str; 8] = [
+const ALERTS: [&str; 9] = [
     "WorkerPoolBacklogTooOld",
     "WorkerPoolAtMaxReplicas",
     "WorkerPoolQueueUnreachable",
@@ -1087,6 +1088,7 @@ const ALERTS: [&str; 8] = [
     "WorkerPoolRedisEvictedKeys",
     "WorkerPoolDeadLettersGrowing",
     "WorkerPoolWorkersLost",
+    "WorkerPoolTracesDropped",
     "WorkerPoolOperatorReconcileErrors",
 ];
 

@@ -106,7 +106,7 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
     let checked = run(Command::new(&promtool)
         .args(["check", "rules", "rules.yaml"])
         .current_dir(dir.path()));
-    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 9 rules found"), "{checked}");
     let tested = run(Command::new(&promtool)
         .args(["test", "rules", "alerts_test.yaml"])
         .current_dir(dir.path()));
@@ -440,6 +440,10 @@ fn gathered() -> Vec<prometheus::proto::MetricFamily> {
         .with_label_values(&["q", "noeviction"])
         .set(1);
     worker.redis_evicted_keys.with_label_values(&["q"]).set(0);
+    worker
+        .trace_spans_dropped
+        .with_label_values(&["export_failed"])
+        .inc();
 
     let mut all = operator.registry.gather();
     all.extend(worker.registry.gather());
