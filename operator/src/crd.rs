@@ -102,16 +102,14 @@ pub struct WorkerPoolSpec {
 /// variables (a variable the worker container sets itself wins).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("self.endpoint.matches('^https?://[^/?#]+(/.*)?$')").message("spec.tracing.endpoint must be an http:// or https:// URL of an OTLP receiver, such as an OpenTelemetry Collector's port 4318 (http://otel-collector.observability:4318), or its port 4317 with protocol: grpc"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || self.endpoint.startsWith('https://')").message("spec.tracing.tls needs an https:// endpoint: the CA and client certificate are for a collector that speaks TLS"))]
 #[serde(rename_all = "camelCase")]
 pub struct TracingSpec {
     /// The OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`): over
     /// `http/protobuf`, spans go to its `/v1/traces` (a Collector's port
     /// 4318); over `grpc`, to its `TraceService` (port 4317; an http:// one
-    /// is HTTP/2 without TLS). An https:// one is checked against the system's
-    /// roots, or a CA file the worker container names in
-    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` (with the volume that holds it); a
-    /// collector that asks for a client certificate gets the one in
-    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY`.
+    /// is HTTP/2 without TLS). An https:// one is checked against the
+    /// system's roots, and the CA of `tls` when one is given.
     #[schemars(length(min = 8, max = 2048))]
     pub endpoint: String,
 
@@ -119,6 +117,13 @@ pub struct TracingSpec {
     /// (the default) or `grpc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<OtlpProtocol>,
+
+    /// TLS to an https:// collector with a private CA, or one that asks for
+    /// a client certificate: the Secrets are mounted into the worker
+    /// container and named in `OTEL_EXPORTER_OTLP_CERTIFICATE`,
+    /// `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TracingTls>,
 
     /// Headers for every export (`OTEL_EXPORTER_OTLP_HEADERS`,
     /// `key=value,key2=value2`), from a Secret in the pool's namespace: an
@@ -132,6 +137,22 @@ pub struct TracingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub sample_percent: Option<i32>,
+}
+
+/// TLS to the collector of `spec.tracing`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TracingTls {
+    /// A key of a Secret holding the PEM certificate of the CA that signed
+    /// the collector's certificate, for a private CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+
+    /// A Secret of type `kubernetes.io/tls` (keys `tls.crt` and `tls.key`)
+    /// holding the client certificate the workers present to a collector
+    /// that asks for one (mutual TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_secret_ref: Option<SecretRef>,
 }
 
 /// The OTLP transport of `spec.tracing`.
@@ -1032,6 +1053,21 @@ mod tests {
                 "{bad}: {errors}"
             );
         }
+    }
+
+    #[test]
+    fn tracing_tls_needs_an_https_endpoint() {
+        let spec = |endpoint: &str| {
+            json!({"queue": {"redis": {"url": "redis://r", "key": "q"}}, "template": template(),
+                   "replicas": 1, "tracing": {"endpoint": endpoint,
+                   "tls": {"caSecretRef": {"name": "otel-ca", "key": "ca.crt"}}}})
+        };
+        assert_eq!(cel_errors(spec("https://otel:4318")), "");
+        let errors = cel_errors(spec("http://otel:4318"));
+        assert!(
+            errors.contains("spec.tracing.tls needs an https:// endpoint"),
+            "{errors}"
+        );
     }
 
     #[test]

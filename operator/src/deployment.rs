@@ -31,6 +31,10 @@ pub const TMP_VOLUME: &str = "workerpool-tmp";
 pub const REDIS_CA_DIR: &str = "/etc/workerpool/redis-ca";
 /// Where the client certificate Secret is mounted.
 pub const REDIS_CLIENT_DIR: &str = "/etc/workerpool/redis-client";
+/// Where the collector's CA from `spec.tracing.tls.caSecretRef` is mounted.
+pub const OTEL_CA_DIR: &str = "/etc/workerpool/otel-ca";
+/// Where the client certificate Secret of `spec.tracing.tls` is mounted.
+pub const OTEL_CLIENT_DIR: &str = "/etc/workerpool/otel-client";
 
 /// Why a pool's Deployment cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -205,40 +209,79 @@ fn mounted_tls(pool: &WorkerPool) -> Tls {
     }
 }
 
-/// Mounts the Secrets of `spec.queue.redis.tls` into the worker container
-/// (read-only, owner-readable) where [`mounted_tls`] points the worker.
+/// A Secret mounted read-only into the worker container: the volume's
+/// name, the Secret, which of its keys become which files (all, as they
+/// are, with `None`), and the directory.
+struct SecretMount {
+    volume: &'static str,
+    secret: String,
+    items: Option<Vec<KeyToPath>>,
+    dir: &'static str,
+}
+
+/// The mounts of a CA certificate (a Secret's key, as `ca.crt`) and a
+/// client certificate (a `kubernetes.io/tls` Secret), each at its
+/// `(volume, directory)`.
+fn tls_mounts(
+    ca: Option<&crate::crd::SecretKeyRef>,
+    client: Option<&crate::crd::SecretRef>,
+    ca_at: (&'static str, &'static str),
+    client_at: (&'static str, &'static str),
+) -> Vec<SecretMount> {
+    let ca = ca.map(|ca| SecretMount {
+        volume: ca_at.0,
+        secret: ca.name.clone(),
+        items: Some(vec![KeyToPath {
+            key: ca.key.clone(),
+            path: "ca.crt".into(),
+            mode: None,
+        }]),
+        dir: ca_at.1,
+    });
+    let client = client.map(|client| SecretMount {
+        volume: client_at.0,
+        secret: client.name.clone(),
+        items: None,
+        dir: client_at.1,
+    });
+    ca.into_iter().chain(client).collect()
+}
+
+/// Mounts the Secrets of `spec.queue.redis.tls` and `spec.tracing.tls`
+/// into the worker container (read-only, owner-readable) where
+/// [`mounted_tls`] and [`tracing_tls_env`] point the worker.
 fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool: &WorkerPool) {
-    let Some(tls) = &pool.spec.queue.redis.tls else {
-        return;
-    };
-    let mut mounts = Vec::new();
-    let mut volumes = Vec::new();
-    let secret_volume = |name: &str, secret: &str, items: Option<Vec<KeyToPath>>| Volume {
-        name: name.into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(secret.into()),
-            items,
-            default_mode: Some(0o440),
-            ..SecretVolumeSource::default()
-        }),
-        ..Volume::default()
-    };
-    if let Some(ca) = &tls.ca_secret_ref {
-        volumes.push(secret_volume(
-            "workerpool-redis-ca",
-            &ca.name,
-            Some(vec![KeyToPath {
-                key: ca.key.clone(),
-                path: "ca.crt".into(),
-                mode: None,
-            }]),
+    let mut wanted = Vec::new();
+    if let Some(tls) = &pool.spec.queue.redis.tls {
+        wanted.extend(tls_mounts(
+            tls.ca_secret_ref.as_ref(),
+            tls.client_certificate_secret_ref.as_ref(),
+            ("workerpool-redis-ca", REDIS_CA_DIR),
+            ("workerpool-redis-client", REDIS_CLIENT_DIR),
         ));
-        mounts.push(("workerpool-redis-ca", REDIS_CA_DIR));
     }
-    if let Some(client) = &tls.client_certificate_secret_ref {
-        volumes.push(secret_volume("workerpool-redis-client", &client.name, None));
-        mounts.push(("workerpool-redis-client", REDIS_CLIENT_DIR));
+    if let Some(tls) = pool.spec.tracing.as_ref().and_then(|t| t.tls.as_ref()) {
+        wanted.extend(tls_mounts(
+            tls.ca_secret_ref.as_ref(),
+            tls.client_certificate_secret_ref.as_ref(),
+            ("workerpool-otel-ca", OTEL_CA_DIR),
+            ("workerpool-otel-client", OTEL_CLIENT_DIR),
+        ));
     }
+    let volumes: Vec<Volume> = wanted
+        .iter()
+        .map(|m| Volume {
+            name: m.volume.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(m.secret.clone()),
+                items: m.items.clone(),
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        })
+        .collect();
+    let mounts: Vec<(&str, &str)> = wanted.iter().map(|m| (m.volume, m.dir)).collect();
     // The worker image's group can read the files whatever user runs it.
     if !volumes.is_empty() {
         let security = pod
@@ -372,6 +415,33 @@ pub fn tracing_env(pool: &WorkerPool) -> Vec<EnvVar> {
     env
 }
 
+/// The `OTEL_EXPORTER_OTLP_*` file variables of `spec.tracing.tls`, naming
+/// the files [`mount_tls`] mounts (in the cluster only: local mode does not
+/// read Secrets).
+pub fn tracing_tls_env(pool: &WorkerPool) -> Vec<EnvVar> {
+    let Some(tls) = pool.spec.tracing.as_ref().and_then(|t| t.tls.as_ref()) else {
+        return Vec::new();
+    };
+    let mut env = Vec::new();
+    if tls.ca_secret_ref.is_some() {
+        env.push(plain(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            format!("{OTEL_CA_DIR}/ca.crt"),
+        ));
+    }
+    if tls.client_certificate_secret_ref.is_some() {
+        env.push(plain(
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            format!("{OTEL_CLIENT_DIR}/tls.crt"),
+        ));
+        env.push(plain(
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            format!("{OTEL_CLIENT_DIR}/tls.key"),
+        ));
+    }
+    env
+}
+
 fn inject(container: &mut Container, pool: &WorkerPool) {
     let redis = &pool.spec.queue.redis;
     let mut ours = Vec::new();
@@ -407,7 +477,7 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
     env.extend(ours);
     // Tracing: the standard variables, after the worker id they expand;
     // one the container sets itself wins.
-    for var in tracing_env(pool) {
+    for var in tracing_env(pool).into_iter().chain(tracing_tls_env(pool)) {
         if !env.iter().any(|e| e.name == var.name) {
             env.push(var);
         }
@@ -459,6 +529,14 @@ pub(crate) mod tests {
         let c = &pod_of(d).containers;
         let worker = c.iter().find(|c| c.name == "worker").expect("worker");
         serde_json::to_value(&worker.env).expect("json")
+    }
+
+    /// The value the worker container's variable `name` is set to.
+    fn env_value(d: &Deployment, name: &str) -> Option<serde_json::Value> {
+        env_of(d)
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["name"] == name))
+            .map(|e| e["value"].clone())
     }
 
     #[test]
@@ -805,12 +883,7 @@ pub(crate) mod tests {
             "replicas": 1
         }));
         let d = build(&p, 1).expect("build");
-        let env = env_of(&d);
-        let value = |name: &str| {
-            env.as_array()
-                .and_then(|all| all.iter().find(|e| e["name"] == name))
-                .map(|e| e["value"].clone())
-        };
+        let value = |name: &str| env_value(&d, name);
         assert_eq!(
             value("WORKERPOOL_REDIS_CA_FILE"),
             Some(json!("/etc/workerpool/redis-ca/ca.crt"))
@@ -837,6 +910,59 @@ pub(crate) mod tests {
         assert_eq!(
             pod.security_context.as_ref().and_then(|s| s.fs_group),
             Some(65532)
+        );
+
+        // The collector's: mounted beside Redis's, named in the OTLP file
+        // variables; a variable the container sets itself wins.
+        let p = pool(json!({
+            "queue": {"redis": {"url": "rediss://r:6380", "key": "q", "tls": {
+                "caSecretRef": {"name": "redis-ca", "key": "ca.pem"}}}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w",
+                "env": [{"name": "OTEL_EXPORTER_OTLP_CERTIFICATE", "value": "/mine/ca.pem"}]}]}},
+            "replicas": 1,
+            "tracing": {"endpoint": "https://otel:4318", "tls": {
+                "caSecretRef": {"name": "otel-ca", "key": "ca.pem"},
+                "clientCertificateSecretRef": {"name": "otel-client"}}},
+        }));
+        let d = build(&p, 1).expect("build");
+        let value = |name: &str| env_value(&d, name);
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+            Some(json!("/mine/ca.pem"))
+        );
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+            Some(json!("/etc/workerpool/otel-client/tls.crt"))
+        );
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+            Some(json!("/etc/workerpool/otel-client/tls.key"))
+        );
+        let pod = pod_of(&d);
+        let volumes = serde_json::to_value(&pod.volumes).expect("json");
+        let names: Vec<&str> = volumes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "workerpool-redis-ca",
+                "workerpool-otel-ca",
+                "workerpool-otel-client",
+                "workerpool-tmp"
+            ]
+        );
+        assert_eq!(
+            volumes[1]["secret"],
+            json!({"secretName": "otel-ca", "items": [{"key": "ca.pem", "path": "ca.crt"}], "defaultMode": 288})
+        );
+        let mounts = serde_json::to_value(&pod.containers[0].volume_mounts).expect("json");
+        assert_eq!(
+            mounts[2],
+            json!({"name": "workerpool-otel-client", "mountPath": "/etc/workerpool/otel-client", "readOnly": true})
         );
     }
 

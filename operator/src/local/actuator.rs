@@ -128,6 +128,14 @@ impl WorkerCommand {
                 )),
             }
         }
+        if pool.spec.tracing.as_ref().is_some_and(|t| t.tls.is_some()) {
+            notes.push(
+                "spec.tracing.tls: its certificates are in Secrets, which local mode does not read: \
+                 name files on this machine in the worker container's env \
+                 (OTEL_EXPORTER_OTLP_CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY)"
+                    .into(),
+            );
+        }
         let command = WorkerCommand {
             pool: pool.metadata.name.clone().unwrap_or_default(),
             program,
@@ -665,11 +673,17 @@ spec:
     fn tracing_reaches_local_workers_but_what_only_the_kubelet_resolves() {
         let with = POOL.replace(
             "  replicas: 2\n",
-            "  replicas: 2\n  tracing: {endpoint: \"http://127.0.0.1:4318\", headersSecretRef: {name: o, key: h}}\n",
+            "  replicas: 2\n  tracing: {endpoint: \"https://127.0.0.1:4318\", headersSecretRef: {name: o, key: h}, tls: {caSecretRef: {name: ca, key: ca.crt}}}\n",
         );
         let (command, notes) = command_for(&with);
         let env: BTreeMap<_, _> = command.env.iter().cloned().collect();
-        assert_eq!(env["OTEL_EXPORTER_OTLP_ENDPOINT"], "http://127.0.0.1:4318");
+        assert_eq!(env["OTEL_EXPORTER_OTLP_ENDPOINT"], "https://127.0.0.1:4318");
+        // A path in a Secret volume would not exist here.
+        assert!(!env.contains_key("OTEL_EXPORTER_OTLP_CERTIFICATE"));
+        assert!(
+            notes.iter().any(|n| n.starts_with("spec.tracing.tls")),
+            "{notes:?}"
+        );
         assert_eq!(env["OTEL_SERVICE_NAME"], "mail");
         assert!(
             !env["OTEL_RESOURCE_ATTRIBUTES"].contains("k8s.pod.name"),
