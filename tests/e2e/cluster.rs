@@ -127,6 +127,13 @@ impl Cluster {
     }
 
     /// Runs kubectl, failing the test when it fails.
+    /// The ClusterIP of Service `name` in `namespace`.
+    pub fn cluster_ip(&self, namespace: &str, name: &str) -> String {
+        self.get(&["service", "-n", namespace, name])
+            .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
+            .unwrap_or_else(|| panic!("the ClusterIP of Service {namespace}/{name}"))
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> String {
         self.try_kubectl(args).unwrap_or_else(|e| panic!("{e}"))
     }

@@ -8,6 +8,7 @@ use serde_json::json;
 use crate::E2e;
 use crate::cluster::{Namespace, eventually};
 use crate::scenarios::{Pool, Redis, is_ready, ready_workers, worker_image};
+use crate::tls::secret_from_files;
 use workerpool_tests::tls::Certificates;
 
 pub const ALL: &[crate::Scenario] = &[(
@@ -78,10 +79,7 @@ fn a_pool_with_spec_tracing_exports_its_attempts_to_the_collector_in_the_cluster
         *last = pod["status"].to_string();
         is_ready(&pod).then_some(())
     });
-    let ip = k
-        .get(&["service", "-n", &ns.name, "collector"])
-        .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
-        .expect("the collector's ClusterIP");
+    let ip = k.cluster_ip(&ns.name, "collector");
 
     let pool = Pool::new("traced", &redis).with(|spec| {
         spec["scaling"]["minReplicas"] = 1.into();
@@ -140,37 +138,40 @@ fn a_pool_with_spec_tracing_exports_its_attempts_to_the_collector_in_the_cluster
                 "spec": {"selector": {"app": "collector-tls"}, "ports": [{"port": 4319}]}})
         .to_string(),
     );
-    let tls_ip = k
-        .get(&["service", "-n", &ns.name, "collector-tls"])
-        .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
-        .expect("the TLS collector's ClusterIP");
+    let tls_ip = k.cluster_ip(&ns.name, "collector-tls");
     let dir = tempfile::tempdir().expect("temp dir");
     let certs = Certificates::make_for(dir.path(), &[&tls_ip]);
     let file = |p: &std::path::Path| p.display().to_string();
-    for args in [
-        vec![
-            "generic".to_string(),
-            "collector-tls".into(),
-            format!("--from-file=server.crt={}", file(&certs.server_cert)),
-            format!("--from-file=server.key={}", file(&certs.server_key)),
-            format!("--from-file=ca.crt={}", file(&certs.ca)),
+    secret_from_files(
+        k,
+        &ns.name,
+        &[
+            "generic",
+            "collector-tls",
+            &format!("--from-file=server.crt={}", file(&certs.server_cert)),
+            &format!("--from-file=server.key={}", file(&certs.server_key)),
+            &format!("--from-file=ca.crt={}", file(&certs.ca)),
         ],
-        vec![
-            "generic".to_string(),
-            "otel-ca".into(),
-            format!("--from-file=ca.crt={}", file(&certs.ca)),
+    );
+    secret_from_files(
+        k,
+        &ns.name,
+        &[
+            "generic",
+            "otel-ca",
+            &format!("--from-file=ca.crt={}", file(&certs.ca)),
         ],
-        vec![
-            "tls".to_string(),
-            "otel-client".into(),
-            format!("--cert={}", file(&certs.client_cert)),
-            format!("--key={}", file(&certs.client_key)),
+    );
+    secret_from_files(
+        k,
+        &ns.name,
+        &[
+            "tls",
+            "otel-client",
+            &format!("--cert={}", file(&certs.client_cert)),
+            &format!("--key={}", file(&certs.client_key)),
         ],
-    ] {
-        let mut all = vec!["create", "secret", "-n", &ns.name];
-        all.extend(args.iter().map(String::as_str));
-        k.kubectl(&all);
-    }
+    );
     k.apply(
         &ns.name,
         &json!({"apiVersion": "v1", "kind": "Pod",

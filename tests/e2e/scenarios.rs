@@ -1123,13 +1123,7 @@ impl<'a> Redis<'a> {
             *last = pod["status"].to_string();
             is_ready(&pod).then_some(())
         });
-        let service = cluster
-            .get(&["service", "-n", namespace, "redis"])
-            .expect("the redis Service");
-        let ip = service["spec"]["clusterIP"]
-            .as_str()
-            .expect("a ClusterIP")
-            .to_string();
+        let ip = cluster.cluster_ip(namespace, "redis");
         Redis {
             cluster,
             namespace: namespace.into(),

@@ -16,7 +16,9 @@ pub const ALL: &[crate::Scenario] = &[(
     a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs,
 )];
 
-fn secret_from_files(k: &Cluster, namespace: &str, args: &[&str]) {
+/// `kubectl create secret -n namespace ARGS...` (`generic NAME --from-file=...`,
+/// `tls NAME --cert=... --key=...`).
+pub fn secret_from_files(k: &Cluster, namespace: &str, args: &[&str]) {
     let mut all = vec!["create", "secret", "-n", namespace];
     all.extend_from_slice(args);
     k.kubectl(&all);
@@ -32,10 +34,7 @@ fn a_pool_on_a_mutual_tls_redis_reads_its_queue_and_runs_its_jobs(e2e: &E2e) {
                 "spec": {"selector": {"app": "redis-tls"}, "ports": [{"port": 6379}]}})
         .to_string(),
     );
-    let ip = k
-        .get(&["service", "-n", &ns.name, "redis"])
-        .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
-        .expect("a ClusterIP");
+    let ip = k.cluster_ip(&ns.name, "redis");
     let dir = tempfile::tempdir().expect("temp dir");
     let certs = Certificates::make_for(dir.path(), &[&ip]);
     let file = |p: &std::path::Path| p.display().to_string();

@@ -800,12 +800,11 @@ fn export_loop(
 mod tests {
     use super::TlsFiles;
 
-    fn vars(set: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + Copy {
-        let set: &'static [(String, String)] = Box::leak(
-            set.iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
-        );
+    fn vars(set: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let set: Vec<(String, String)> = set
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
         move |name| set.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
     }
 

@@ -552,6 +552,16 @@ fn client_files(certs: &workerpool_tests::tls::Certificates) -> [String; 3] {
     [&certs.ca, &certs.client_cert, &certs.client_key].map(|p| p.to_string_lossy().into_owned())
 }
 
+/// The variables that give a worker the CA and the client certificate and
+/// key of `files` ([`client_files`]).
+fn mutual_tls([ca, cert, key]: &[String; 3]) -> [(&'static str, &str); 3] {
+    [
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
+        ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
+    ]
+}
+
 /// The attempt span of the one job in `spans`, once exported.
 async fn the_attempt(spans: &Arc<Mutex<Vec<Span>>>) -> Span {
     eventually(WAIT, "the attempt's span", || {
@@ -706,28 +716,18 @@ async fn a_collector_that_asks_for_a_client_certificate_gets_spans_only_from_a_w
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, true, Protocol::Http).await;
     let endpoint = format!("https://127.0.0.1:{port}");
-    let [ca, cert, key] = client_files(&certs);
+    let files = client_files(&certs);
     // Without a client certificate the handshake fails.
     the_job_runs_and_its_spans_are_dropped(
         &redis,
         &spans,
         &endpoint,
-        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", files[0].as_str())],
     )
     .await;
 
     // With one that the collector's CA signed, the attempt arrives.
-    attempt_in_producers_trace(
-        &redis,
-        &spans,
-        &endpoint,
-        &[
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
-            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
-            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
-        ],
-    )
-    .await;
+    attempt_in_producers_trace(&redis, &spans, &endpoint, &mutual_tls(&files)).await;
 }
 
 #[tokio::test]
@@ -775,19 +775,10 @@ async fn a_grpc_collector_over_mutual_tls_gets_spans_from_a_worker_with_a_client
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = workerpool_tests::tls::Certificates::make(dir.path());
     let (port, spans) = tls_receiver(&certs, true, Protocol::Grpc).await;
-    let [ca, cert, key] = client_files(&certs);
-    attempt_in_producers_trace(
-        &redis,
-        &spans,
-        &format!("https://127.0.0.1:{port}"),
-        &[
-            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
-            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
-            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
-        ],
-    )
-    .await;
+    let files = client_files(&certs);
+    let mut env = vec![("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")];
+    env.extend(mutual_tls(&files));
+    attempt_in_producers_trace(&redis, &spans, &format!("https://127.0.0.1:{port}"), &env).await;
 }
 
 #[tokio::test]
