@@ -665,9 +665,16 @@ pub fn refused(error: &RedisError) -> Option<Refused> {
 
 /// The URL with its passwords replaced, for messages, logs and status:
 /// the one in its user part, and a Sentinel URL's `sentinel_password`.
+///
+/// A value that is not a URL at all (no `scheme://`) is not shown: it may
+/// be any secret at all, such as the wrong key of a Secret (a token, a
+/// password), and only its length is said.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        return format!(
+            "<a value of {} characters that is not a URL, not shown>",
+            url.chars().count()
+        );
     };
     let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
     let path = redact_query(path);
@@ -741,6 +748,10 @@ mod tests {
         );
         assert_eq!(redact("redis://:secret@host"), "redis://:***@host");
         assert_eq!(redact("redis://host:6379/2"), "redis://host:6379/2");
+        assert_eq!(
+            redact("eyJhbGciOiJSUzI1NiJ9.token"),
+            "<a value of 26 characters that is not a URL, not shown>"
+        );
         assert_eq!(
             scrub("bad thing near s3cret", "redis://u:s3cret@h"),
             "bad thing near ***"

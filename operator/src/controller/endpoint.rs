@@ -54,9 +54,17 @@ pub(super) async fn redis_endpoint(
     client: &Client,
 ) -> Result<Endpoint, QueueProblem> {
     let redis = &pool.spec.queue.redis;
+    // Where the URL came from, for messages: a URL from a Secret is never
+    // echoed, not even masked, since the key named may hold any secret at
+    // all (a token, another password) readable only through the pool.
+    let mut from_secret = None;
     let url = match (&redis.url, &redis.url_secret_ref) {
         (Some(url), _) => url.clone(),
         (None, Some(r)) => {
+            from_secret = Some(format!(
+                "the value of key {:?} of Secret {:?} (spec.queue.redis.urlSecretRef; not shown)",
+                r.key, r.name
+            ));
             let bytes = secret_value(
                 pool,
                 client,
@@ -87,7 +95,7 @@ pub(super) async fn redis_endpoint(
             reason: "InvalidRedisURL",
             message: format!(
                 "spec.queue.redis.tls is set but the Redis URL {} is plain redis://; use rediss:// (rediss+sentinel:// for Redis Sentinel)",
-                redact(&url)
+                from_secret.clone().unwrap_or_else(|| redact(&url))
             ),
         });
     }
@@ -95,7 +103,12 @@ pub(super) async fn redis_endpoint(
         .and_then(|e| e.with_mode(redis.mode.unwrap_or_default().into()))
         .map_err(|e| QueueProblem {
             reason: "InvalidRedisURL",
-            message: format!("spec.queue.redis: {e}"),
+            message: match &from_secret {
+                Some(source) => format!(
+                    "{source} is not a Redis URL: expected redis://[user:password@]host[:port][/db], rediss://… for TLS, or redis+sentinel://… for Redis Sentinel"
+                ),
+                None => format!("spec.queue.redis: {e}"),
+            },
         })?;
     let mut pem = Pem::default();
     if let Some(r) = &tls.ca_secret_ref {

@@ -515,6 +515,74 @@ async fn a_missing_secret_shows_in_conditions_and_an_event_and_the_fallback_appl
     api.done().await;
 }
 
+/// A Secret in the pool's namespace with one key, as the API server
+/// returns it (the value base64-encoded).
+fn secret_with(name: &str, key: &str, value: &str) -> Value {
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("jobs".into()),
+            ..Default::default()
+        },
+        data: Some(
+            [(
+                key.to_string(),
+                k8s_openapi::ByteString(value.as_bytes().to_vec()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let mut object = serde_json::to_value(secret).expect("a Secret serializes");
+    object["apiVersion"] = json!("v1");
+    object["kind"] = json!("Secret");
+    object
+}
+
+#[tokio::test]
+async fn a_secret_key_that_is_not_a_redis_url_is_never_echoed_in_status_or_events() {
+    // The key named may hold any secret at all: here a ServiceAccount
+    // token, which a user of the pool alone must not read through it.
+    let token = "eyJhbGciOiJSUzI1NiIsImtpZCI6IiJ9.c2VjcmV0LXRva2Vu.sig";
+    for (tls, value) in [
+        (false, token.to_string()),
+        (true, token.to_string()),
+        (true, format!("redis://:{token}@redis:6379")),
+    ] {
+        let mut redis = json!({"urlSecretRef": {"name": "sa", "key": "token"}, "key": "mail"});
+        if tls {
+            redis["tls"] = json!({});
+        }
+        let p = pool(json!({
+            "queue": {"redis": redis},
+            "template": template(),
+            "scaling": {"fallback": {"failureThreshold": 1, "replicas": 2}},
+        }));
+        let (task, mut api, _) = start(p);
+        api.get(DEPLOYMENT, None).await;
+        api.get(
+            "/api/v1/namespaces/jobs/secrets/sa",
+            Some(secret_with("sa", "token", &value)),
+        )
+        .await;
+        api.apply().await;
+        let event = api.event().await;
+        let status = api.status().await;
+        let queue = condition(&status, "QueueReachable");
+        assert_eq!(queue["reason"], json!("InvalidRedisURL"), "{value}");
+        let message = queue["message"].as_str().expect("message");
+        assert!(message.contains("Secret \"sa\""), "{message}");
+        for shown in [event.to_string(), status.to_string()] {
+            assert!(
+                !shown.contains("c2VjcmV0LXRva2Vu"),
+                "the Secret's value leaked: {shown}"
+            );
+        }
+        assert!(task.await.expect("task").is_ok());
+        api.done().await;
+    }
+}
+
 #[tokio::test]
 async fn a_bad_redis_url_shows_in_conditions_and_the_pool_keeps_its_size() {
     let p = pool(json!({
