@@ -422,6 +422,15 @@ pub enum Settlement {
         /// Backoff before it.
         delay: Duration,
     },
+    /// Not run (the handler could not start it): back in `delay`, as a
+    /// retry is, but counted as no failure (`stats:failed` stays), since
+    /// its attempt is not spent.
+    NotRun {
+        /// The payload it goes back with.
+        next: String,
+        /// Backoff before it.
+        delay: Duration,
+    },
     /// Failed for good; dead-lettered with this envelope.
     Dead {
         /// The dead-letter envelope.
@@ -482,6 +491,11 @@ pub async fn settle(
                 .arg(release),
             (Settlement::Retry { next, delay }, _) => invocation
                 .arg(format!("T{index}"))
+                .arg(f.payload)
+                .arg(next.as_str())
+                .arg(delay.as_millis() as u64),
+            (Settlement::NotRun { next, delay }, _) => invocation
+                .arg(format!("R{index}"))
                 .arg(f.payload)
                 .arg(next.as_str())
                 .arg(delay.as_millis() as u64),

@@ -143,6 +143,13 @@ const ROWS: &[Row] = &[
         ],
     },
     Row {
+        rule: "a job the handler could not start goes back to the retry set without counting a failure",
+        given: &[&["LPUSH", "<q>:processing:w~1", "r", "t"]],
+        op: Op::Settle(&[('R', "r"), ('T', "t")], 0),
+        reply: "([true, true], [])",
+        then: &["<q>:retry={r-next, t-next}", "<q>:stats:failed=1"],
+    },
+    Row {
         rule: "settling a payload a reaper already returned changes nothing: settle, and the others still settle",
         given: &[
             &["LPUSH", "<q>", "gone"],
@@ -885,11 +892,15 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
 
 const MAX_ATTEMPTS: u32 = 10;
 
-/// A row's settlement of kind `A`, `T` or `B` for payload `p`.
+/// A row's settlement of kind `A`, `T`, `R` or `B` for payload `p`.
 fn settlement(kind: char, p: &str) -> ops::Settlement {
     match kind {
         'A' => ops::Settlement::Done,
         'T' => ops::Settlement::Retry {
+            next: format!("{p}-next"),
+            delay: Duration::from_secs(60),
+        },
+        'R' => ops::Settlement::NotRun {
             next: format!("{p}-next"),
             delay: Duration::from_secs(60),
         },

@@ -641,3 +641,53 @@ async fn jobs_in_flight_are_counted_per_queue() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_job_the_handler_could_not_start_counts_no_failure_and_keeps_its_attempt() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("unstarted");
+    push(
+        &mut c,
+        q.name(),
+        &[json!({"id": "j1", "task": "t"}).to_string()],
+    )
+    .await;
+    // The handler's first two tries cannot start the job.
+    static TRIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let handler = Recorder::new(|_| {
+        if TRIES.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 2 {
+            Outcome::NotRun {
+                error: "the handler process cannot start".into(),
+                delay: Duration::from_millis(100),
+            }
+        } else {
+            Outcome::Done
+        }
+    });
+    let worker = start(config(&redis, &["unstarted"], "unstarted"), handler.clone());
+    eventually(WAIT, "the job done on its third try", || {
+        let mut c = c.clone();
+        let key = q.stats_processed();
+        async move { (counter(&mut c, key).await == 1).then_some(()) }
+    })
+    .await;
+    let metrics = worker.metrics.render();
+    worker.stop().await;
+    assert_eq!(
+        counter(&mut c, q.stats_failed()).await,
+        0,
+        "no attempt failed: the handler never started one"
+    );
+    let attempts: Vec<u32> = handler.seen().iter().map(|j| j.attempt()).collect();
+    assert_eq!(attempts, [1, 1, 1], "the attempt is not spent");
+    for (outcome, n) in [("requeued", 2), ("retried", 0), ("done", 1)] {
+        let line = format!(r#"workerpool_jobs_total{{outcome="{outcome}",queue="unstarted"}} {n}"#);
+        assert!(
+            metrics.lines().any(|l| l == line)
+                || (n == 0
+                    && !metrics.contains(&format!(r#"outcome="{outcome}",queue="unstarted""#))),
+            "no {line} in\n{metrics}"
+        );
+    }
+}

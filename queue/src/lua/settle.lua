@@ -15,6 +15,8 @@
 --   `A` done: nothing more;
 --   `U` done, freeing its unique key: the release token (unique.lua);
 --   `T` retry later: the next attempt's payload, the delay in ms;
+--   `R` back later, its attempt not spent (the handler could not start
+--       it): as `T`, without counting a failure;
 --   `B` dead-letter: the envelope, the release token ('' for none).
 -- Each settlement first removes its exact payload from the processing list
 -- and writes only if that happened: a job a reaper returned meanwhile is
@@ -57,6 +59,8 @@ while i <= #ARGV do
     elseif kind == 84 then -- T
       expect(KEYS[base + 4], 'zset')
       expect_counter(KEYS[base + 5])
+    elseif kind == 82 then -- R
+      expect(KEYS[base + 4], 'zset')
     else -- B
       expect(KEYS[base + 6], 'list')
       expect_counter(KEYS[base + 5])
@@ -104,9 +108,11 @@ while i <= #ARGV do
       if kind == 85 then
         release(KEYS[base + 8], KEYS[base + 9], extra)
       end
-    elseif kind == 84 then -- T
+    elseif kind == 84 or kind == 82 then -- T, R
       redis.call('ZADD', KEYS[base + 4], now() + tonumber(ARGV[i - 1]), extra)
-      count(KEYS[base + 5])
+      if kind == 84 then
+        count(KEYS[base + 5])
+      end
     else -- B
       redis.call('LPUSH', KEYS[base + 6], extra)
       count(KEYS[base + 5])

@@ -97,6 +97,9 @@ struct JobMetrics {
     retried: prometheus::IntCounter,
     /// `workerpool_jobs_total{outcome="dead"}`.
     dead: prometheus::IntCounter,
+    /// `workerpool_jobs_total{outcome="requeued"}`: back on the queue
+    /// with the attempt not spent (a handler that could not start it).
+    requeued: prometheus::IntCounter,
     /// `workerpool_job_duration_seconds`.
     duration: prometheus::Histogram,
     /// `workerpool_jobs_in_flight`.
@@ -203,6 +206,7 @@ pub async fn run(
                 done: metrics.jobs.with_label_values(&[q.name(), "done"]),
                 retried: metrics.jobs.with_label_values(&[q.name(), "retried"]),
                 dead: metrics.jobs.with_label_values(&[q.name(), "dead"]),
+                requeued: metrics.jobs.with_label_values(&[q.name(), "requeued"]),
                 duration: metrics.job_duration.with_label_values(&[q.name()]),
                 in_flight: metrics.in_flight.with_label_values(&[q.name()]),
                 told: Mutex::new((0.0, 0)),

@@ -103,7 +103,7 @@ impl Worker {
                     retry_in = ?delay,
                     "the handler could not run the job; it goes back to the queue, its attempt not counted"
                 );
-                Settlement::Retry {
+                Settlement::NotRun {
                     next: job.not_run(&error),
                     delay,
                 }
@@ -287,6 +287,7 @@ impl Worker {
             Some(true) => match settlement {
                 Settlement::Done => counted.done.inc(),
                 Settlement::Retry { .. } => counted.retried.inc(),
+                Settlement::NotRun { .. } => counted.requeued.inc(),
                 Settlement::Dead { .. } => counted.dead.inc(),
             },
             Some(false) => {
