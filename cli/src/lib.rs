@@ -472,24 +472,14 @@ async fn dashboard(args: DashboardFlags) -> Result<String, CliError> {
             ""
         },
     );
-    bound.serve(stop_signal()).await?;
+    let stop = workerpool_settings::stop_signal();
+    bound
+        .serve(async move {
+            let signal = stop.await;
+            eprintln!("{signal}: stopping the dashboard");
+        })
+        .await?;
     Ok(String::new())
-}
-
-/// SIGINT or SIGTERM.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 /// A `--traceparent` as the W3C Trace Context spec reads it.

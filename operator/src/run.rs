@@ -148,6 +148,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // every look (rates, ages), so a trigger on it would start the next
     // look at once, and again after that: a loop of back-to-back reconciles
     // and status writes for as long as the pool lives.
+    let stop = workerpool_settings::stop_signal();
     let (store, writer) = reflector::store();
     let pools = watcher(pools, watcher::Config::default())
         .default_backoff()
@@ -159,7 +160,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=workerpool-operator"),
         )
-        .shutdown_on_signal()
+        // The four signals every workerpool process stops on, where
+        // `shutdown_on_signal` knows only SIGINT and SIGTERM.
+        .graceful_shutdown_on(async move {
+            let signal = stop.await;
+            tracing::info!(signal, "stopping: no new reconcile starts");
+        })
         .run(controller::reconcile, controller::error_policy, ctx.clone())
         .for_each(|result| {
             let ctx = ctx.clone();

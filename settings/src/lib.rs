@@ -3,6 +3,9 @@
 //! and local mode set them) and the Redis connection flags that the worker
 //! and the `workerpool` command share.
 
+pub mod signals;
+pub use signals::stop_signal;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

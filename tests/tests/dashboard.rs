@@ -1275,3 +1275,30 @@ async fn a_dead_letter_of_megabytes_shows_its_start_and_size_and_is_retried_whol
     let back: String = c.lindex(q.waiting(), 0).await.expect("lindex");
     assert!(back == job, "the job back on the queue, byte for byte");
 }
+
+#[tokio::test]
+async fn workerpool_dashboard_stops_cleanly_on_each_signal_the_worker_stops_on() {
+    let redis = TestRedis::start();
+    for signal in [
+        rustix::process::Signal::TERM,
+        rustix::process::Signal::INT,
+        rustix::process::Signal::HUP,
+        rustix::process::Signal::QUIT,
+    ] {
+        let mut served = Served::start(&redis.url(), &["emails"]);
+        let pid = rustix::process::Pid::from_raw(served.child.id() as i32).expect("a pid");
+        rustix::process::kill_process(pid, signal).expect("signal the dashboard");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = served.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "{signal:?} did not stop it");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            status.success(),
+            "{signal:?} stops it with exit 0 (not killed by the signal): {status:?}"
+        );
+    }
+}
