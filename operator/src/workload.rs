@@ -8,6 +8,9 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::crd::WorkerPool;
 
 /// The longest message carried into a condition or event.
 const MAX_MESSAGE: usize = 1024;
@@ -58,6 +61,65 @@ pub fn handler_problem(snap: &workerpool_queue::snapshot::Snapshot) -> Option<Pr
             workerpool_queue::text::safe_line(pod, 80),
             workerpool_queue::text::safe_line(why, 400)
         ),
+    })
+}
+
+/// The `Ready` reason of a Deployment of the pool's name that the pool
+/// does not own: it is left alone, never applied over.
+pub const DEPLOYMENT_NOT_OWNED: &str = "DeploymentNotOwned";
+
+/// The `Ready` reason of a PodDisruptionBudget of the pool's name that the
+/// pool does not own.
+pub const BUDGET_NOT_OWNED: &str = "DisruptionBudgetNotOwned";
+
+/// The `Ready` reason of a Deployment the API server refused to take (an
+/// immutable field changed, a name too long for a label, a policy).
+pub const DEPLOYMENT_REFUSED: &str = "DeploymentRefused";
+
+/// Whether the problem `reason` is about the pool's own objects, which it
+/// cannot write as its spec asks until the problem is fixed: shown first,
+/// however many workers are ready and whether or not the queue is read.
+pub fn blocks_pool(reason: &str) -> bool {
+    [DEPLOYMENT_NOT_OWNED, BUDGET_NOT_OWNED, DEPLOYMENT_REFUSED].contains(&reason)
+}
+
+/// Whether the object of `meta` is `pool`'s: it names the pool's uid among
+/// its owners. A pool not yet given a uid (never so on an API server) owns
+/// nothing.
+pub fn owned(meta: &ObjectMeta, pool: &WorkerPool) -> bool {
+    let Some(uid) = pool.metadata.uid.as_deref() else {
+        return false;
+    };
+    meta.owner_references.iter().flatten().any(|o| o.uid == uid)
+}
+
+/// The problem of an object of `kind` named as the pool's objects are but
+/// made by someone else: a forced apply would take it over, and garbage
+/// collection would then delete it with the pool.
+pub fn not_owned(kind: &str, meta: &ObjectMeta, pool: &WorkerPool) -> Option<Problem> {
+    if owned(meta, pool) {
+        return None;
+    }
+    let name = meta.name.as_deref().unwrap_or("?");
+    let owner = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map_or_else(
+            || "it has no controller".to_string(),
+            |o| format!("its controller is {} {}", o.kind, o.name),
+        );
+    let (reason, what) = match kind {
+        "Deployment" => (DEPLOYMENT_NOT_OWNED, "the pool runs no workers"),
+        _ => (BUDGET_NOT_OWNED, "the pool does not write its budget"),
+    };
+    Some(Problem {
+        reason: reason.into(),
+        message: cut(&format!(
+            "{kind} {name} exists and is not this pool's ({owner}); {what} until it is \
+             deleted, or the pool is given another name"
+        )),
     })
 }
 

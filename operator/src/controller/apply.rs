@@ -8,14 +8,16 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::observe::Observed;
+use super::plan::ready_reason;
 use super::plan::{BudgetWrite, Plan};
 use super::pods::{list_pods, mark_idle_pods};
-use super::status::{log_transitions, status_patch};
+use super::status::{log_transitions, refused as refused_status, status_patch};
 use super::{Context, Error, MANAGER, pool_key};
-use crate::crd::WorkerPool;
+use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::disruption::{Change, PodChange};
 use crate::events::{EventType, Note};
 use crate::metrics::Replicas;
+use crate::workload;
 
 /// Carries out a plan: deletion costs, the Deployment, events, status.
 pub(super) async fn apply(
@@ -55,14 +57,20 @@ pub(super) async fn apply(
     let key = pool_key(pool);
     if plan.send_deployment {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-        let live = deployments
+        let live = match deployments
             .patch(
                 &name,
                 &PatchParams::apply(MANAGER).force(),
                 &Patch::Apply(&plan.deployment),
             )
             .await
-            .map_err(Error::ApplyDeployment)?;
+        {
+            Ok(live) => live,
+            Err(kube::Error::Api(e)) if refusal(e.code) => {
+                return Err(refused(pool, ctx, plan.status, *e).await);
+            }
+            Err(e) => return Err(Error::ApplyDeployment(e)),
+        };
         let applied = plan
             .fingerprint
             .map(|sent| (sent, live.metadata.generation));
@@ -118,6 +126,63 @@ pub(super) async fn apply(
         "reconciled"
     );
     Ok(Action::requeue(plan.requeue))
+}
+
+/// Whether an API server's answer of `code` to an apply refuses what was
+/// sent, so that sending it again changes nothing until the spec or the
+/// cluster does: a client error, but a conflict or a rate limit, which pass.
+fn refusal(code: u16) -> bool {
+    (400..500).contains(&code) && code != 409 && code != 429
+}
+
+/// Tells that the API server refused the pool's Deployment with `answer`:
+/// a Warning event (once, as the refusal starts) and the `Ready` condition
+/// with the API server's message, in the status `status`; the error the
+/// reconcile ends with.
+async fn refused(
+    pool: &WorkerPool,
+    ctx: &Context,
+    status: WorkerPoolStatus,
+    answer: kube::core::Status,
+) -> Error {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let message = workerpool_queue::text::safe_line(
+        &format!(
+            "the API server refused Deployment {ns}/{name} ({} {}): {}",
+            answer.code, answer.reason, answer.message
+        ),
+        1024,
+    );
+    let status = refused_status(pool, status, &message, jiff::Timestamp::now());
+    let key = pool_key(pool);
+    log_transitions(&key, pool.status.as_ref(), &status);
+    if ready_reason(pool) != Some(workload::DEPLOYMENT_REFUSED) {
+        let reference = pool.object_ref(&());
+        publish(
+            ctx,
+            &reference,
+            EventType::Warning,
+            workload::DEPLOYMENT_REFUSED,
+            message,
+        )
+        .await;
+    }
+    let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Err(e) = pools
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(status_patch(pool.status.as_ref(), &status)),
+        )
+        .await
+    {
+        tracing::warn!(pool = %key, error = %e, "cannot write the refusal into the status");
+    } else {
+        let now = ctx.now();
+        ctx.pool(&key, |m| m.status_written = Some(now));
+    }
+    Error::ApplyDeployment(kube::Error::Api(Box::new(answer)))
 }
 
 /// Sends each pod's disruption marks, one merge patch per pod; a pod

@@ -18,6 +18,7 @@ use super::pods::list_pods;
 use super::{Context, Error, QueueProblem, lock, pool_key};
 use crate::crd::WorkerPool;
 use crate::disruption;
+use crate::workload;
 
 impl Context {
     pub(super) async fn read_queue(
@@ -228,6 +229,9 @@ impl Recent {
 /// queue.
 pub(super) struct Observed {
     pub(super) existing: Option<Deployment>,
+    /// A Deployment of the pool's name that is someone else's: the pool
+    /// counts no workers in it and never applies over it.
+    pub(super) foreign: Option<workload::Problem>,
     pub(super) pods: Option<Vec<Pod>>,
     /// The pool's budget as the API server has it (`None`: not read).
     pub(super) budget: Option<Option<PodDisruptionBudget>>,
@@ -243,6 +247,7 @@ pub(super) struct Observed {
 /// The pool's Deployment, its pods when needed, and its budget.
 pub(super) struct Workload {
     existing: Option<Deployment>,
+    foreign: Option<workload::Problem>,
     pods: Option<Vec<Pod>>,
     budget: Option<Option<PodDisruptionBudget>>,
     replicas: Replicas,
@@ -256,9 +261,17 @@ pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workloa
         .get_opt(&pool.name_any())
         .await
         .map_err(Error::GetDeployment)?;
-    let status = existing.as_ref().and_then(|d| d.status.as_ref());
+    let foreign = existing
+        .as_ref()
+        .and_then(|d| workload::not_owned("Deployment", &d.metadata, pool));
+    // Someone else's pods are not the pool's workers.
+    let status = existing
+        .as_ref()
+        .filter(|_| foreign.is_none())
+        .and_then(|d| d.status.as_ref());
     let current = existing
         .as_ref()
+        .filter(|_| foreign.is_none())
         .and_then(|d| d.spec.as_ref())
         .and_then(|s| s.replicas)
         .unwrap_or(0);
@@ -267,7 +280,10 @@ pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workloa
     // Workers missing: the pods say why (an image that cannot be pulled, a
     // crash loop), beside the Deployment (pods refused).
     // Also while busy pods are protected, or marks are left to remove.
-    let pods = if existing.is_some() && (ready < current || disruption::needs_pods(pool)) {
+    let pods = if existing.is_some()
+        && foreign.is_none()
+        && (ready < current || disruption::needs_pods(pool))
+    {
         Some(list_pods(pool, ctx).await?)
     } else {
         None
@@ -291,6 +307,7 @@ pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workloa
     };
     Ok(Workload {
         existing,
+        foreign,
         pods,
         budget,
         replicas: Replicas {
@@ -330,6 +347,7 @@ pub(super) async fn queue(
     };
     Observed {
         existing: workload.existing,
+        foreign: workload.foreign,
         pods: workload.pods,
         budget: workload.budget,
         reading,

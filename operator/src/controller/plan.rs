@@ -123,18 +123,34 @@ pub(super) fn plan(
     };
     // Pods the cluster refuses first, then handlers that cannot run (the
     // workers' heartbeats say so even when the ready count looks fine).
-    let problem = if ready < current {
-        workload::problem(
-            observed.existing.as_ref(),
-            observed.pods.as_deref().unwrap_or_default(),
-        )
-    } else {
-        None
-    }
-    .or_else(|| workload::handler_problem(observed.reading.as_ref().ok()?));
+    // Objects of the pool's names that are someone else's come first: the
+    // pool leaves them alone, and cannot run until they are gone.
+    let wanted = disruption::budget(pool);
+    let foreign_budget = match (&wanted, &observed.budget) {
+        (Some(_), Some(Some(live))) => {
+            workload::not_owned("PodDisruptionBudget", &live.metadata, pool)
+        }
+        _ => None,
+    };
+    let foreign = observed.foreign.as_ref();
+    let problem = foreign
+        .cloned()
+        .or_else(|| foreign_budget.clone())
+        .or_else(|| {
+            if ready < current {
+                workload::problem(
+                    observed.existing.as_ref(),
+                    observed.pods.as_deref().unwrap_or_default(),
+                )
+            } else {
+                None
+            }
+            .or_else(|| workload::handler_problem(observed.reading.as_ref().ok()?))
+        });
     let deployment = deployment::build(pool, desired).map_err(Error::InvalidSpec)?;
     let mut events = Vec::new();
-    if desired != current && observed.existing.is_some() {
+    let scale = (desired != current && foreign.is_none()).then_some((current, desired));
+    if scale.is_some() && observed.existing.is_some() {
         let (reason, verb) = if desired > current {
             ("ScaledUp", "up")
         } else {
@@ -229,13 +245,16 @@ pub(super) fn plan(
         None if !disruption::needs_pods(pool) => None,
         None => status.protected_pods,
     };
-    let wanted = disruption::budget(pool);
-    let wanted_name = wanted.as_ref().and_then(|b| b.metadata.name.clone());
+    let wanted_name = wanted
+        .as_ref()
+        .filter(|_| foreign_budget.is_none())
+        .and_then(|b| b.metadata.name.clone());
     let previous = pool
         .status
         .as_ref()
         .and_then(|s| s.disruption_budget.clone());
     let budget = match (wanted, &observed.budget, previous) {
+        (Some(_), _, _) if foreign_budget.is_some() => BudgetWrite::Keep,
         (Some(wanted), Some(Some(live)), _) if disruption::budget_holds(&wanted, live) => {
             BudgetWrite::Keep
         }
@@ -276,16 +295,19 @@ pub(super) fn plan(
         memory.status_written,
         clock.now,
     );
+    if scale.is_none() {
+        status.last_scale_time = pool.status.as_ref().and_then(|s| s.last_scale_time.clone());
+    }
     Ok(Plan {
         deployment,
-        send_deployment: !unchanged,
+        send_deployment: !unchanged && foreign.is_none(),
         fingerprint: sent,
         write_status,
         decided_at: clock.now,
-        mark_idle: observed.reading.is_ok() && desired < current,
+        mark_idle: observed.reading.is_ok() && desired < current && foreign.is_none(),
         protection: protection.map(|p| p.changes).unwrap_or_default(),
         budget,
-        scale: (desired != current).then_some((current, desired)),
+        scale,
         scale_note: verdict.message(),
         events,
         announced: problem.map(|p| p.reason),

@@ -209,12 +209,19 @@ pub(super) fn status(
         )),
     }
     // Ready, which the Status column shows, names the most important
-    // problem first: a queue that cannot be read (the pool can neither run
-    // nor size its workers), then workers the cluster refuses, and only
-    // then how many are ready.
+    // problem first: objects of the pool's names it may not write, then a
+    // queue that cannot be read (the pool can neither run nor size its
+    // workers), then workers the cluster refuses, and only then how many
+    // are ready.
     let ready_ok = ready >= desired;
     let counted = format!("{ready} of {desired} workers ready");
     conditions.push(match (reading, problem) {
+        (_, Some(p)) if workload::blocks_pool(&p.reason) => condition(
+            "Ready",
+            false,
+            &p.reason,
+            format!("{counted}: {}", p.message),
+        ),
         (Err(q), _) => condition(
             "Ready",
             false,
@@ -268,6 +275,37 @@ pub(super) fn status(
         protected_pods: old.protected_pods,
         disruption_budget: old.disruption_budget,
     }
+}
+
+/// `status` with its `Ready` condition saying that the API server refused
+/// the pool's Deployment with `message`, at `now`: the replicas it asked
+/// for were not applied, so no scale happened either.
+pub(super) fn refused(
+    pool: &WorkerPool,
+    mut status: WorkerPoolStatus,
+    message: &str,
+    now: Timestamp,
+) -> WorkerPoolStatus {
+    let old = pool.status.as_ref();
+    let was_false = old
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .filter(|c| c.status == "False");
+    let counted = format!(
+        "{} of {} workers ready",
+        status.ready_replicas, status.desired_replicas
+    );
+    let ready = Condition {
+        type_: "Ready".into(),
+        status: "False".into(),
+        reason: workload::DEPLOYMENT_REFUSED.into(),
+        message: format!("{counted}: {message}"),
+        last_transition_time: was_false.map_or(Time(now), |c| c.last_transition_time.clone()),
+        observed_generation: pool.meta().generation,
+    };
+    status.conditions.retain(|c| c.type_ != "Ready");
+    status.conditions.push(ready);
+    status.last_scale_time = old.and_then(|s| s.last_scale_time.clone());
+    status
 }
 
 /// Logs each problem the conditions show once as it starts and once as it

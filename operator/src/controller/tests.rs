@@ -229,10 +229,15 @@ fn template() -> Value {
     json!({"spec": {"containers": [{"name": "worker", "image": "example/worker:1"}]}})
 }
 
+/// The pool's own owner reference, as the operator writes it.
+fn owned_by_pool() -> Value {
+    json!([{"apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPool", "name": "mail", "uid": "u-1", "controller": true}])
+}
+
 fn existing_deployment(replicas: i32, ready: i32) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "mail", "namespace": "jobs"},
+        "metadata": {"name": "mail", "namespace": "jobs", "ownerReferences": owned_by_pool()},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"workerpool.dev/pool": "mail"}}, "template": template()},
         "status": {"replicas": replicas, "readyReplicas": ready},
     })
@@ -632,6 +637,14 @@ async fn a_failed_apply_is_an_error_named_for_the_operation() {
     api.get(DEPLOYMENT, None).await;
     api.exchange("PATCH", DEPLOYMENT, StatusCode::FORBIDDEN, |_| forbidden())
         .await;
+    // The pool says why, in an event and its Ready condition.
+    let event = api.event().await;
+    assert_eq!(event["reason"], json!("DeploymentRefused"));
+    let status = api.status().await;
+    assert_eq!(
+        condition(&status, "Ready")["reason"],
+        json!("DeploymentRefused")
+    );
     let err = task.await.expect("task").expect_err("apply failed");
     assert_eq!(err.label(), "apply_deployment");
     // Failed reconciles of a pool back off: 5 s, 10 s, 20 s ... up to 5 minutes.
@@ -669,6 +682,13 @@ async fn a_refused_apply_does_not_count_against_the_scale_up_policy() {
         .exchange("PATCH", DEPLOYMENT, StatusCode::FORBIDDEN, |_| forbidden())
         .await;
     assert_eq!(applied["spec"]["replicas"], json!(3), "1 + 2 pods");
+    api.event().await;
+    let status = api.status().await;
+    assert_eq!(
+        status["status"]["lastScaleTime"],
+        Value::Null,
+        "no scale happened"
+    );
     let err = task.await.expect("task").expect_err("apply refused");
     assert_eq!(err.label(), "apply_deployment");
 
@@ -810,6 +830,7 @@ fn observed(deployment: Option<Value>, reading_ok: bool) -> Observed {
         },
         pods: Some(Vec::new()),
         budget: None,
+        foreign: None,
         reading: if reading_ok {
             Ok(Snapshot {
                 server_time_ms: 0,
@@ -1890,5 +1911,137 @@ async fn with_disruption_removed_the_marks_left_and_the_pools_own_budget_are_rem
     let status = api.status().await;
     assert_eq!(status["status"]["protectedPods"], Value::Null);
     assert_eq!(status["status"]["disruptionBudget"], Value::Null);
+    api.finish(task).await.expect("reconcile");
+}
+
+/// A Deployment of the pool's name made by someone else (`owners`: its
+/// owner references), running `replicas` pods.
+fn foreign_deployment(owners: Value, replicas: i32) -> Value {
+    let mut d = existing_deployment(replicas, replicas);
+    d["metadata"]["ownerReferences"] = owners;
+    d
+}
+
+#[tokio::test]
+async fn a_deployment_of_the_pools_name_that_is_not_its_own_is_left_alone_and_said_so() {
+    let redis = TestRedis::start();
+    push(&redis, "mail", 10).await;
+    for owners in [
+        Value::Null,
+        json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "u-9", "controller": true}]),
+    ] {
+        let (task, mut api, _) = start(pool(fixed(&redis.url(), 2)));
+        api.get(DEPLOYMENT, Some(foreign_deployment(owners.clone(), 3)))
+            .await;
+        // No apply: the next request is the event.
+        let event = api.event().await;
+        assert_eq!(event["reason"], json!("DeploymentNotOwned"));
+        assert_eq!(event["type"], json!("Warning"));
+        let status = api.status().await;
+        let ready = condition(&status, "Ready");
+        assert_eq!(ready["status"], json!("False"));
+        assert_eq!(ready["reason"], json!("DeploymentNotOwned"));
+        let message = ready["message"].as_str().expect("message");
+        assert!(
+            message.contains("Deployment mail exists and is not this pool's"),
+            "{message}"
+        );
+        if owners.is_null() {
+            assert!(message.contains("it has no controller"), "{message}");
+        } else {
+            assert!(
+                message.contains("its controller is StatefulSet db"),
+                "{message}"
+            );
+        }
+        // Its pods are not the pool's workers.
+        assert_eq!(status["status"]["replicas"], json!(0));
+        assert_eq!(status["status"]["readyReplicas"], json!(0));
+        assert_eq!(status["status"]["lastScaleTime"], Value::Null);
+        api.finish(task).await.expect("reconcile");
+    }
+}
+
+#[tokio::test]
+async fn a_budget_of_the_pools_name_that_is_not_its_own_is_left_alone_and_said_so() {
+    let redis = TestRedis::start();
+    let mut spec = fixed(&redis.url(), 1);
+    spec["disruption"] = json!({"maxUnavailable": 1});
+    let (task, mut api, _) = start(pool(spec));
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    api.get(
+        BUDGET,
+        Some(
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                    "metadata": {"name": "mail", "namespace": "jobs"},
+                    "spec": {"minAvailable": 3}}),
+        ),
+    )
+    .await;
+    api.apply().await;
+    // No PATCH of the budget.
+    let event = api.event().await;
+    assert_eq!(event["reason"], json!("DisruptionBudgetNotOwned"));
+    let status = api.status().await;
+    assert_eq!(
+        condition(&status, "Ready")["reason"],
+        json!("DisruptionBudgetNotOwned")
+    );
+    assert_eq!(status["status"]["disruptionBudget"], Value::Null);
+    api.finish(task).await.expect("reconcile");
+}
+
+#[tokio::test]
+async fn a_deployment_the_api_server_refuses_shows_its_message_on_the_pool_once_then_clears() {
+    let redis = TestRedis::start();
+    let p = || pool(fixed(&redis.url(), 1));
+    let invalid = |_: &Value| {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+               "message": "Deployment.apps \"mail\" is invalid: spec.selector: Invalid value: field is immutable"})
+    };
+    let (task, mut api, ctx) = start(p());
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    api.exchange(
+        "PATCH",
+        DEPLOYMENT,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        invalid,
+    )
+    .await;
+    let event = api.event().await;
+    assert_eq!(event["reason"], json!("DeploymentRefused"));
+    let status = api.status().await;
+    let ready = condition(&status, "Ready");
+    assert_eq!(ready["status"], json!("False"));
+    let message = ready["message"].as_str().expect("message");
+    assert!(
+        message.contains("the API server refused Deployment jobs/mail (422 Invalid)"),
+        "{message}"
+    );
+    assert!(message.contains("field is immutable"), "{message}");
+    let err = task.await.expect("task").expect_err("refused");
+    assert_eq!(err.label(), "apply_deployment");
+
+    // Refused again: the pool says so already, so no second event.
+    let mut refused = p();
+    refused.status = serde_json::from_value(status["status"].clone()).expect("status");
+    let task = tokio::spawn(reconcile(Arc::new(refused.clone()), ctx.clone()));
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    api.exchange(
+        "PATCH",
+        DEPLOYMENT,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        invalid,
+    )
+    .await;
+    api.status().await;
+    let _ = task.await.expect("task").expect_err("refused");
+
+    // Taken: Ready clears.
+    let task = tokio::spawn(reconcile(Arc::new(refused), ctx.clone()));
+    api.get(DEPLOYMENT, Some(existing_deployment(1, 1))).await;
+    api.apply().await;
+    let status = api.status().await;
+    assert_eq!(condition(&status, "Ready")["reason"], json!("WorkersReady"));
     api.finish(task).await.expect("reconcile");
 }
