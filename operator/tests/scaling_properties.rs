@@ -150,6 +150,7 @@ fn replay(
             current_replicas: current,
             ready_replicas: ready,
             job_seconds: None,
+            job_seconds_deviation: None,
         };
         check(&engine, &observation, now, step);
         let desired = if step.failed {

@@ -42,6 +42,7 @@ pub async fn exists(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<bool> {
         .arg(q.stats_dead())
         .arg(q.stats_recovered())
         .arg(q.stats_duration())
+        .arg(q.stats_duration_sq())
         .query_async(conn)
         .await?;
     Ok(n > 0)

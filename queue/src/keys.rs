@@ -112,6 +112,14 @@ impl QueueKeys {
         format!("{}:stats:duration", self.name)
     }
 
+    /// The mean of the squares of the queue's job durations, in
+    /// milliseconds squared, folded with the same weights as
+    /// [`QueueKeys::stats_duration`], so that the two give the durations'
+    /// spread (their standard deviation); kept without expiry.
+    pub fn stats_duration_sq(&self) -> String {
+        format!("{}:stats:duration_sq", self.name)
+    }
+
     /// Hash of the recurring schedules that enqueue on the queue:
     /// `<namespace>/<pool>/<schedule>` -> unix ms of its latest claimed
     /// fire (see `fire.lua`).
@@ -182,6 +190,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
         (keys.stats_dead(), "a counter"),
         (keys.stats_recovered(), "a counter"),
         (keys.stats_duration(), "the mean job duration"),
+        (keys.stats_duration_sq(), "the mean squared job duration"),
     ]
     .into_iter()
     .find(|(key, _)| key == name)
@@ -357,6 +366,7 @@ mod tests {
             k.stats_dead(),
             k.stats_recovered(),
             k.stats_duration(),
+            k.stats_duration_sq(),
             k.rate(),
         ] {
             assert!(key.starts_with("{mail}"), "{key}");

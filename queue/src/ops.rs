@@ -581,13 +581,28 @@ pub struct Beat {
 }
 
 /// Jobs a worker finished since its last heartbeat, for the queue's mean
-/// job duration (`<q>:stats:duration`).
+/// job duration (`<q>:stats:duration`) and its spread
+/// (`<q>:stats:duration_sq`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct JobsTimed {
     /// How many jobs.
     pub jobs: u64,
     /// Their mean duration.
     pub mean: Duration,
+    /// The standard deviation of their durations, when known.
+    pub deviation: Option<Duration>,
+}
+
+impl JobsTimed {
+    /// The mean of the squares of their durations in ms², which the
+    /// heartbeat folds: `deviation² + mean²`.
+    fn mean_square_ms2(&self) -> Option<f64> {
+        let mean = self.mean.as_secs_f64() * 1000.0;
+        self.deviation.map(|d| {
+            let d = d.as_secs_f64() * 1000.0;
+            d * d + mean * mean
+        })
+    }
 }
 
 /// How many jobs move the queue's mean job duration `1 - 1/e` of the way
@@ -632,13 +647,18 @@ pub async fn heartbeat_with(
         .key(queue.workers())
         .key(queue.worker(instance))
         .key(queue.stats_duration())
+        .key(queue.stats_duration_sq())
         .arg(instance)
         .arg(ttl.as_millis() as u64);
     match finished.filter(|f| f.jobs > 0) {
         Some(f) => invocation
             .arg(format!("{:.3}", f.mean.as_secs_f64() * 1000.0))
-            .arg(f.jobs),
-        None => invocation.arg("").arg(0),
+            .arg(f.jobs)
+            .arg(
+                f.mean_square_ms2()
+                    .map_or(String::new(), |sq| format!("{sq:.3}")),
+            ),
+        None => invocation.arg("").arg(0).arg(""),
     };
     for (field, value) in details {
         invocation.arg(*field).arg(value);

@@ -81,6 +81,9 @@ pub struct QueueFigures {
     /// The mean job duration the workers measured, in microseconds, once
     /// a job has finished.
     pub job_duration_us: Option<u64>,
+    /// The root mean square of the job durations the workers measured, in
+    /// microseconds (`<q>:stats:duration_sq`), once their workers report it.
+    pub job_duration_rms_us: Option<u64>,
     /// `enqueued_at` of the job at the head of the queue, when it has one.
     pub oldest_enqueued_at_ms: Option<u64>,
     /// Registered workers.
@@ -103,6 +106,7 @@ impl QueueFigures {
             dead_total: self.dead_total,
             recovered_total: self.recovered_total,
             job_duration_us: self.job_duration_us,
+            job_duration_rms_us: self.job_duration_rms_us,
             oldest_enqueued_at_ms: self.oldest_enqueued_at_ms,
             taken_at_ms: now_ms,
             rate_limit: self.rate_limit(now_ms).map(str::to_string),
@@ -180,6 +184,10 @@ pub struct Counts {
     /// measured it (`<q>:stats:duration`), once one has finished: known
     /// before the next job runs, after an idle spell or a restart.
     pub job_duration_us: Option<u64>,
+    /// The root mean square of the job durations, in microseconds
+    /// (`<q>:stats:duration_sq`, kept beside the mean): with the mean, it
+    /// gives their spread ([`Counts::job_seconds_deviation`]).
+    pub job_duration_rms_us: Option<u64>,
     /// `enqueued_at` of the oldest job at the head of a list, when it has
     /// one.
     pub oldest_enqueued_at_ms: Option<u64>,
@@ -210,6 +218,14 @@ impl Counts {
     /// [`Counts::job_duration_us`] in seconds.
     pub fn job_seconds(&self) -> Option<f64> {
         self.job_duration_us.map(|us| us as f64 / 1e6)
+    }
+
+    /// The standard deviation of the job durations in seconds, from their
+    /// mean and root mean square, when the workers reported both.
+    pub fn job_seconds_deviation(&self) -> Option<f64> {
+        let mean = self.job_seconds()?;
+        let rms = self.job_duration_rms_us? as f64 / 1e6;
+        Some((rms * rms - mean * mean).max(0.0).sqrt())
     }
 
     /// Age in seconds of the oldest waiting job that carries `enqueued_at`.
@@ -243,21 +259,26 @@ impl std::ops::Add<&Counts> for Counts {
             dead_total,
             recovered_total,
             job_duration_us,
+            job_duration_rms_us,
             oldest_enqueued_at_ms,
             taken_at_ms,
             rate_limit,
         } = other;
-        self.job_duration_us = match (self.job_duration_us, *job_duration_us) {
-            (Some(a), Some(b)) => {
-                let (wa, wb) = (self.processed_total as f64, *processed_total as f64);
-                Some(if wa + wb > 0.0 {
-                    ((a as f64 * wa + b as f64 * wb) / (wa + wb)).round() as u64
-                } else {
-                    a.max(b)
-                })
-            }
+        // Weighted by the jobs each queue processed: the means as they are,
+        // the root mean squares through their squares (so the sum's spread
+        // includes the difference between the two queues' jobs).
+        let (wa, wb) = (self.processed_total as f64, *processed_total as f64);
+        let weigh = |a: Option<u64>, b: Option<u64>, power: i32| match (a, b) {
+            (Some(a), Some(b)) => Some(if wa + wb > 0.0 {
+                let mixed = ((a as f64).powi(power) * wa + (b as f64).powi(power) * wb) / (wa + wb);
+                mixed.powf(1.0 / f64::from(power)).round() as u64
+            } else {
+                a.max(b)
+            }),
             (a, b) => a.or(b),
         };
+        self.job_duration_us = weigh(self.job_duration_us, *job_duration_us, 1);
+        self.job_duration_rms_us = weigh(self.job_duration_rms_us, *job_duration_rms_us, 2);
         self.waiting += waiting;
         self.in_flight += in_flight;
         self.held_by_lost_workers += held_by_lost_workers;
@@ -418,7 +439,8 @@ pub async fn read(conn: &mut impl Conn, queues: &[QueueKeys]) -> RedisResult<Sna
             .key(q.stats_failed())
             .key(q.stats_dead())
             .key(q.stats_recovered())
-            .key(q.stats_duration());
+            .key(q.stats_duration())
+            .key(q.stats_duration_sq());
     }
     for q in queues {
         invocation.arg(q.processing("")).arg(q.worker(""));
@@ -435,7 +457,7 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
     let mut out = Vec::with_capacity(queues.len());
     for (q, entry) in queues.iter().zip(entries) {
         let Value::Array(f) = entry else { return None };
-        if f.len() != 13 {
+        if f.len() != 14 {
             return None;
         }
         // The head is whatever a producer pushed: read it as bytes.
@@ -484,6 +506,10 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
                 .and_then(|ms| ms.parse::<f64>().ok())
                 .filter(|ms| ms.is_finite() && *ms >= 0.0)
                 .map(|ms| (ms * 1000.0).round() as u64),
+            job_duration_rms_us: string(&f[13])
+                .and_then(|ms2| ms2.parse::<f64>().ok())
+                .filter(|ms2| ms2.is_finite() && *ms2 >= 0.0)
+                .map(|ms2| (ms2.sqrt() * 1000.0).round() as u64),
             oldest_enqueued_at_ms: oldest,
             workers,
         });

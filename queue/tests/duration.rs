@@ -15,6 +15,7 @@ fn timed(jobs: u64, ms: u64) -> Option<JobsTimed> {
     Some(JobsTimed {
         jobs,
         mean: Duration::from_millis(ms),
+        deviation: None,
     })
 }
 
@@ -128,4 +129,51 @@ async fn queues_added_up_weigh_their_durations_by_the_jobs_they_processed() {
         Some(200_000),
         "(30 × 100 + 10 × 500) / 40 ms"
     );
+}
+
+#[tokio::test]
+async fn heartbeats_keep_the_spread_of_the_durations_beside_their_mean() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{mail}");
+    let beat = |mean_ms: u64, deviation_ms: Option<u64>| {
+        Some(JobsTimed {
+            jobs: 20,
+            mean: Duration::from_millis(mean_ms),
+            deviation: deviation_ms.map(Duration::from_millis),
+        })
+    };
+    // Jobs of one length: no spread.
+    ops::heartbeat_with(&mut c, &q, "a~1", TTL, &[], beat(400, Some(0)))
+        .await
+        .expect("beat");
+    let counts = snapshot::counts(&mut c, &q).await.expect("snapshot");
+    assert_eq!(counts.job_seconds(), Some(0.4));
+    assert_eq!(counts.job_seconds_deviation(), Some(0.0));
+
+    // A second beat of 20 jobs whose spread is 300 ms around 400 ms: the
+    // mean and the mean of the squares move 1 - 1/e of the way, so the
+    // spread read back is that of the mixture the two make.
+    ops::heartbeat_with(&mut c, &q, "a~1", TTL, &[], beat(400, Some(300)))
+        .await
+        .expect("beat");
+    let w = 1.0 - (-1.0f64).exp();
+    let square = 160_000.0 + w * (90_000.0 + 160_000.0 - 160_000.0);
+    let expected = (square - 160_000.0f64).sqrt() / 1000.0;
+    let counts = snapshot::counts(&mut c, &q).await.expect("snapshot");
+    let deviation = counts.job_seconds_deviation().expect("known");
+    assert!(
+        (deviation - expected).abs() < 0.001,
+        "{deviation} vs {expected}"
+    );
+    let stored: String = c.get(q.stats_duration_sq()).await.expect("get");
+    let ttl: i64 = c.pttl(q.stats_duration_sq()).await.expect("pttl");
+    assert_eq!(ttl, -1, "kept without expiry: {stored}");
+
+    // A worker that reports no spread leaves the squares as they were.
+    ops::heartbeat_with(&mut c, &q, "b~1", TTL, &[], beat(400, None))
+        .await
+        .expect("beat");
+    let after: String = c.get(q.stats_duration_sq()).await.expect("get");
+    assert_eq!(after, stored);
 }

@@ -23,6 +23,7 @@ fn keys_of(q: &QueueKeys, instances: &[String]) -> Vec<String> {
         q.stats_dead(),
         q.stats_recovered(),
         q.stats_duration(),
+        q.stats_duration_sq(),
         q.fires(),
         q.wait_probe(),
     ];

@@ -1167,6 +1167,7 @@ fn layout(q: &QueueKeys) -> Vec<(String, &'static str)> {
         (q.stats_dead(), "string"),
         (q.stats_recovered(), "string"),
         (q.stats_duration(), "string"),
+        (q.stats_duration_sq(), "string"),
         (q.fires(), "hash"),
     ];
     for instance in ["w~1", "w~2"] {

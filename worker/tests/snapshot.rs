@@ -172,41 +172,47 @@ async fn an_unknown_queue_reads_as_empty() {
     assert!(s.server_time_ms > 0);
 }
 
-/// Sleeps 50 ms per job.
+/// Sleeps as many milliseconds as the job's data says.
 struct Sleeps;
 
 impl workerpool_worker::Handler for Sleeps {
     fn handle<'a>(
         &'a self,
-        _job: &'a workerpool_worker::Job,
+        job: &'a workerpool_worker::Job,
     ) -> futures::future::BoxFuture<'a, workerpool_worker::Outcome> {
-        Box::pin(async {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let ms = job.data().as_u64().unwrap_or(0);
+        Box::pin(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             workerpool_worker::Outcome::Done
         })
     }
 }
 
 #[tokio::test]
-async fn a_worker_keeps_its_queues_mean_job_duration_in_redis_for_the_engine() {
+async fn a_worker_keeps_its_queues_mean_job_duration_and_its_spread_in_redis_for_the_engine() {
     let redis = TestRedis::start();
     let mut c = redis.conn().await;
     let q = QueueKeys::new("timed");
-    let jobs: Vec<String> = (0..20).map(|n| json!({"data": n}).to_string()).collect();
+    // Half the jobs take 50 ms, half 250 ms: a mean of 150 ms, 100 ms
+    // either side (as the heartbeats fold them, weighing later beats more:
+    // about that).
+    let jobs: Vec<String> = (0..20)
+        .map(|n| json!({"data": if n % 2 == 0 { 50 } else { 250 }}).to_string())
+        .collect();
     common::push(&mut c, q.name(), &jobs).await;
     let mut config = common::config(&redis, &[q.name()], "timer");
     config.concurrency = 4;
     let worker = common::start(config, std::sync::Arc::new(Sleeps));
-    let seconds = workerpool_tests::eventually(
+    let (seconds, deviation) = workerpool_tests::eventually(
         std::time::Duration::from_secs(20),
-        "the mean job duration in the snapshot",
+        "the mean job duration and its spread in the snapshot",
         || {
             let mut c = c.clone();
             let q = q.clone();
             async move {
                 let counts = snapshot::counts(&mut c, &q).await.ok()?;
                 (counts.processed_total == 20)
-                    .then_some(counts.job_seconds())
+                    .then_some(counts.job_seconds().zip(counts.job_seconds_deviation()))
                     .flatten()
             }
         },
@@ -214,8 +220,12 @@ async fn a_worker_keeps_its_queues_mean_job_duration_in_redis_for_the_engine() {
     .await;
     worker.stop().await;
     assert!(
-        (0.05..0.5).contains(&seconds),
-        "jobs that sleep 50 ms: a mean of {seconds} s"
+        (0.05..0.25).contains(&seconds),
+        "jobs that sleep 50 or 250 ms: a mean of {seconds} s"
+    );
+    assert!(
+        (0.04..0.15).contains(&deviation),
+        "jobs that sleep 50 or 250 ms: a spread of {deviation} s"
     );
     let ttl: i64 = c.pttl(q.stats_duration()).await.expect("pttl");
     assert_eq!(ttl, -1, "kept after the worker left");

@@ -48,17 +48,37 @@ impl Workers {
     }
 
     /// The most workers the rate limit keeps busy when one job takes
-    /// `job_seconds`: by Little's law `J = rate × job_seconds` jobs run at
-    /// once at the limit, on average. Job durations vary, so the count in
-    /// flight does too (about `√J` around `J`, as in an M/G/∞ queue); a
-    /// pool sized for the mean alone would often have no free slot when the
-    /// limit allows a start, and a start missed is lost. So the cap is
-    /// `ceil((J + √J) / concurrency) + 1` (the square-root staffing rule,
-    /// plus one for the burst and the estimate's error). `None` without a
-    /// limit.
-    pub fn busy_at_limit(&self, job_seconds: f64) -> Option<i32> {
+    /// `job_seconds` on average, with this standard `deviation` when the
+    /// workers measured it: by Little's law `J = rate × job_seconds` jobs
+    /// run at once at the limit, on average, and the count in flight varies
+    /// around `J`. A pool sized for the mean alone would often have no free
+    /// slot when the limit allows a start, and a start missed is lost; so
+    /// the cap is `ceil((J + √(J·s)) / concurrency) + 1`, plus one for the
+    /// estimate's error and the moment between a slot freeing and the next
+    /// start. `None` without a limit.
+    ///
+    /// `s` is how much the count in flight varies, per job in flight. At
+    /// the limit the bucket spaces the starts evenly (GCRA), so with
+    /// durations `D` the count's variance is `rate × E|D₁ − D₂| / 2`
+    /// (over the phase of the starts: `∫ P(D > t)·P(D ≤ t) dt` per start
+    /// interval), that is `J` times the durations' Gini coefficient: 0 for
+    /// jobs of a fixed length, ½ for exponential ones, never above 1. The
+    /// workers keep the mean and the spread, not the Gini coefficient, so
+    /// the bound `E|D₁ − D₂| ≤ σ√2` (Cauchy–Schwarz) gives
+    /// `s = min(1, σ / (√2 · mean))`. Without a measured spread `s = 1`,
+    /// the most any duration has (and Poisson starts' `√J`: the
+    /// square-root staffing rule).
+    pub fn busy_at_limit(&self, job_seconds: f64, deviation: Option<f64>) -> Option<i32> {
         let rate = self.rate_limit?.per_second();
-        let busy = with_noise(rate * job_seconds.max(0.0)) / f64::from(self.concurrency.max(1));
+        let seconds = job_seconds.max(0.0);
+        let spread = match deviation {
+            Some(d) if d.is_finite() && d >= 0.0 && seconds > 0.0 => {
+                (d / (std::f64::consts::SQRT_2 * seconds)).min(1.0)
+            }
+            _ => 1.0,
+        };
+        let jobs = rate * seconds;
+        let busy = (jobs + (jobs * spread).sqrt()) / f64::from(self.concurrency.max(1));
         Some(ceil(busy).saturating_add(1))
     }
 }
@@ -357,7 +377,7 @@ impl Engine {
         // size the cap on.
         let busy_at_limit = self
             .cap_job_seconds(obs)
-            .and_then(|seconds| self.workers.busy_at_limit(seconds));
+            .and_then(|seconds| self.workers.busy_at_limit(seconds, self.job_deviation(obs)));
         let cap = busy_at_limit
             .filter(|cap| largest > *cap)
             .zip(self.workers.rate_limit)
@@ -809,6 +829,18 @@ impl Engine {
             .filter(|s| s.is_finite() && *s > 0.0)
             .or(self.rates.job_seconds())
             .filter(|s| s.is_finite() && *s > 0.0)
+    }
+
+    /// The standard deviation of the job durations, as the workers measured it, scaled
+    /// to the duration the rate cap is sized on (the spread is the workers' measure's,
+    /// and a longer estimate stretches it in proportion).
+    fn job_deviation(&self, obs: &Observation) -> Option<f64> {
+        let kept = obs.job_seconds.filter(|s| s.is_finite() && *s > 0.0)?;
+        let deviation = obs
+            .job_seconds_deviation
+            .filter(|d| d.is_finite() && *d >= 0.0)?;
+        let sized_on = self.cap_job_seconds(obs)?;
+        Some(deviation * sized_on / kept)
     }
 
     /// The job duration the rate cap is sized on: the longer of the workers' measure

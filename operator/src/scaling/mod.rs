@@ -16,10 +16,11 @@
 //!    with nothing queued, due or running, and otherwise keeps at least one replica;
 //! 3. a queue with a rate limit (`spec.worker.rateLimit`) caps the proposal at the
 //!    workers the limit keeps busy: with `J = rate × job seconds`,
-//!    `ceil((J + √J) / concurrency) + 1` ([`Workers::busy_at_limit`]), at a wake as at
-//!    any size, and the scale-down window does not hold the pool above it; the job
-//!    duration is the workers' own, kept in Redis, so the cap holds from the first
-//!    decision after a restart or an idle spell;
+//!    `ceil((J + √(J·s)) / concurrency) + 1`, where `s` (at most 1) grows with the
+//!    spread of the job durations ([`Workers::busy_at_limit`]), at a wake as at any
+//!    size, and the scale-down window does not hold the pool above it; the job
+//!    duration and its spread are the workers' own, kept in Redis, so the cap holds
+//!    from the first decision after a restart or an idle spell;
 //! 4. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
 //!
@@ -68,6 +69,10 @@ pub struct Observation {
     /// Redis (`<q>:stats:duration`) once a job has finished.
     #[serde(default)]
     pub job_seconds: Option<f64>,
+    /// The standard deviation of the job durations as the workers measured
+    /// it, kept in Redis beside the mean (`<q>:stats:duration_sq`).
+    #[serde(default)]
+    pub job_seconds_deviation: Option<f64>,
 }
 
 impl Observation {
@@ -89,6 +94,7 @@ impl Observation {
             current_replicas,
             ready_replicas,
             job_seconds: counts.job_seconds(),
+            job_seconds_deviation: counts.job_seconds_deviation(),
         }
     }
 

@@ -1219,7 +1219,70 @@ fn the_rate_limit_caps_workers_at_those_it_keeps_busy_plus_one() {
         (Some("not a limit"), 2, 1.0, None),
     ] {
         let workers = Workers::new(limit, concurrency);
-        assert_eq!(workers.busy_at_limit(job_seconds), cap, "{limit:?}");
+        assert_eq!(workers.busy_at_limit(job_seconds, None), cap, "{limit:?}");
+    }
+}
+
+#[test]
+fn the_rate_cap_leaves_out_the_headroom_that_jobs_of_one_length_do_not_need() {
+    // 5 jobs/s of 400 ms: two run at once. Jobs of a fixed length started
+    // at the limit's even spacing never make a third, so the cap is those
+    // two plus one; jobs of nearly one length make a third now and then
+    // (the next start comes before the oldest has ended), plus one;
+    // exponential jobs (spread = mean) vary by √(J/√2), and jobs whose
+    // spread is unknown keep the whole √J.
+    let workers = Workers::new(Some("5/s"), 1);
+    assert_eq!(workers.busy_at_limit(0.4, Some(0.0)), Some(3));
+    assert_eq!(workers.busy_at_limit(0.4, Some(0.01)), Some(4));
+    assert_eq!(workers.busy_at_limit(0.4, Some(0.4)), Some(5));
+    assert_eq!(workers.busy_at_limit(0.4, None), Some(5));
+    // A spread above the mean's √2 adds no more than the unknown one.
+    assert_eq!(workers.busy_at_limit(0.4, Some(4.0)), Some(5));
+    // 20 jobs/s of 1 s: 25 workers for exponential jobs (26 with the
+    // spread unknown), and 21 for jobs of one length.
+    let workers = Workers::new(Some("20/s"), 1);
+    assert_eq!(workers.busy_at_limit(1.0, Some(1.0)), Some(25));
+    assert_eq!(workers.busy_at_limit(1.0, None), Some(26));
+    assert_eq!(workers.busy_at_limit(1.0, Some(0.0)), Some(21));
+}
+
+#[test]
+fn a_rate_limited_pool_of_short_even_jobs_wakes_at_the_workers_the_limit_keeps_busy() {
+    let spec = plain();
+    let mut engine = Engine::new();
+    engine.set_workers(Workers::new(Some("5/s"), 1));
+    let decision = engine.tick(
+        &spec,
+        &Observation {
+            job_seconds: Some(0.4),
+            job_seconds_deviation: Some(0.0),
+            ..obs(1_000, 0, 0)
+        },
+        at(0),
+    );
+    assert_eq!(decision.desired, 3, "{decision:?}");
+    assert_eq!(
+        decision.reason.rate_cap.map(|cap| cap.workers),
+        Some(3),
+        "{decision:?}"
+    );
+}
+
+proptest::proptest! {
+    #[test]
+    fn a_measured_spread_never_raises_the_rate_cap_above_the_unknown_one(
+        count in 1u32..2_000,
+        concurrency in 1i32..64,
+        job_seconds in 0.001f64..600.0,
+        deviation in 0.0f64..2_000.0,
+    ) {
+        let workers = Workers::new(Some(&format!("{count}/s")), concurrency);
+        let known = workers.busy_at_limit(job_seconds, Some(deviation)).expect("a limit");
+        let unknown = workers.busy_at_limit(job_seconds, None).expect("a limit");
+        let mean_busy = f64::from(count) * job_seconds / f64::from(concurrency);
+        proptest::prop_assert!(known <= unknown, "{known} > {unknown}");
+        // Never below the workers the mean keeps busy, plus one.
+        proptest::prop_assert!(f64::from(known) >= (mean_busy - 1e-9).ceil() + 1.0);
     }
 }
 

@@ -264,12 +264,15 @@ struct World<'a> {
     rate_tat: f64,
     /// A [`Event::RateAllows`] is scheduled.
     rate_wake: bool,
-    /// Jobs finished since the last reading, and their seconds.
-    timed: (u64, f64),
+    /// Jobs finished since the last reading, their seconds, and the sum of
+    /// their squares.
+    timed: (u64, f64, f64),
     /// Seconds of jobs run.
     busy: f64,
     /// The queue's mean job duration as the workers keep it in Redis.
     job_seconds: Option<f64>,
+    /// The mean of the squared job durations, kept beside it.
+    job_seconds_sq: Option<f64>,
 }
 
 impl World<'_> {
@@ -329,6 +332,10 @@ impl World<'_> {
             current_replicas: self.desired,
             ready_replicas: self.ready(),
             job_seconds: self.job_seconds,
+            job_seconds_deviation: self
+                .job_seconds
+                .zip(self.job_seconds_sq)
+                .map(|(mean, sq)| (sq - mean * mean).max(0.0).sqrt()),
         }
     }
 
@@ -355,17 +362,22 @@ impl World<'_> {
     }
 
     /// Folds the jobs finished since the last reading into the mean job
-    /// duration, as the workers' heartbeats do (`heartbeat.lua`).
+    /// duration and the mean of its squares, as the workers' heartbeats do
+    /// (`heartbeat.lua`).
     fn fold_job_durations(&mut self) {
-        let (jobs, seconds) = std::mem::take(&mut self.timed);
+        let (jobs, seconds, squares) = std::mem::take(&mut self.timed);
         if jobs == 0 {
             return;
         }
-        self.job_seconds = Some(workerpool_queue::ops::fold_duration(
-            self.job_seconds,
-            seconds / jobs as f64,
-            jobs,
-        ));
+        let fold = |old, sum: f64| {
+            Some(workerpool_queue::ops::fold_duration(
+                old,
+                sum / jobs as f64,
+                jobs,
+            ))
+        };
+        self.job_seconds = fold(self.job_seconds, seconds);
+        self.job_seconds_sq = fold(self.job_seconds_sq, squares);
     }
 
     fn pod_ready(&mut self, pod: usize) {
@@ -379,6 +391,7 @@ impl World<'_> {
     fn job_done(&mut self, pod: usize, seconds: f64) {
         self.timed.0 += 1;
         self.timed.1 += seconds;
+        self.timed.2 += seconds * seconds;
         self.busy += seconds;
         self.in_flight -= 1;
         self.processed += 1;
@@ -457,9 +470,10 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         scale_events: 0,
         rate_tat: 0.0,
         rate_wake: false,
-        timed: (0, 0.0),
+        timed: (0, 0.0, 0.0),
         busy: 0.0,
         job_seconds: None,
+        job_seconds_sq: None,
     };
     let (mut controller, periods) = match policy {
         Policy::Engine(spec) => {

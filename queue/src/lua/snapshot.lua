@@ -1,8 +1,8 @@
 -- uses: guard.lua, now.lua
 -- Everything a queue's readers need, for each queue, in one round trip.
--- KEYS: per queue, 10 keys: queue, retry, scheduled, dead, workers,
+-- KEYS: per queue, 11 keys: queue, retry, scheduled, dead, workers,
 -- stats:processed, stats:failed, stats:dead, stats:recovered,
--- stats:duration.
+-- stats:duration, stats:duration_sq.
 -- ARGV: per queue, the processing-list and worker-hash key prefixes.
 -- Returns {now, per queue: {waiting, due retries, retries, due scheduled,
 -- scheduled, dead, processed, failed, head payload or '' (a head over 64
@@ -10,7 +10,8 @@
 -- 4 KiB or last 256 bytes, or ''), workers as
 -- {instance, beat, held, dead_after_ms or '-' or '', rate_limit or '',
 -- handler_problem or '', oldest_job_ms or '', idle_ms or ''}...,
--- dead total, recovered total, mean job duration in ms or ''}}.
+-- dead total, recovered total, mean job duration in ms or '', mean of
+-- its squares in ms² or ''}}.
 -- The job at the head of a queue, or what a reader needs of a long one.
 local function head_of(queue)
   local head = redis.call('LINDEX', queue, -1) or ''
@@ -22,7 +23,7 @@ local function head_of(queue)
   return at and ('{"enqueued_at":' .. at .. '}') or ''
 end
 local out = {now}
-local per = 10
+local per = 11
 for i = 1, #KEYS, per do
   local q = (i - 1) / per
   local processing, details = ARGV[2 * q + 1], ARGV[2 * q + 2]
@@ -56,6 +57,7 @@ for i = 1, #KEYS, per do
     tonumber(redis.call('GET', KEYS[i + 7]) or '0'),
     tonumber(redis.call('GET', KEYS[i + 8]) or '0'),
     redis.call('GET', KEYS[i + 9]) or '',
+    redis.call('GET', KEYS[i + 10]) or '',
   }
 end
 return out

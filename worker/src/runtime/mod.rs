@@ -104,26 +104,39 @@ struct JobMetrics {
     duration: prometheus::Histogram,
     /// `workerpool_jobs_in_flight`.
     in_flight: prometheus::IntGauge,
-    /// The duration histogram's sum and count at the last heartbeat.
-    told: Mutex<(f64, u64)>,
+    /// The jobs timed since the last heartbeat: how many, the sum of their
+    /// seconds and the sum of their squares.
+    untold: Mutex<(u64, f64, f64)>,
 }
 
 impl JobMetrics {
+    /// Times one job: its metric, and what the next heartbeat tells.
+    fn timed(&self, seconds: f64) {
+        self.duration.observe(seconds);
+        if seconds.is_finite() && seconds >= 0.0 {
+            let mut untold = self.untold.lock().unwrap_or_else(|e| e.into_inner());
+            untold.0 += 1;
+            untold.1 += seconds;
+            untold.2 += seconds * seconds;
+        }
+    }
+
     /// The jobs timed since the last call: what the next heartbeat folds
-    /// into the queue's mean job duration.
+    /// into the queue's mean job duration and its spread.
     fn timed_since_told(&self) -> Option<workerpool_queue::ops::JobsTimed> {
-        let (sum, count) = (
-            self.duration.get_sample_sum(),
-            self.duration.get_sample_count(),
-        );
-        let mut told = self.told.lock().unwrap_or_else(|e| e.into_inner());
-        let (jobs, seconds) = (count.saturating_sub(told.1), sum - told.0);
-        *told = (sum, count);
-        (jobs > 0 && seconds.is_finite() && seconds >= 0.0).then(|| {
-            workerpool_queue::ops::JobsTimed {
-                jobs,
-                mean: Duration::from_secs_f64(seconds / jobs as f64),
-            }
+        let (jobs, sum, squares) =
+            std::mem::take(&mut *self.untold.lock().unwrap_or_else(|e| e.into_inner()));
+        if jobs == 0 {
+            return None;
+        }
+        let n = jobs as f64;
+        let mean = sum / n;
+        // Rounding can take the difference a hair below zero.
+        let variance = (squares / n - mean * mean).max(0.0);
+        Some(workerpool_queue::ops::JobsTimed {
+            jobs,
+            mean: Duration::try_from_secs_f64(mean).ok()?,
+            deviation: Duration::try_from_secs_f64(variance.sqrt()).ok(),
         })
     }
 }
@@ -209,7 +222,7 @@ pub async fn run(
                 requeued: metrics.jobs.with_label_values(&[q.name(), "requeued"]),
                 duration: metrics.job_duration.with_label_values(&[q.name()]),
                 in_flight: metrics.in_flight.with_label_values(&[q.name()]),
-                told: Mutex::new((0.0, 0)),
+                untold: Mutex::new((0, 0.0, 0.0)),
             })
             .collect(),
         queues,

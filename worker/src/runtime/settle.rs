@@ -72,9 +72,7 @@ impl Worker {
             };
             attempt.end(&outcome, dead);
         }
-        self.job_metrics[qi]
-            .duration
-            .observe(started.elapsed().as_secs_f64());
+        self.job_metrics[qi].timed(started.elapsed().as_secs_f64());
         // The job as handed carries the attempt's trace: a retry links to it.
         let settlement = self.settlement(qi, traced.as_ref().unwrap_or(job), outcome);
         let finished = Settling {
