@@ -17,8 +17,8 @@ use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client};
 
 use crate::controller::{self, Context};
-use crate::crd::WorkerPool;
 use crate::metrics::Metrics;
+use crate::watched::Watched;
 
 /// Settings of `workerpool-operator run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -133,7 +133,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leadership = Some(rx);
     }
 
-    let (pools, deployments): (Api<WorkerPool>, Api<Deployment>) = match &args.namespace {
+    // Watched, not WorkerPool: one object that does not read must not fail
+    // the list of all (see crate::watched).
+    let (pools, deployments): (Api<Watched>, Api<Deployment>) = match &args.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
@@ -166,7 +168,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let signal = stop.await;
             tracing::info!(signal, "stopping: no new reconcile starts");
         })
-        .run(controller::reconcile, controller::error_policy, ctx.clone())
+        .run(
+            controller::reconcile_watched,
+            controller::error_policy_watched,
+            ctx.clone(),
+        )
         .for_each(|result| {
             let ctx = ctx.clone();
             async move {
