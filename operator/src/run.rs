@@ -84,6 +84,21 @@ fn app(probe: Probe) -> Router {
         .with_state(probe)
 }
 
+/// The operator's log filter: `RUST_LOG` (`info` when unset or unreadable),
+/// with kube-client's own warnings about a response it cannot read left
+/// out whatever it asks. kube-client logs such a response whole (a list of
+/// WorkerPools, Redis URLs and their passwords included); the error itself
+/// reaches the code that made the request, which logs it without the body.
+pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let filter = rust_log
+        .and_then(|directives| tracing_subscriber::EnvFilter::try_new(directives).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    match "kube_client::client=error".parse() {
+        Ok(quiet) => filter.add_directive(quiet),
+        Err(_) => filter,
+    }
+}
+
 /// Runs the operator until SIGTERM, or fails when leadership is lost (the
 /// pod restarts and campaigns again, the usual controller practice).
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -2073,6 +2073,37 @@ fn too_big() -> Value {
 
 const POOLS: &str = "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools";
 
+/// Everything logged while `f` runs, through the operator's own filter.
+async fn logged<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(crate::run::log_filter(Some("debug")))
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    let out = f.await;
+    drop(guard);
+    let text =
+        String::from_utf8_lossy(&buffer.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+    (out, text)
+}
+
 #[tokio::test]
 async fn a_list_with_one_unreadable_pool_still_reconciles_the_good_one() {
     use futures::StreamExt;
@@ -2231,5 +2262,70 @@ async fn an_unreadable_pool_keeps_its_other_conditions_and_is_announced_once() {
         task.await.expect("task").expect("reported"),
         Action::await_change()
     );
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_list_that_does_not_read_is_logged_without_the_passwords_in_it() {
+    let list = json!({"apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPoolList",
+                      "metadata": {"resourceVersion": "9"}, "items": [too_big()]});
+    // As the typed pool the list fails, and kube-client logs the response
+    // it could not read, whole; the operator's log filter leaves that out.
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let pools: kube::Api<WorkerPool> =
+        kube::Api::namespaced(Client::new(service, "default"), "jobs");
+    let mut api = ApiServer { handle };
+    let server = async {
+        let (_, send) = api.expect("GET", POOLS).await;
+        reply(send, StatusCode::OK, &list);
+    };
+    let params = kube::api::ListParams::default();
+    let ((listed, ()), log) = logged(async { futures::join!(pools.list(&params), server) }).await;
+    let error = listed.expect_err("a pool past an int32 does not read");
+    assert!(error.to_string().contains("2147483648"), "{error}");
+    assert!(!log.contains("s3cret"), "{log}");
+
+    // As watched objects the list reads, and the one that does not is
+    // reported by namespace, name and field, without its password.
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Metrics::new(),
+        Some("test".into()),
+    ));
+    let pools: kube::Api<Watched> = kube::Api::namespaced(client, "jobs");
+    let mut api = ApiServer { handle };
+    let server = async {
+        let (_, send) = api.expect("GET", POOLS).await;
+        reply(send, StatusCode::OK, &list);
+        api.event().await;
+        api.exchange(
+            "PATCH",
+            "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/big/status",
+            StatusCode::OK,
+            |_| too_big(),
+        )
+        .await;
+    };
+    let work = async {
+        let listed = pools
+            .list(&kube::api::ListParams::default())
+            .await
+            .expect("the list reads");
+        for object in listed.items {
+            reconcile_watched(Arc::new(object), ctx.clone())
+                .await
+                .expect("reported");
+        }
+    };
+    let (_, log) = logged(async { futures::join!(work, server) }).await;
+    assert!(
+        log.contains("cannot read this WorkerPool; it is skipped until it is fixed")
+            && log.contains("pool=jobs/big")
+            && log.contains("spec.scaling.maxReplicas"),
+        "{log}"
+    );
+    assert!(!log.contains("s3cret"), "{log}");
     api.done().await;
 }
