@@ -212,6 +212,10 @@ pub struct DisruptionSpec {
     /// that allows no eviction would block every drain. Pods that run but
     /// are not ready can always be evicted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // An IntOrString holds an int32: a larger number would pass an
+    // unbounded schema and then fail to read (the CEL rule says what is
+    // meaningful: at least 1).
+    #[schemars(extend("minimum" = i32::MIN, "maximum" = i32::MAX))]
     pub max_unavailable: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
 
     /// A PodDisruptionBudget that keeps at least this many workers through
@@ -636,6 +640,7 @@ pub struct ScheduleStatus {
 fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut value: serde_json::Value = generator.subschema_for::<PodTemplateSpec>().into();
     strip_descriptions(&mut value);
+    bound_ports(&mut value);
     if let Some(object) = value.as_object_mut() {
         object.insert(
             "description".into(),
@@ -643,6 +648,71 @@ fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::S
         );
     }
     schemars::Schema::try_from(value).expect("a pod template schema is an object")
+}
+
+/// Bounds each port of the pod template that may be a number or a name (a
+/// probe's or a lifecycle hook's `httpGet.port` and `tcpSocket.port`, the
+/// only IntOrString fields of a pod) to 1..=65535, as the Pod's own
+/// validation does. Unbounded, a number past an int32 passes the CRD and
+/// then cannot be read. Other int-or-string fields of a pod are Quantities
+/// (resources, `sizeLimit`, `divisor`), which read any number.
+fn bound_ports(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Object(properties)) = map.get_mut("properties")
+                && let Some(serde_json::Value::Object(port)) = properties.get_mut("port")
+                && port.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true))
+            {
+                port.entry("minimum").or_insert(1.into());
+                port.entry("maximum").or_insert(65535.into());
+            }
+            map.values_mut().for_each(bound_ports);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(bound_ports),
+        _ => {}
+    }
+}
+
+/// The largest magnitude the schema lets an integer of no narrower format
+/// (`int64`) hold: 2^53 - 1. The API server keeps a bound as a float64, in
+/// which `i64::MAX` is no number (it rounds up to 2^63, past every int64);
+/// up to 2^53 every integer is a float64 exactly, so the bound means what
+/// it says, and no field of a pool means anything near it.
+pub const LARGEST_INTEGER: i64 = (1 << 53) - 1;
+
+/// The range of integers of the OpenAPI `format`, as the schema bounds them.
+pub fn integer_range(format: Option<&str>) -> (i64, i64) {
+    match format {
+        Some("int8") => (i8::MIN.into(), i8::MAX.into()),
+        Some("int16") => (i16::MIN.into(), i16::MAX.into()),
+        Some("int32") => (i32::MIN.into(), i32::MAX.into()),
+        Some("uint8") => (0, u8::MAX.into()),
+        Some("uint16") => (0, u16::MAX.into()),
+        Some("uint32") => (0, u32::MAX.into()),
+        Some("uint64") => (0, LARGEST_INTEGER),
+        _ => (-LARGEST_INTEGER, LARGEST_INTEGER),
+    }
+}
+
+/// Gives every integer of the schema a `minimum` and a `maximum` within
+/// its format's range, where the Rust types left one out (an `i32` field
+/// with no `range`, and every integer of the embedded Kubernetes types).
+/// The API server takes any integer a field's schema does not bound; one
+/// its Rust type cannot hold (`maxReplicas: 2147483648`) would be stored
+/// and then fail to read. Bounds already there are kept.
+fn bound_integers(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.get("type").and_then(|t| t.as_str()) == Some("integer") {
+                let (min, max) = integer_range(map.get("format").and_then(|f| f.as_str()));
+                map.entry("minimum").or_insert(min.into());
+                map.entry("maximum").or_insert(max.into());
+            }
+            map.values_mut().for_each(bound_integers);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(bound_integers),
+        _ => {}
+    }
 }
 
 fn strip_descriptions(value: &mut serde_json::Value) {
@@ -658,10 +728,19 @@ fn strip_descriptions(value: &mut serde_json::Value) {
 
 /// The CRD as the API server gets it: the Rust types' schema, with each
 /// description reflowed into paragraphs (doc comments wrap at 80 columns;
-/// `kubectl explain` wraps again, and would break sentences mid-line).
+/// `kubectl explain` wraps again, and would break sentences mid-line) and
+/// every integer bounded to what its type holds.
 pub fn crd() -> CustomResourceDefinition {
     let mut value = serde_json::to_value(WorkerPool::crd()).expect("a CRD always serializes");
     reflow_descriptions(&mut value);
+    // The schemas only: a printer column of type integer takes no bounds.
+    if let Some(serde_json::Value::Array(versions)) = value.pointer_mut("/spec/versions") {
+        for version in versions {
+            if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
+                bound_integers(schema);
+            }
+        }
+    }
     serde_json::from_value(value).expect("reflowing keeps the CRD valid")
 }
 
@@ -809,12 +888,171 @@ mod tests {
         // Client-side `kubectl apply` keeps the object as compact JSON in the
         // last-applied-configuration annotation, and all of an object's
         // annotations must fit in 256 KiB; keep to half of that.
-        let last_applied = serde_json::to_string(&WorkerPool::crd()).expect("json");
+        let last_applied = serde_json::to_string(&super::crd()).expect("json");
         assert!(
             last_applied.len() < 131_072,
             "small enough for client-side kubectl apply: {} bytes as compact JSON",
             last_applied.len()
         );
+    }
+
+    /// Every node of the CRD's schema that takes a number, with its path:
+    /// the integers, and the int-or-string fields.
+    fn numeric_nodes() -> Vec<(String, serde_json::Map<String, serde_json::Value>)> {
+        fn walk(
+            value: &serde_json::Value,
+            path: &str,
+            found: &mut Vec<(String, serde_json::Map<String, serde_json::Value>)>,
+        ) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    if map.get("type") == Some(&json!("integer"))
+                        || map.get("x-kubernetes-int-or-string") == Some(&json!(true))
+                    {
+                        found.push((path.to_string(), map.clone()));
+                    }
+                    for (key, v) in map {
+                        walk(v, &format!("{path}.{key}"), found);
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for (i, v) in items.iter().enumerate() {
+                        walk(v, &format!("{path}[{i}]"), found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let crd = serde_json::to_value(crd()).expect("json");
+        let mut found = Vec::new();
+        walk(
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+            "",
+            &mut found,
+        );
+        found
+    }
+
+    #[test]
+    fn every_integer_in_the_schema_is_bounded_within_what_its_type_holds() {
+        let mut integers = 0;
+        for (path, node) in numeric_nodes() {
+            let bound = |name: &str| node.get(name).and_then(serde_json::Value::as_f64);
+            if node.get("type") == Some(&json!("integer")) {
+                integers += 1;
+                let (lowest, highest) = integer_range(node.get("format").and_then(|f| f.as_str()));
+                let (Some(min), Some(max)) = (bound("minimum"), bound("maximum")) else {
+                    panic!("{path} is an integer without a minimum and a maximum: {node:?}");
+                };
+                assert!(
+                    lowest as f64 <= min && min <= max && max <= highest as f64,
+                    "{path}: {min}..={max} is not within {lowest}..={highest}"
+                );
+                continue;
+            }
+            // An int-or-string is an IntOrString (an int32) or a Quantity,
+            // which reads any number (it keeps it as text): resources, a
+            // volume's sizeLimit, a resource field's divisor, the HPA's
+            // tolerance.
+            let quantity = ["additionalProperties", "sizeLimit", "divisor", "tolerance"]
+                .iter()
+                .any(|name| path.ends_with(&format!(".{name}")));
+            if quantity {
+                continue;
+            }
+            let (Some(min), Some(max)) = (bound("minimum"), bound("maximum")) else {
+                panic!("{path} is an int-or-string without a minimum and a maximum: {node:?}");
+            };
+            assert!(
+                f64::from(i32::MIN) <= min && min <= max && max <= f64::from(i32::MAX),
+                "{path}: {min}..={max} is not within an int32"
+            );
+        }
+        // The walk reaches the pod template and the HPA behavior too.
+        assert!(integers > 100, "only {integers} integers found");
+    }
+
+    #[test]
+    fn bounds_are_the_types_own_unless_the_field_has_tighter_ones() {
+        let crd = serde_json::to_value(crd()).expect("json");
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        let bounds = |node: &serde_json::Value| (node["minimum"].clone(), node["maximum"].clone());
+        let scaling = &spec["scaling"]["properties"];
+        assert_eq!(
+            bounds(&scaling["maxReplicas"]),
+            (json!(1.0), json!(2147483647.0))
+        );
+        assert_eq!(
+            bounds(
+                &scaling["behavior"]["properties"]["scaleUp"]["properties"]["policies"]["items"]["properties"]
+                    ["value"]
+            ),
+            (json!(-2147483648.0), json!(2147483647.0))
+        );
+        assert_eq!(
+            bounds(&spec["tracing"]["properties"]["samplePercent"]),
+            (json!(0.0), json!(100.0))
+        );
+        assert_eq!(
+            bounds(&spec["schedules"]["items"]["properties"]["startingDeadlineSeconds"]),
+            (json!(0.0), json!(9007199254740991.0))
+        );
+        assert_eq!(
+            bounds(&spec["disruption"]["properties"]["maxUnavailable"]),
+            (json!(-2147483648.0), json!(2147483647.0))
+        );
+        let container = &spec["template"]["properties"]["spec"]["properties"]["containers"]["items"]
+            ["properties"];
+        assert_eq!(
+            bounds(&container["livenessProbe"]["properties"]["httpGet"]["properties"]["port"]),
+            (json!(1.0), json!(65535.0))
+        );
+        assert_eq!(
+            bounds(&container["ports"]["items"]["properties"]["containerPort"]),
+            (json!(-2147483648.0), json!(2147483647.0))
+        );
+    }
+
+    #[test]
+    fn the_largest_integer_of_each_bound_field_reads_as_its_rust_type() {
+        // The top of each bound is a value the pool's types can hold: at
+        // the maximum the pool reads, and the API server refuses one more.
+        let spec = json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {"containers": [{"name": "worker", "image": "w",
+                "ports": [{"containerPort": i32::MAX}],
+                "livenessProbe": {"httpGet": {"port": 65535}}}],
+                "terminationGracePeriodSeconds": LARGEST_INTEGER}},
+            "replicas": i32::MAX,
+            "worker": {"concurrency": i32::MAX, "maxAttempts": i32::MAX, "jobTimeoutSeconds": i32::MAX},
+            "shutdown": {"gracePeriodSeconds": i32::MAX},
+            "schedules": [{"name": "a", "schedule": "@hourly", "startingDeadlineSeconds": LARGEST_INTEGER}],
+            "disruption": {"maxUnavailable": i32::MAX, "protectAfterSeconds": 86400},
+        });
+        let p = pool(spec);
+        assert_eq!(p.spec.replicas, Some(i32::MAX));
+        let scaling = json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": template(),
+            "scaling": {"minReplicas": i32::MAX, "maxReplicas": i32::MAX, "pollIntervalSeconds": i32::MAX,
+                "targetBacklogPerReplica": i32::MAX, "targetDrainSeconds": i32::MAX,
+                "targetWaitSeconds": i32::MAX, "activationBacklog": i32::MAX,
+                "idleSecondsBeforeZero": i32::MAX,
+                "fallback": {"failureThreshold": i32::MAX, "replicas": i32::MAX},
+                "behavior": {"scaleUp": {"stabilizationWindowSeconds": i32::MAX,
+                    "policies": [{"type": "Pods", "value": i32::MAX, "periodSeconds": i32::MAX}]}}},
+        });
+        assert_eq!(
+            pool(scaling).spec.scaling.map(|s| s.max_replicas),
+            Some(i32::MAX)
+        );
+        let past = json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": template(),
+            "scaling": {"maxReplicas": i64::from(i32::MAX) + 1},
+        });
+        let error = serde_json::from_value::<WorkerPoolSpec>(past).expect_err("past an i32");
+        assert!(error.to_string().contains("2147483648"), "{error}");
     }
 
     #[test]

@@ -12,4 +12,5 @@ pub mod run;
 pub mod scaling;
 pub mod schedule;
 pub mod simulate;
+pub mod watched;
 pub mod workload;

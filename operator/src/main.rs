@@ -67,10 +67,9 @@ fn out(text: &str) {
 fn init_tracing() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(workerpool_operator::run::log_filter(
+            std::env::var("RUST_LOG").ok().as_deref(),
+        ))
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(|| Stderr)
         .log_internal_errors(false)

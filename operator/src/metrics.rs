@@ -45,6 +45,9 @@ pub struct Metrics {
     pub protected_pods: IntGaugeVec,
     /// Patches of those marks, per pool and change (protect or release).
     pub protection_patches: IntCounterVec,
+    /// 1 while the pool's object does not read as a WorkerPool, so that it
+    /// is skipped; no series for a pool that reads.
+    pub unreadable: IntGaugeVec,
 }
 
 /// A pool's replica counts as one reconcile saw and decided them.
@@ -181,6 +184,14 @@ impl Metrics {
                 pool,
             )
             .expect("valid metric"),
+            unreadable: IntGaugeVec::new(
+                Opts::new(
+                    "workerpool_pool_unreadable",
+                    "1 while the pool's object does not read as a WorkerPool (a field past what it holds): the operator skips it, and its Ready condition names the field",
+                ),
+                pool,
+            )
+            .expect("valid metric"),
         };
         for c in [
             Box::new(m.reconciles.clone()) as Box<dyn prometheus::core::Collector>,
@@ -199,6 +210,7 @@ impl Metrics {
             Box::new(m.queue_up.clone()),
             Box::new(m.queue_safe.clone()),
             Box::new(m.evicted_keys.clone()),
+            Box::new(m.unreadable.clone()),
         ] {
             m.registry.register(c).expect("metric names are unique");
         }
@@ -292,6 +304,11 @@ impl Metrics {
             .inc();
     }
 
+    /// Records that a pool reads (again): its `unreadable` series goes.
+    pub fn readable(&self, namespace: &str, pool: &str) {
+        let _ = self.unreadable.remove_label_values(&[namespace, pool]);
+    }
+
     /// Drops a deleted pool's series.
     pub fn forget_pool(&self, namespace: &str, pool: &str) {
         let labels = [namespace, pool];
@@ -306,6 +323,7 @@ impl Metrics {
             &self.queue_safe,
             &self.evicted_keys,
             &self.protected_pods,
+            &self.unreadable,
         ] {
             let _ = gauge.remove_label_values(&labels);
         }

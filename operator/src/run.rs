@@ -2,8 +2,9 @@
 //! election, with `/healthz`, `/readyz` and `/metrics`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::Router;
@@ -17,8 +18,8 @@ use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client};
 
 use crate::controller::{self, Context};
-use crate::crd::WorkerPool;
 use crate::metrics::Metrics;
+use crate::watched::Watched;
 
 /// Settings of `workerpool-operator run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -53,21 +54,67 @@ pub struct RunArgs {
 #[derive(Clone)]
 struct Probe {
     ready: Arc<AtomicBool>,
+    watch: WatchHealth,
     metrics: Metrics,
 }
 
+/// How long the WorkerPools' list and watch may keep failing before
+/// `/readyz` says so: a dropped watch, or a list the API server times out
+/// once, recovers within a few steps of the watcher's backoff; a list it
+/// refuses (RBAC, a CRD not installed) does not, and no pool is looked at.
+const WATCH_FAILING_FOR: Duration = Duration::from_secs(60);
+
+/// Whether the WorkerPools can be listed and watched: since when the
+/// attempts fail without a break, and the last error.
+#[derive(Clone, Debug, Default)]
+struct WatchHealth(Arc<Mutex<Option<(Instant, String)>>>);
+
+impl WatchHealth {
+    /// Takes in one item of the watch: an object or the end of a list ends
+    /// a failure, an error starts one or goes on with it. `Init` ends
+    /// nothing: the watcher sends it before each attempt to list, the ones
+    /// that fail too.
+    fn saw<K>(&self, item: &Result<watcher::Event<K>, watcher::Error>) {
+        let mut failing = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match (item, failing.as_mut()) {
+            (Ok(watcher::Event::Init), _) => {}
+            (Ok(_), _) => *failing = None,
+            (Err(e), Some((_, last))) => *last = e.to_string(),
+            (Err(e), None) => *failing = Some((Instant::now(), e.to_string())),
+        }
+    }
+
+    /// What `/readyz` says at `now` when the watch has failed for
+    /// [`WATCH_FAILING_FOR`] or longer.
+    fn problem(&self, now: Instant) -> Option<String> {
+        let failing = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (since, error) = failing.as_ref()?;
+        let failed_for = now.saturating_duration_since(*since);
+        (failed_for >= WATCH_FAILING_FOR).then(|| {
+            format!(
+                "cannot list or watch WorkerPools for {} s: {error}\n",
+                failed_for.as_secs()
+            )
+        })
+    }
+}
+
 /// The operator's HTTP endpoints. `/readyz` is 200 once this replica is
-/// leading and its controller runs, or is a healthy standby.
+/// leading and its controller runs, or is a healthy standby; 503 while its
+/// WorkerPools cannot be listed or watched (one pool that does not read is
+/// no failure of the watch: it is skipped and reported on itself).
 fn app(probe: Probe) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
             get(|State(p): State<Probe>| async move {
-                if p.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+                if !p.ready.load(Ordering::Relaxed) {
+                    return (StatusCode::SERVICE_UNAVAILABLE, "starting\n".to_string());
+                }
+                match p.watch.problem(Instant::now()) {
+                    Some(problem) => (StatusCode::SERVICE_UNAVAILABLE, problem),
+                    None => (StatusCode::OK, "ok\n".to_string()),
                 }
             }),
         )
@@ -84,6 +131,21 @@ fn app(probe: Probe) -> Router {
         .with_state(probe)
 }
 
+/// The operator's log filter: `RUST_LOG` (`info` when unset or unreadable),
+/// with kube-client's own warnings about a response it cannot read left
+/// out whatever it asks. kube-client logs such a response whole (a list of
+/// WorkerPools, Redis URLs and their passwords included); the error itself
+/// reaches the code that made the request, which logs it without the body.
+pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let filter = rust_log
+        .and_then(|directives| tracing_subscriber::EnvFilter::try_new(directives).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    match "kube_client::client=error".parse() {
+        Ok(quiet) => filter.add_directive(quiet),
+        Err(_) => filter,
+    }
+}
+
 /// Runs the operator until SIGTERM, or fails when leadership is lost (the
 /// pod restarts and campaigns again, the usual controller practice).
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -92,11 +154,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
     let metrics = Metrics::new();
     let ready = Arc::new(AtomicBool::new(false));
+    let watch = WatchHealth::default();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on --listen {}", args.listen))?;
     let probe = Probe {
         ready: ready.clone(),
+        watch: watch.clone(),
         metrics: metrics.clone(),
     };
     tokio::spawn(async move {
@@ -133,7 +197,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leadership = Some(rx);
     }
 
-    let (pools, deployments): (Api<WorkerPool>, Api<Deployment>) = match &args.namespace {
+    // Watched, not WorkerPool: one object that does not read must not fail
+    // the list of all (see crate::watched).
+    let (pools, deployments): (Api<Watched>, Api<Deployment>) = match &args.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
@@ -152,6 +218,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (store, writer) = reflector::store();
     let pools = watcher(pools, watcher::Config::default())
         .default_backoff()
+        .inspect(move |item| watch.saw(item))
         .reflect(writer)
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
@@ -166,7 +233,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let signal = stop.await;
             tracing::info!(signal, "stopping: no new reconcile starts");
         })
-        .run(controller::reconcile, controller::error_policy, ctx.clone())
+        .run(
+            controller::reconcile_watched,
+            controller::error_policy_watched,
+            ctx.clone(),
+        )
         .for_each(|result| {
             let ctx = ctx.clone();
             async move {
@@ -240,6 +311,7 @@ mod tests {
     async fn readyz_waits_for_the_controller_and_metrics_render_reconciles() {
         let probe = Probe {
             ready: Arc::new(AtomicBool::new(false)),
+            watch: WatchHealth::default(),
             metrics: Metrics::new(),
         };
         let app = app(probe.clone());
@@ -258,5 +330,63 @@ mod tests {
             body.contains(r#"workerpool_operator_reconciles_total{result="ok"} 1"#),
             "{body}"
         );
+    }
+
+    #[tokio::test]
+    async fn readyz_says_so_when_the_pools_cannot_be_listed_for_a_minute() {
+        let probe = Probe {
+            ready: Arc::new(AtomicBool::new(true)),
+            watch: WatchHealth::default(),
+            metrics: Metrics::new(),
+        };
+        let app = app(probe.clone());
+        let refused = || -> Result<watcher::Event<Watched>, watcher::Error> {
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(
+                Box::new(
+                    kube::core::Status::failure(
+                        "workerpools.workerpool.dev is forbidden",
+                        "Forbidden",
+                    )
+                    .with_code(403),
+                ),
+            )))
+        };
+        probe.watch.saw(&refused());
+        // A failure just begun is the watcher's to retry: still ready.
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+        probe.watch.saw(&refused());
+        let later = Instant::now() + WATCH_FAILING_FOR;
+        let problem = probe.watch.problem(later).expect("failing for a minute");
+        assert!(
+            problem.starts_with(
+                "cannot list or watch WorkerPools for 60 s: failed to perform initial object list"
+            ),
+            "{problem}"
+        );
+        assert!(problem.contains("forbidden"), "{problem}");
+        // The start of another attempt to list ends nothing; its end does.
+        probe.watch.saw(&Ok(watcher::Event::<Watched>::Init));
+        assert!(probe.watch.problem(later).is_some());
+        probe.watch.saw(&Ok(watcher::Event::<Watched>::InitDone));
+        assert_eq!(probe.watch.problem(later), None);
+        assert_eq!(get(&app, "/readyz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn readyz_is_503_with_the_watch_error_while_the_pools_cannot_be_listed() {
+        let watch = WatchHealth::default();
+        // Failing since well before now.
+        *watch.0.lock().expect("lock") = Some((
+            Instant::now() - WATCH_FAILING_FOR - Duration::from_secs(5),
+            "failed to perform initial object list: forbidden".into(),
+        ));
+        let app = app(Probe {
+            ready: Arc::new(AtomicBool::new(true)),
+            watch,
+            metrics: Metrics::new(),
+        });
+        let (status, body) = get(&app, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("cannot list or watch WorkerPools for 65 s: failed to perform initial object list: forbidden"), "{body}");
     }
 }

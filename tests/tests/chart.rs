@@ -375,6 +375,11 @@ fn check_schema(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Stri
             {
                 errors.push(format!("{at}: {v} is below the minimum {min}"));
             }
+            if let (Some(max), Some(v)) = (schema["maximum"].as_f64(), n.as_f64())
+                && v > max
+            {
+                errors.push(format!("{at}: {v} is above the maximum {max}"));
+            }
         }
         ("number", Value::Number(_)) | ("boolean", Value::Bool(_)) => {}
         ("", _) => {}
@@ -988,12 +993,16 @@ fn every_cel_rule_or_schema_mistake_in_a_pool_is_caught() {
     let text = read("manifests/examples/exec-pool.yaml");
     let valid = documents(&text).remove(0);
     check_object(&valid).expect("the exec example is valid");
-    let broken: [(&str, Breaking); 5] = [
+    let broken: [(&str, Breaking); 6] = [
         ("unknown field", |p| {
             p["spec"]["worker"]["concurency"] = json!(4)
         }),
         ("below the minimum", |p| {
             p["spec"]["worker"]["concurrency"] = json!(0)
+        }),
+        // An i64 the pool reads, past the schema's bound.
+        ("above the maximum", |p| {
+            p["spec"]["worker"]["maxPayloadBytes"] = json!(536_870_913)
         }),
         ("replicas and scaling", |p| p["spec"]["replicas"] = json!(2)),
         ("unknown pod field", |p| {

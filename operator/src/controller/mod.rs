@@ -13,6 +13,10 @@
 //!   Deployment, the events, the status, and which writes to skip;
 //! - `apply` carries the plan out (deletion costs, the Deployment applied
 //!   server-side, events, status) and decides nothing.
+//!
+//! The controller watches [`Watched`] objects: a WorkerPool that does not
+//! read as one is skipped and reported (`unreadable`), and never keeps the
+//! others from being reconciled.
 
 mod apply;
 mod endpoint;
@@ -23,6 +27,7 @@ mod observe;
 mod plan;
 mod pods;
 mod status;
+mod unreadable;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,9 +41,11 @@ pub use error::{Error, QueueProblem};
 pub use memory::Context;
 use plan::{Clock, plan};
 pub use pods::DELETION_COST;
+pub use unreadable::POOL_UNREADABLE;
 
 use crate::crd::WorkerPool;
 use crate::scaling::{self, Observation};
+use crate::watched::Watched;
 
 /// The field manager of everything the operator applies.
 pub const MANAGER: &str = "workerpool-operator";
@@ -120,16 +127,49 @@ async fn reconcile_inner(pool: &WorkerPool, ctx: &Context) -> Result<Action, Err
 
 /// What to do after a failed reconcile: log, count, retry soon.
 pub fn error_policy(pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(pool = %pool.name_any(), error = %error, "reconcile failed");
+    retry(&pool_key(&pool), error, &ctx)
+}
+
+fn retry(key: &str, error: &Error, ctx: &Context) -> Action {
+    tracing::warn!(pool = %key, error = %error, "reconcile failed");
     ctx.metrics
         .reconcile_errors
         .with_label_values(&[error.label()])
         .inc();
-    let failures = ctx.pool(&pool_key(&pool), |m| {
+    let failures = ctx.pool(key, |m| {
         m.failures = m.failures.saturating_add(1);
         m.failures
     });
     Action::requeue(retry_delay(failures))
+}
+
+/// Reconciles one object of the watch: a pool, or, for an object that
+/// does not read as one, says so on it and waits for it to change.
+pub async fn reconcile_watched(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, Error> {
+    match object.as_ref() {
+        Watched::Pool(pool) => {
+            ctx.metrics.readable(
+                pool.namespace().as_deref().unwrap_or_default(),
+                &pool.name_any(),
+            );
+            reconcile(pool.clone(), ctx).await
+        }
+        Watched::Unreadable(unreadable) => {
+            unreadable::report(unreadable, &ctx)
+                .await
+                .map_err(Error::PatchStatus)?;
+            ctx.pool(&object.key(), |m| m.failures = 0);
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// [`error_policy`] for an object of the watch.
+pub fn error_policy_watched(object: Arc<Watched>, error: &Error, ctx: Arc<Context>) -> Action {
+    match object.as_ref() {
+        Watched::Pool(pool) => error_policy(pool.clone(), error, ctx),
+        Watched::Unreadable(_) => retry(&object.key(), error, &ctx),
+    }
 }
 
 #[cfg(test)]

@@ -29,12 +29,16 @@ use super::memory::PoolMemory;
 use super::observe::{Failing, Observed, Replicas};
 use super::plan::{Clock, Plan, plan};
 use super::status::{shown_rate, status_patch, status_write, transitions};
-use super::{Context, DELETION_COST, Error, QueueProblem, error_policy, reconcile, retry_delay};
+use super::{
+    Context, DELETION_COST, Error, POOL_UNREADABLE, QueueProblem, error_policy, reconcile,
+    reconcile_watched, retry_delay,
+};
 use crate::crd::{WorkerPool, WorkerPoolStatus};
 use crate::deployment;
 use crate::metrics::Metrics;
 use crate::rbac;
 use crate::scaling::Verdict;
+use crate::watched::Watched;
 
 struct ApiServer {
     handle: Handle<Request<Body>, Response<Body>>,
@@ -2044,4 +2048,284 @@ async fn a_deployment_the_api_server_refuses_shows_its_message_on_the_pool_once_
     let status = api.status().await;
     assert_eq!(condition(&status, "Ready")["reason"], json!("WorkersReady"));
     api.finish(task).await.expect("reconcile");
+}
+
+/// A stored WorkerPool object named `name` in `jobs`, as the API server
+/// lists it.
+fn stored(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPool",
+        "metadata": {"name": name, "namespace": "jobs", "uid": format!("u-{name}"),
+                     "resourceVersion": "7", "generation": 2},
+        "spec": spec,
+    })
+}
+
+/// A pool whose `maxReplicas` is past an int32, with its Redis password
+/// written inline, as an unbounded CRD let it be stored.
+fn too_big() -> Value {
+    stored(
+        "big",
+        json!({"queue": {"redis": {"url": "redis://app:s3cret@redis:6379/0", "key": "big"}},
+               "template": template(), "scaling": {"maxReplicas": 2147483648u64}}),
+    )
+}
+
+const POOLS: &str = "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools";
+
+/// Everything logged while `f` runs, through the operator's own filter.
+async fn logged<T>(f: impl std::future::Future<Output = T>) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(crate::run::log_filter(Some("debug")))
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    let out = f.await;
+    drop(guard);
+    let text =
+        String::from_utf8_lossy(&buffer.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+    (out, text)
+}
+
+#[tokio::test]
+async fn a_list_with_one_unreadable_pool_still_reconciles_the_good_one() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+
+    let redis = TestRedis::start();
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Metrics::new(),
+        Some("test".into()),
+    ));
+    let mut api = ApiServer { handle };
+
+    // The controller's list of pools, as run() makes it: the unreadable
+    // pool first, then a good one.
+    let (store, writer) = reflector::store();
+    let pools: kube::Api<Watched> = kube::Api::namespaced(client, "jobs");
+    let mut events = watcher(pools, watcher::Config::default())
+        .reflect(writer)
+        .boxed();
+    let listing = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        loop {
+            match events
+                .next()
+                .await
+                .expect("an event")
+                .expect("no watch error")
+            {
+                watcher::Event::InitApply(object) => seen.push(Arc::new(object)),
+                watcher::Event::InitDone => return seen,
+                _ => {}
+            }
+        }
+    });
+    let good = stored("mail", fixed(&redis.url(), 2));
+    let (_, send) = api.expect("GET", POOLS).await;
+    reply(
+        send,
+        StatusCode::OK,
+        &json!({"apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPoolList",
+                "metadata": {"resourceVersion": "9"}, "items": [too_big(), good]}),
+    );
+    let seen = listing.await.expect("listing");
+    assert_eq!(store.state().len(), 2, "both objects are in the store");
+    let keys: Vec<String> = seen.iter().map(|o| o.key()).collect();
+    assert_eq!(keys, ["jobs/big", "jobs/mail"]);
+
+    // The unreadable pool is reported on itself and its Deployment is never
+    // touched; the good one gets its Deployment and status.
+    let task = tokio::spawn(reconcile_watched(seen[0].clone(), ctx.clone()));
+    let event = api
+        .exchange("POST", EVENTS, StatusCode::CREATED, Value::clone)
+        .await;
+    let patch = api
+        .exchange(
+            "PATCH",
+            "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/big/status",
+            StatusCode::OK,
+            |_| too_big(),
+        )
+        .await;
+    assert_eq!(
+        task.await.expect("task").expect("reported"),
+        Action::await_change()
+    );
+    assert_eq!(event["reason"], json!(POOL_UNREADABLE));
+    assert_eq!(event["type"], json!("Warning"));
+    assert_eq!(event["regarding"]["name"], json!("big"));
+    let ready = condition(&patch, "Ready");
+    assert_eq!(ready["status"], json!("False"));
+    assert_eq!(ready["reason"], json!(POOL_UNREADABLE));
+    assert_eq!(ready["observedGeneration"], json!(2));
+    let message = ready["message"].as_str().expect("message");
+    assert!(
+        message.contains(
+            "spec.scaling.maxReplicas: invalid value: integer `2147483648`, expected i32"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("kubectl edit workerpool big -n jobs"),
+        "{message}"
+    );
+
+    let task = tokio::spawn(reconcile_watched(seen[1].clone(), ctx.clone()));
+    let Round {
+        applied, status, ..
+    } = api.round(None, 0).await;
+    assert_eq!(applied["spec"]["replicas"], json!(2));
+    assert_eq!(status["status"]["desiredReplicas"], json!(2));
+    task.await.expect("task").expect("reconcile");
+    api.done().await;
+
+    let metrics = ctx.metrics.render();
+    assert!(
+        metrics.contains(r#"workerpool_pool_unreadable{namespace="jobs",pool="big"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(r#"workerpool_pool_unreadable{namespace="jobs",pool="mail"}"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_pool_keeps_its_other_conditions_and_is_announced_once() {
+    let mut object = too_big();
+    object["status"] = json!({"conditions": [
+        {"type": "QueueReachable", "status": "True", "reason": "Connected", "message": "ok",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "Ready", "status": "True", "reason": "WorkersReady", "message": "2 of 2",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]});
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        Metrics::new(),
+        Some("test".into()),
+    ));
+    let mut api = ApiServer { handle };
+    let task = tokio::spawn(reconcile_watched(
+        Arc::new(Watched::read(object.clone())),
+        ctx.clone(),
+    ));
+    api.event().await;
+    let patch = api
+        .exchange(
+            "PATCH",
+            "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/big/status",
+            StatusCode::OK,
+            |_| too_big(),
+        )
+        .await;
+    task.await.expect("task").expect("reported");
+    let conditions = patch["status"]["conditions"]
+        .as_array()
+        .expect("conditions");
+    assert_eq!(conditions.len(), 2, "{patch}");
+    assert_eq!(
+        condition(&patch, "QueueReachable")["reason"],
+        json!("Connected")
+    );
+    assert_eq!(condition(&patch, "Ready")["reason"], json!(POOL_UNREADABLE));
+
+    // As stored after that patch, the object says it already: a restarted
+    // operator neither announces nor writes it again.
+    object["status"]["conditions"] = patch["status"]["conditions"].clone();
+    let task = tokio::spawn(reconcile_watched(
+        Arc::new(Watched::read(object)),
+        ctx.clone(),
+    ));
+    assert_eq!(
+        task.await.expect("task").expect("reported"),
+        Action::await_change()
+    );
+    api.done().await;
+}
+
+#[tokio::test]
+async fn a_list_that_does_not_read_is_logged_without_the_passwords_in_it() {
+    let list = json!({"apiVersion": "workerpool.dev/v1alpha1", "kind": "WorkerPoolList",
+                      "metadata": {"resourceVersion": "9"}, "items": [too_big()]});
+    // As the typed pool the list fails, and kube-client logs the response
+    // it could not read, whole; the operator's log filter leaves that out.
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let pools: kube::Api<WorkerPool> =
+        kube::Api::namespaced(Client::new(service, "default"), "jobs");
+    let mut api = ApiServer { handle };
+    let server = async {
+        let (_, send) = api.expect("GET", POOLS).await;
+        reply(send, StatusCode::OK, &list);
+    };
+    let params = kube::api::ListParams::default();
+    let ((listed, ()), log) = logged(async { futures::join!(pools.list(&params), server) }).await;
+    let error = listed.expect_err("a pool past an int32 does not read");
+    assert!(error.to_string().contains("2147483648"), "{error}");
+    assert!(!log.contains("s3cret"), "{log}");
+
+    // As watched objects the list reads, and the one that does not is
+    // reported by namespace, name and field, without its password.
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Metrics::new(),
+        Some("test".into()),
+    ));
+    let pools: kube::Api<Watched> = kube::Api::namespaced(client, "jobs");
+    let mut api = ApiServer { handle };
+    let server = async {
+        let (_, send) = api.expect("GET", POOLS).await;
+        reply(send, StatusCode::OK, &list);
+        api.event().await;
+        api.exchange(
+            "PATCH",
+            "/apis/workerpool.dev/v1alpha1/namespaces/jobs/workerpools/big/status",
+            StatusCode::OK,
+            |_| too_big(),
+        )
+        .await;
+    };
+    let work = async {
+        let listed = pools
+            .list(&kube::api::ListParams::default())
+            .await
+            .expect("the list reads");
+        for object in listed.items {
+            reconcile_watched(Arc::new(object), ctx.clone())
+                .await
+                .expect("reported");
+        }
+    };
+    let (_, log) = logged(async { futures::join!(work, server) }).await;
+    assert!(
+        log.contains("cannot read this WorkerPool; it is skipped until it is fixed")
+            && log.contains("pool=jobs/big")
+            && log.contains("spec.scaling.maxReplicas"),
+        "{log}"
+    );
+    assert!(!log.contains("s3cret"), "{log}");
+    api.done().await;
 }

@@ -16,6 +16,7 @@ use workerpool_queue::connection::{Connection, Endpoint, Tls, redact};
 use workerpool_queue::keys::QueueKeys;
 
 use crate::crd::WorkerPool;
+use crate::watched::Watched;
 
 /// The dashboard's flags, the same for `local` and `run`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -159,12 +160,21 @@ pub fn row_of(pool: &WorkerPool) -> PoolRow {
     }
 }
 
-/// The WorkerPools of a watch, as the cluster has them.
-struct ClusterPools(reflector::Store<WorkerPool>);
+/// The WorkerPools of a watch, as the cluster has them; one that does not
+/// read is left out (the controller reports it on the pool).
+struct ClusterPools(reflector::Store<Watched>);
 
 impl PoolSource for ClusterPools {
     fn pools(&self) -> Vec<PoolRow> {
-        let mut rows: Vec<PoolRow> = self.0.state().iter().map(|p| row_of(p)).collect();
+        let mut rows: Vec<PoolRow> = self
+            .0
+            .state()
+            .iter()
+            .filter_map(|object| match object.as_ref() {
+                Watched::Pool(pool) => Some(row_of(pool)),
+                Watched::Unreadable(_) => None,
+            })
+            .collect();
         rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         rows
     }
@@ -189,7 +199,9 @@ impl ClusterDashboardArgs {
         }
         let endpoint = Endpoint::new(url.clone(), Tls::default())?;
         let shown = redact(url);
-        let api: Api<WorkerPool> = match namespace {
+        // Watched, not WorkerPool: one object that does not read must not
+        // fail the list of all.
+        let api: Api<Watched> = match namespace {
             Some(ns) => Api::namespaced(client, ns),
             None => Api::all(client),
         };
