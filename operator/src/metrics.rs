@@ -2,10 +2,9 @@
 
 use std::time::Duration;
 
-use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{GaugeVec, HistogramVec, IntCounterVec, IntGaugeVec, Registry};
 use workerpool_queue::snapshot::Snapshot;
+use workerpool_settings::metrics::{Kind, Label, Metric, Section};
 
 /// Every metric the operator exports.
 #[derive(Debug, Clone)]
@@ -61,160 +60,238 @@ pub struct Replicas {
     pub max: Option<i32>,
 }
 
+/// Every metric the operator exports, as data: [`Metrics::new`] builds its
+/// collectors from these, and `docs/metrics.md` is rendered from them.
+pub const CATALOGUE: &[Metric] = &[
+    RECONCILES,
+    RECONCILE_ERRORS,
+    RECONCILE_DURATION,
+    BACKLOG,
+    IN_FLIGHT,
+    DESIRED,
+    READY,
+    MAX,
+    OLDEST_JOB_AGE,
+    DEAD_LETTERS,
+    SCALE_EVENTS,
+    PROTECTED_PODS,
+    PROTECTION_PATCHES,
+    QUEUE_UP,
+    QUEUE_SAFE,
+    EVICTED_KEYS,
+    UNREADABLE,
+];
+
+/// The operator's part of `docs/metrics.md`.
+pub const SECTION: Section = Section {
+    title: "Operator",
+    intro: "`workerpool-operator run` serves these on `/metrics` (`--listen`); the chart's \
+            ServiceMonitor scrapes them. A pool's series go when the pool is deleted.",
+    metrics: CATALOGUE,
+};
+
+const NAMESPACE: Label = Label {
+    name: "namespace",
+    values: "the WorkerPool's namespace",
+};
+const POOL: Label = Label {
+    name: "pool",
+    values: "the WorkerPool's name",
+};
+
+const RECONCILES: Metric = Metric {
+    name: "workerpool_operator_reconciles_total",
+    kind: Kind::Counter,
+    help: "Reconciles by result",
+    labels: &[Label {
+        name: "result",
+        values: "`ok`, or the operation that failed (as in `operation` below)",
+    }],
+};
+
+const RECONCILE_ERRORS: Metric = Metric {
+    name: "workerpool_operator_reconcile_errors_total",
+    kind: Kind::Counter,
+    help: "Failed reconciles by operation",
+    labels: &[Label {
+        name: "operation",
+        values: "`get_deployment`, `apply_deployment`, `patch_status`, `list_pods`, \
+                 `patch_pod`, `get_budget`, `write_budget`, `invalid_spec`",
+    }],
+};
+
+const RECONCILE_DURATION: Metric = Metric {
+    name: "workerpool_operator_reconcile_duration_seconds",
+    kind: Kind::Histogram,
+    help: "Reconcile duration",
+    labels: &[],
+};
+
+const BACKLOG: Metric = Metric {
+    name: "workerpool_pool_backlog",
+    kind: Kind::Gauge,
+    help: "Jobs waiting per pool",
+    labels: &[NAMESPACE, POOL],
+};
+
+const IN_FLIGHT: Metric = Metric {
+    name: "workerpool_pool_in_flight",
+    kind: Kind::Gauge,
+    help: "Jobs running per pool",
+    labels: &[NAMESPACE, POOL],
+};
+
+const DESIRED: Metric = Metric {
+    name: "workerpool_pool_desired_replicas",
+    kind: Kind::Gauge,
+    help: "Desired workers per pool",
+    labels: &[NAMESPACE, POOL],
+};
+
+const READY: Metric = Metric {
+    name: "workerpool_pool_ready_replicas",
+    kind: Kind::Gauge,
+    help: "Ready workers per pool",
+    labels: &[NAMESPACE, POOL],
+};
+
+const MAX: Metric = Metric {
+    name: "workerpool_pool_max_replicas",
+    kind: Kind::Gauge,
+    help: "The most workers a scaled pool may run (spec.scaling.maxReplicas)",
+    labels: &[NAMESPACE, POOL],
+};
+
+const OLDEST_JOB_AGE: Metric = Metric {
+    name: "workerpool_pool_oldest_job_age_seconds",
+    kind: Kind::Gauge,
+    help: "Age of the oldest waiting job per pool (0 when none waits)",
+    labels: &[NAMESPACE, POOL],
+};
+
+const DEAD_LETTERS: Metric = Metric {
+    name: "workerpool_pool_dead_letters",
+    kind: Kind::Gauge,
+    help: "Dead letters kept per pool",
+    labels: &[NAMESPACE, POOL],
+};
+
+const SCALE_EVENTS: Metric = Metric {
+    name: "workerpool_pool_scale_events_total",
+    kind: Kind::Counter,
+    help: "Replica changes applied per pool, by direction (up or down)",
+    labels: &[
+        NAMESPACE,
+        POOL,
+        Label {
+            name: "direction",
+            values: "`up`, `down`",
+        },
+    ],
+};
+
+const PROTECTED_PODS: Metric = Metric {
+    name: "workerpool_pool_protected_pods",
+    kind: Kind::Gauge,
+    help: "Pods marked as not to be disrupted by node autoscalers while their workers hold long jobs (spec.disruption.protectBusyPods)",
+    labels: &[NAMESPACE, POOL],
+};
+
+const PROTECTION_PATCHES: Metric = Metric {
+    name: "workerpool_pool_protection_patches_total",
+    kind: Kind::Counter,
+    help: "Patches of the pods' disruption marks per pool, by change (protect or release)",
+    labels: &[
+        NAMESPACE,
+        POOL,
+        Label {
+            name: "change",
+            values: "`protect`, `release`",
+        },
+    ],
+};
+
+const QUEUE_UP: Metric = Metric {
+    name: "workerpool_pool_queue_up",
+    kind: Kind::Gauge,
+    help: "1 when the pool's last queue read succeeded, 0 when it failed",
+    labels: &[NAMESPACE, POOL],
+};
+
+const QUEUE_SAFE: Metric = Metric {
+    name: "workerpool_pool_queue_safe",
+    kind: Kind::Gauge,
+    help: "1 when the pool's Redis does not evict keys (maxmemory-policy noeviction), 0 when it may delete jobs or its policy cannot be read",
+    labels: &[NAMESPACE, POOL],
+};
+
+const EVICTED_KEYS: Metric = Metric {
+    name: "workerpool_pool_redis_evicted_keys",
+    kind: Kind::Gauge,
+    help: "Keys the pool's Redis has evicted since it started (INFO evicted_keys)",
+    labels: &[NAMESPACE, POOL],
+};
+
+const UNREADABLE: Metric = Metric {
+    name: "workerpool_pool_unreadable",
+    kind: Kind::Gauge,
+    help: "1 while the pool's object does not read as a WorkerPool (a field past what it holds): the operator skips it, and its Ready condition names the field",
+    labels: &[NAMESPACE, POOL],
+};
+
 impl Metrics {
-    /// Creates and registers the metrics.
+    /// Creates and registers the metrics, each from its entry in
+    /// [`CATALOGUE`].
     pub fn new() -> Self {
-        let pool = &["namespace", "pool"];
         let m = Self {
             registry: Registry::new(),
-            reconciles: IntCounterVec::new(
-                Opts::new(
-                    "workerpool_operator_reconciles_total",
-                    "Reconciles by result",
-                ),
-                &["result"],
-            )
-            .expect("valid metric"),
-            reconcile_errors: IntCounterVec::new(
-                Opts::new(
-                    "workerpool_operator_reconcile_errors_total",
-                    "Failed reconciles by operation",
-                ),
-                &["operation"],
-            )
-            .expect("valid metric"),
-            reconcile_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "workerpool_operator_reconcile_duration_seconds",
-                    "Reconcile duration",
-                )
-                .buckets(prometheus::exponential_buckets(0.001, 2.0, 14).expect("valid buckets")),
-                &[],
-            )
-            .expect("valid metric"),
-            backlog: IntGaugeVec::new(
-                Opts::new("workerpool_pool_backlog", "Jobs waiting per pool"),
-                pool,
-            )
-            .expect("valid metric"),
-            in_flight: IntGaugeVec::new(
-                Opts::new("workerpool_pool_in_flight", "Jobs running per pool"),
-                pool,
-            )
-            .expect("valid metric"),
-            desired: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_desired_replicas",
-                    "Desired workers per pool",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            ready: IntGaugeVec::new(
-                Opts::new("workerpool_pool_ready_replicas", "Ready workers per pool"),
-                pool,
-            )
-            .expect("valid metric"),
-            max: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_max_replicas",
-                    "The most workers a scaled pool may run (spec.scaling.maxReplicas)",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            oldest_job_age: GaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_oldest_job_age_seconds",
-                    "Age of the oldest waiting job per pool (0 when none waits)",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            dead_letters: IntGaugeVec::new(
-                Opts::new("workerpool_pool_dead_letters", "Dead letters kept per pool"),
-                pool,
-            )
-            .expect("valid metric"),
-            scale_events: IntCounterVec::new(
-                Opts::new(
-                    "workerpool_pool_scale_events_total",
-                    "Replica changes applied per pool, by direction (up or down)",
-                ),
-                &["namespace", "pool", "direction"],
-            )
-            .expect("valid metric"),
-            protected_pods: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_protected_pods",
-                    "Pods marked as not to be disrupted by node autoscalers while their workers hold long jobs (spec.disruption.protectBusyPods)",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            protection_patches: IntCounterVec::new(
-                Opts::new(
-                    "workerpool_pool_protection_patches_total",
-                    "Patches of the pods' disruption marks per pool, by change (protect or release)",
-                ),
-                &["namespace", "pool", "change"],
-            )
-            .expect("valid metric"),
-            queue_up: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_queue_up",
-                    "1 when the pool's last queue read succeeded, 0 when it failed",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            queue_safe: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_queue_safe",
-                    "1 when the pool's Redis does not evict keys (maxmemory-policy noeviction), 0 when it may delete jobs or its policy cannot be read",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            evicted_keys: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_redis_evicted_keys",
-                    "Keys the pool's Redis has evicted since it started (INFO evicted_keys)",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
-            unreadable: IntGaugeVec::new(
-                Opts::new(
-                    "workerpool_pool_unreadable",
-                    "1 while the pool's object does not read as a WorkerPool (a field past what it holds): the operator skips it, and its Ready condition names the field",
-                ),
-                pool,
-            )
-            .expect("valid metric"),
+            reconciles: RECONCILES.int_counter_vec(),
+            reconcile_errors: RECONCILE_ERRORS.int_counter_vec(),
+            reconcile_duration: RECONCILE_DURATION.histogram_vec(
+                prometheus::exponential_buckets(0.001, 2.0, 14).expect("valid buckets"),
+            ),
+            backlog: BACKLOG.int_gauge_vec(),
+            in_flight: IN_FLIGHT.int_gauge_vec(),
+            desired: DESIRED.int_gauge_vec(),
+            ready: READY.int_gauge_vec(),
+            max: MAX.int_gauge_vec(),
+            oldest_job_age: OLDEST_JOB_AGE.gauge_vec(),
+            dead_letters: DEAD_LETTERS.int_gauge_vec(),
+            scale_events: SCALE_EVENTS.int_counter_vec(),
+            protected_pods: PROTECTED_PODS.int_gauge_vec(),
+            protection_patches: PROTECTION_PATCHES.int_counter_vec(),
+            queue_up: QUEUE_UP.int_gauge_vec(),
+            queue_safe: QUEUE_SAFE.int_gauge_vec(),
+            evicted_keys: EVICTED_KEYS.int_gauge_vec(),
+            unreadable: UNREADABLE.int_gauge_vec(),
         };
-        for c in [
-            Box::new(m.reconciles.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(m.reconcile_errors.clone()),
-            Box::new(m.reconcile_duration.clone()),
-            Box::new(m.backlog.clone()),
-            Box::new(m.in_flight.clone()),
-            Box::new(m.desired.clone()),
-            Box::new(m.ready.clone()),
-            Box::new(m.max.clone()),
-            Box::new(m.oldest_job_age.clone()),
-            Box::new(m.dead_letters.clone()),
-            Box::new(m.scale_events.clone()),
-            Box::new(m.protected_pods.clone()),
-            Box::new(m.protection_patches.clone()),
-            Box::new(m.queue_up.clone()),
-            Box::new(m.queue_safe.clone()),
-            Box::new(m.evicted_keys.clone()),
-            Box::new(m.unreadable.clone()),
-        ] {
+        for c in m.collectors() {
             m.registry.register(c).expect("metric names are unique");
         }
         m
+    }
+
+    /// Every collector, as registered.
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.reconciles.clone()),
+            Box::new(self.reconcile_errors.clone()),
+            Box::new(self.reconcile_duration.clone()),
+            Box::new(self.backlog.clone()),
+            Box::new(self.in_flight.clone()),
+            Box::new(self.desired.clone()),
+            Box::new(self.ready.clone()),
+            Box::new(self.max.clone()),
+            Box::new(self.oldest_job_age.clone()),
+            Box::new(self.dead_letters.clone()),
+            Box::new(self.scale_events.clone()),
+            Box::new(self.protected_pods.clone()),
+            Box::new(self.protection_patches.clone()),
+            Box::new(self.queue_up.clone()),
+            Box::new(self.queue_safe.clone()),
+            Box::new(self.evicted_keys.clone()),
+            Box::new(self.unreadable.clone()),
+        ]
     }
 
     /// Records one reconcile.
@@ -361,6 +438,24 @@ fn saturating(n: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use workerpool_queue::snapshot::{QueueFigures, Snapshot};
+
+    #[test]
+    fn every_registered_metric_is_its_catalogue_entry_and_every_entry_is_registered() {
+        let registered: Vec<(String, String, Vec<String>)> = super::Metrics::new()
+            .collectors()
+            .iter()
+            .flat_map(|c| c.desc().into_iter().cloned().collect::<Vec<_>>())
+            .map(|d| (d.fq_name, d.help, d.variable_labels))
+            .collect();
+        let catalogue: Vec<(String, String, Vec<String>)> = super::CATALOGUE
+            .iter()
+            .map(|m| {
+                let labels = m.label_names().iter().map(|l| l.to_string()).collect();
+                (m.name.to_string(), m.help.to_string(), labels)
+            })
+            .collect();
+        assert_eq!(registered, catalogue);
+    }
 
     use super::{Metrics, Replicas};
 

@@ -3,6 +3,7 @@
 //! and local mode set them) and the Redis connection flags that the worker
 //! and the `workerpool` command share.
 
+pub mod metrics;
 pub mod signals;
 pub use signals::stop_signal;
 

@@ -15,6 +15,7 @@ use std::process::Command;
 use serde_json::Value;
 use workerpool_operator::metrics::{Metrics as OperatorMetrics, Replicas};
 use workerpool_queue::snapshot::{QueueFigures, Snapshot};
+use workerpool_settings::metrics::{self, Section};
 use workerpool_tests::{helm, on_path, read, root};
 use workerpool_worker::metrics::Metrics as WorkerMetrics;
 
@@ -313,6 +314,30 @@ fn exported() -> BTreeSet<String> {
         names.insert(name);
     }
     names
+}
+
+/// The reference's sections: the worker's metrics, then the operator's.
+const SECTIONS: [Section; 2] = [
+    workerpool_worker::metrics::SECTION,
+    workerpool_operator::metrics::SECTION,
+];
+const METRICS_DOC: &str = "docs/metrics.md";
+
+#[test]
+fn docs_metrics_md_is_the_reference_generated_from_both_metric_tables() {
+    let generated = metrics::reference(&SECTIONS);
+    if std::env::var_os("UPDATE_MANIFESTS").is_some() {
+        let path = root().join(METRICS_DOC);
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(generated.as_str()) {
+            std::fs::write(&path, &generated)
+                .unwrap_or_else(|e| panic!("cannot write {METRICS_DOC}: {e}"));
+        }
+    }
+    assert!(
+        std::fs::read_to_string(root().join(METRICS_DOC)).unwrap_or_default() == generated,
+        "{METRICS_DOC} is stale (a metric was added or changed in the code): run `{}`",
+        metrics::REGENERATE
+    );
 }
 
 #[test]

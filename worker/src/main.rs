@@ -16,6 +16,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 // throughput at every concurrency, half the CPU).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // This binary started again to kill its handlers' process groups
+    // should the worker die (see the keeper's module).
+    if let Some(code) = workerpool_worker::handlers::keeper::serve_if_asked() {
+        return code;
+    }
     // Logging never panics: a stderr nobody reads must not stop a job
     // from settling or the drain from running.
     workerpool_worker::log::init();

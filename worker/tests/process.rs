@@ -112,7 +112,8 @@ async fn wait_processed(c: &MultiplexedConnection, q: &QueueKeys, n: u64) {
     .await;
 }
 
-/// Process ids whose parent is `pid`.
+/// Process ids whose parent is `pid`, but its handler keeper (the worker
+/// binary started again to kill handler groups should the worker die).
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
@@ -126,7 +127,12 @@ fn children_of(pid: u32) -> Vec<u32> {
         let ppid = stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        let keeper = std::fs::read(entry.path().join("cmdline")).is_ok_and(|c| {
+            c.split(|&b| b == 0)
+                .any(|arg| arg == workerpool_worker::handlers::keeper::ARG.as_bytes())
+        });
         if ppid == Some(pid.to_string().as_str())
+            && !keeper
             && !stat
                 .rsplit_once(')')
                 .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
@@ -573,18 +579,17 @@ async fn handler_children_die_with_a_sigkilled_worker_and_never_see_its_settings
 
     worker.kill().expect("kill -9 the worker");
     let _ = worker.wait();
-    let child = started[0];
+    let (child, grandchild) = (started[0], started[1]);
     eventually(
         Duration::from_secs(5),
-        "the child gone with its worker",
-        || async move { (!alive(child)).then_some(()) },
+        "the child and its grandchild gone with their worker",
+        || async move { (!alive(child) && !alive(grandchild)).then_some(()) },
     )
     .await;
 }
 
-/// Kills a process and those listed in a file of pids when dropped. What a
-/// handler child started itself is the child's to stop: the parent-death
-/// signal reaches only the worker's direct children.
+/// Kills a process and those listed in a file of pids when dropped, so
+/// that a failing test leaves nothing behind.
 struct KillOnDrop(u32, std::path::PathBuf);
 
 impl Drop for KillOnDrop {

@@ -79,6 +79,9 @@ impl SpawnError {
 
 struct Proc {
     child: Child,
+    /// Its process group: dropped with it (replaced, or left idle when the
+    /// pool ends), the child and whatever it started are killed.
+    _group: super::GroupGuard,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     /// The last lines of its stderr, kept by a task that copies them to
@@ -237,8 +240,9 @@ impl ExecPool {
 
     /// Kills a child that can no longer be trusted and starts another.
     fn replace(&self, mut proc: Proc) {
-        super::kill_group(&proc.child);
+        // The child itself too, should it have left its group.
         let _ = proc.child.start_kill();
+        drop(proc);
         self.restarts.inc();
         match spawn(&self.command) {
             Ok(fresh) => self.lock().push(fresh),
@@ -460,6 +464,7 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
             "child has no stdin/stdout/stderr pipe",
         )));
     };
+    let group = super::GroupGuard::new(&child);
     let last_words = std::sync::Arc::new(Mutex::new(String::new()));
     let kept = last_words.clone();
     // Its log: each line to the worker's stderr, the last ones kept.
@@ -472,6 +477,7 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
     });
     Ok(Proc {
         child,
+        _group: group,
         stdin,
         stdout: BufReader::new(stdout),
         last_words,

@@ -11,6 +11,7 @@
 pub mod exec_per_job;
 pub mod exec_pool;
 pub mod http;
+pub mod keeper;
 
 use exec_pool::ExecCommand;
 
@@ -22,11 +23,13 @@ use exec_pool::ExecCommand;
 ///   credentials. `WORKERPOOL_WORKER_ID`, which names the worker (the pod),
 ///   stays, for the handler's own logs.
 /// - It leads a process group of its own, so that killing it (a timeout,
-///   a broken child) also kills whatever it started.
+///   a broken child, the end of a drain) also kills whatever it started
+///   ([`GroupGuard`]).
 /// - On Linux it is killed when the worker dies, even by SIGKILL or the
 ///   OOM killer (`PR_SET_PDEATHSIG`): a child that outlived its worker
 ///   would finish a job whose settlement is gone while a reaper runs it
-///   again elsewhere.
+///   again elsewhere. The signal reaches the child alone; the rest of its
+///   group is the [`keeper`]'s to kill.
 #[allow(unsafe_code)]
 pub(crate) fn command(exec: &ExecCommand) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&exec.program);
@@ -61,37 +64,43 @@ pub(crate) fn command(exec: &ExecCommand) -> tokio::process::Command {
     cmd
 }
 
-/// Kills the process group a handler child leads (see [`command`]), the
-/// child with it.
-pub(crate) fn kill_group(child: &tokio::process::Child) {
-    GroupGuard::new(child);
-}
-
-/// Kills a handler child's process group when dropped, unless disarmed
-/// first: an attempt abandoned (its timeout, the shutdown deadline) takes
-/// whatever the child started with it.
+/// The process group a handler child leads (see [`command`]): killed, the
+/// child with it, when this is dropped unless disarmed first, so that an
+/// attempt abandoned (its timeout, the shutdown deadline) or a child
+/// replaced or left idle at the end takes whatever it started with it.
+/// While it is armed, the [`keeper`] kills the group if the worker dies.
 pub(crate) struct GroupGuard(Option<rustix::process::Pid>);
 
 impl GroupGuard {
+    /// Guards the group of `child`, which must lead one (see [`command`]).
     pub(crate) fn new(child: &tokio::process::Child) -> Self {
-        Self(
-            child
-                .id()
-                .and_then(|id| i32::try_from(id).ok())
-                .and_then(rustix::process::Pid::from_raw),
-        )
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(pgid) = pgid {
+            keeper::watch(pgid);
+        }
+        Self(pgid)
     }
 
-    /// The child ended on its own: nothing to kill.
+    /// The child ended on its own: what it left running is its own
+    /// business, and nothing is killed.
     pub(crate) fn disarm(&mut self) {
-        self.0 = None;
+        if let Some(pgid) = self.0.take() {
+            keeper::forget(pgid);
+        }
     }
 }
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        if let Some(pgid) = self.0.take() {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+            // Killed with SIGKILL: nothing in the group lives on (a fork
+            // racing the signal is signalled too), so the keeper can let
+            // the number go.
+            keeper::forget(pgid);
         }
     }
 }
