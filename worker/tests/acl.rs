@@ -367,6 +367,71 @@ async fn without_client_id_and_info_a_worker_runs_with_one_warning_for_each() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimal_worker_promptly_runs_the_job_waiting_at_its_first_wait_and_those_that_follow() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new(QUEUE);
+    let mut c = redis.conn().await;
+    let url = user(&redis, "workerpool-worker-minimal", "minimal", &[], &[]).await;
+    // Started on an empty queue, the worker's first fetch finds nothing
+    // and it prepares its first blocking wait, blocking 10 ms on the
+    // probe key first: a job pushed then is waiting when the wait would be
+    // sent, and a wait sent with a refused CLIENT REPLY SKIP would still
+    // move it into the processing list, with no reply to say so. (No job
+    // of this worker ends meanwhile, whose settlement could take it first.)
+    let worker = Worker::start(&url, &[QUEUE]);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .expect("client list");
+        let probing = clients.lines().any(|l| {
+            l.contains(" user=minimal ") && l.contains(" flags=b ") && l.contains(" cmd=blmove ")
+        });
+        if probing {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never blocked before its first wait"
+        );
+    }
+    let _: () = c
+        .lpush(q.waiting(), job("ok", "at-first-wait"))
+        .await
+        .expect("lpush");
+    for id in ["after-1", "after-2"] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _: () = c.lpush(q.waiting(), job("ok", id)).await.expect("lpush");
+    }
+    // Promptly: polling every 100 ms, not after some later recovery.
+    eventually(Duration::from_secs(3), "every job done", || {
+        let (mut c, key) = (c.clone(), q.stats_processed());
+        async move { (counter(&mut c, key).await == 3).then_some(()) }
+    })
+    .await;
+    let instance = held_by(&mut c, &q).await;
+    let held: usize = c.llen(q.processing(&instance)).await.expect("llen");
+    assert_eq!(held, 0, "nothing sits in the processing list");
+    let (clean, log) = worker.stop().await;
+    assert!(clean, "the worker exits cleanly:\n{log}");
+    assert_eq!(
+        log.matches("may not run CLIENT REPLY").count(),
+        1,
+        "one warning about CLIENT REPLY:\n{log}"
+    );
+    assert!(!log.contains("whose replies were lost"), "{log}");
+}
+
+/// The instance of the one worker registered on `q`.
+async fn held_by(c: &mut MultiplexedConnection, q: &QueueKeys) -> String {
+    let workers: Vec<String> = c.zrange(q.workers(), 0, -1).await.expect("workers");
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    workers[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refused_a_command_inside_a_script_is_unready_naming_it_until_granted() {
     let redis = TestRedis::start();
     let q = QueueKeys::new(QUEUE);
