@@ -111,6 +111,17 @@ impl Connection {
         matches!(self, Connection::Cluster(_))
     }
 
+    /// How many times this connection has found the primary the sentinels
+    /// name (the first time included): one more after each failover it
+    /// followed, or each lost socket it replaced. `None` for one node or a
+    /// cluster, which it does not find through the sentinels.
+    pub fn primaries_found(&self) -> Option<u64> {
+        match self {
+            Connection::Sentinel(c) => Some(c.discoveries()),
+            Connection::Node(_) | Connection::Cluster(_) => None,
+        }
+    }
+
     /// Sends `cmd` to the node that owns `key`'s slot (on one node: to
     /// it). For commands about the connection itself, which name no key:
     /// `CLIENT ID` of the socket a blocking command on `key` uses, and

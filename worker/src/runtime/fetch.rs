@@ -72,6 +72,17 @@ impl Worker {
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
     ) -> Result<Option<Duration>, RedisFailure> {
+        let mut c = self
+            .redis
+            .conn()
+            .await
+            .map_err(|e| RedisFailure::new("connect", e))?;
+        if self.redis.found_new_primary(&c) {
+            tracing::warn!(
+                "Redis has a new primary (a failover): this worker's processing lists are checked against the jobs it runs"
+            );
+            self.suspect_lost_reply();
+        }
         if self.lost_reply.swap(false, Ordering::Relaxed) {
             if let Err(e) = self.recheck_lost_replies().await {
                 self.suspect_lost_reply();
@@ -79,11 +90,6 @@ impl Worker {
             }
             self.redis.succeeded("recheck_lost_replies");
         }
-        let mut c = self
-            .redis
-            .conn()
-            .await
-            .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
         let rate = self.config.rate_limit.as_ref();
         let taken = match ops::fetch(
