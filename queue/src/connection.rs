@@ -654,7 +654,10 @@ impl std::fmt::Display for Refused {
 pub fn refused(error: &RedisError) -> Option<Refused> {
     let text = error.to_string();
     let in_script = text.contains("The user executing the script can't");
-    if error.code() != Some("NOPERM") && !in_script {
+    // A transaction whose EXEC the ACL refuses is discarded, with the
+    // refusal quoted: `EXECABORT Transaction discarded because of: NOPERM …`.
+    let at_exec = error.code() == Some("EXECABORT") && text.contains("NOPERM");
+    if error.code() != Some("NOPERM") && !in_script && !at_exec {
         return None;
     }
     if text.contains("permissions to access") || text.contains("can't access") {
@@ -750,6 +753,24 @@ fn passwords(url: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transaction_discarded_for_a_refused_exec_is_a_refusal_naming_exec() {
+        let reply = |text: &str| -> RedisError {
+            redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+                .and_then(|v| v.extract_error())
+                .expect_err("an error reply")
+        };
+        let refused_exec = reply(
+            "EXECABORT Transaction discarded because of: NOPERM this user has no permissions to run the 'exec' command",
+        );
+        assert_eq!(
+            refused(&refused_exec),
+            Some(Refused::Command(Some("exec".into())))
+        );
+        let other = reply("EXECABORT Transaction discarded because of previous errors.");
+        assert_eq!(refused(&other), None);
+    }
 
     #[test]
     fn passwords_are_hidden_and_everything_else_is_kept() {

@@ -565,6 +565,44 @@ async fn each_command_line_user_runs_its_subcommands() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_only_users_may_run_no_script_at_all() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new(QUEUE);
+    for (doc_user, name) in [
+        ("workerpool-cli-read", "cli-read"),
+        ("workerpool-dashboard-read", "dash-read"),
+    ] {
+        let url = user(&redis, doc_user, name, &[], &[]).await;
+        let mut c = connect(&url).await;
+        // A script that would hold Redis for as long as it runs.
+        let busy = "while true do end";
+        let loaded: redis::RedisResult<String> = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(busy)
+            .query_async(&mut c)
+            .await;
+        let refusal = loaded.expect_err("SCRIPT LOAD is refused");
+        assert_eq!(refusal.code(), Some("NOPERM"), "{name}: {refusal}");
+        for command in ["EVALSHA", "EVAL", "FCALL"] {
+            let mut cmd = redis::cmd(command);
+            match command {
+                "EVALSHA" => cmd.arg("a42059b356c875f0717db19a51f6aaca9ae659ea"),
+                "EVAL" => cmd.arg(busy),
+                _ => cmd.arg("f"),
+            };
+            let ran: redis::RedisResult<redis::Value> =
+                cmd.arg(1).arg(q.waiting()).query_async(&mut c).await;
+            let refusal = ran.expect_err("refused");
+            assert_eq!(
+                refused(&refusal),
+                Some(Refused::Command(Some(command.to_ascii_lowercase()))),
+                "{name}: {refusal}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_info_the_command_line_says_why_it_cannot_check_the_eviction_policy() {
     let redis = TestRedis::start();
     let q = QueueKeys::new(QUEUE);
@@ -883,6 +921,21 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         all.extend(["+evalsha".to_string(), "+script|load".to_string()]);
         all
     };
+    // Commands sent as they are, without a script.
+    let plain = |direct: &[&[&str]]| -> BTreeSet<String> {
+        direct
+            .iter()
+            .flat_map(|d| d.iter())
+            .map(|d| d.to_string())
+            .collect()
+    };
+    // admin::dead_page: the list's length, then each entry by its place.
+    let dead_page = ["+llen", "+lindex"];
+    // snapshot::read: the clock and the registry, then one transaction.
+    let snapshot = [
+        "+time", "+zrange", "+multi", "+llen", "+zcount", "+zcard", "+get", "+lindex", "+exists",
+        "+hget", "+exec",
+    ];
     let prelude = ["guard", "now", "clock"];
     let worker = union(
         &[
@@ -911,28 +964,21 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         all.extend(extra.iter().map(|e| e.to_string()));
         all
     };
-    let read = union(
-        &["guard", "now", "snapshot", "dead_page"],
+    let read = plain(&[
+        &snapshot,
+        &dead_page,
         &[
             "+exists", "+time", "+zrange", "+hgetall", "+lrange", "+llen",
         ],
-    );
+    ]);
     let enqueue = union(&["guard", "now", "enqueue"], &["+time", "+lpush", "+zadd"]);
     let dead = union(
-        &[
-            "guard",
-            "now",
-            "resurrect",
-            "purge",
-            "remove",
-            "dead_page",
-            "dead_pick",
-        ],
-        &["+exists", "+time", "+llen"],
+        &["guard", "now", "resurrect", "purge", "remove", "dead_pick"],
+        &[&dead_page[..], &["+exists", "+time", "+llen"]].concat(),
     );
     let operator = union(
-        &["guard", "now", "snapshot", "enqueue", "fire", "dead_page"],
-        &["+hkeys", "+hdel", "+hget"],
+        &["guard", "now", "enqueue", "fire"],
+        &[&snapshot[..], &dead_page, &["+hkeys", "+hdel", "+hget"]].concat(),
     );
     let cli: BTreeSet<String> = read.iter().chain(&enqueue).chain(&dead).cloned().collect();
     let dashboard: BTreeSet<String> = read.iter().chain(&dead).cloned().collect();
