@@ -106,8 +106,8 @@ deployments() { k get deployments -n "$NS" --no-headers 2>/dev/null | wc -l; }
 ticks() { awk '{print $14 + $15}' "/proc/$operator_pid/stat"; }
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$operator_pid/status"; }
 snapshots() {
-  # The snapshot script is the only EVALSHA the operator sends.
-  cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | head -n 1
+  # A snapshot's transaction is the only EXEC the operator sends.
+  cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_exec:calls=\([0-9]*\).*/\1/p' | head -n 1
 }
 hz=$(getconf CLK_TCK)
 

@@ -18,8 +18,8 @@ use crate::scripts;
 pub const DEFAULT_DEAD_AFTER_MS: u64 = crate::snapshot::WorkerFigures::DEFAULT_DEAD_AFTER_MS;
 /// Entries handled per script call when moving or removing dead letters.
 const BATCH: usize = 500;
-/// Dead letters read per call of `dead_page.lua` (each up to
-/// [`DEAD_WHOLE_BYTES`]).
+/// Dead letters read per page when searching the dead list (each kept up
+/// to [`DEAD_WHOLE_BYTES`]).
 const PAGE: isize = 100;
 
 /// The Redis server's clock, unix milliseconds.
@@ -118,9 +118,11 @@ fn job_id(raw: &[u8]) -> String {
 /// The longest dead letter read whole (ordinary ones, whose jobs ran
 /// under a worker's size limit, with a handler's error of any length): a
 /// longer one is read as its first [`DEAD_PREVIEW_BYTES`], its last
-/// [`DEAD_TAIL_BYTES`] and its digest, so that a reader's memory is
-/// bounded by a page, not by the largest entry (a `too_large` dead letter
-/// keeps a payload of any size).
+/// [`DEAD_TAIL_BYTES`] and its digest, so that what a reader keeps is
+/// bounded by a page, and what it holds at once by one entry, read alone
+/// and cut at once (a `too_large` dead letter keeps a payload of any size;
+/// Redis has no command that sends part of a list's entry, and the reads
+/// are plain commands so that read-only users can run them).
 pub const DEAD_WHOLE_BYTES: usize = 256 * 1024;
 /// How much of the start of a dead letter longer than
 /// [`DEAD_WHOLE_BYTES`] is read.
@@ -348,50 +350,60 @@ pub async fn dead_count(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<u64>
 
 /// `count` entries of the dead list from index `start` (`LRANGE` indexes:
 /// negative ones count from the oldest end), each longer than
-/// [`DEAD_WHOLE_BYTES`] cut, with the list's length.
+/// [`DEAD_WHOLE_BYTES`] cut, with the list's length. Plain reads only (no
+/// script, so read-only users can list dead letters): the length, then
+/// one `LINDEX` per entry, by its place counted from the oldest end (new
+/// dead letters are pushed at the other end, so the places read stay
+/// those of the entries meant). A long entry is cut as soon as it arrives,
+/// so the reader holds one whole entry at most, never a page of them.
 async fn dead_range(
     conn: &mut impl Conn,
     q: &QueueKeys,
     start: isize,
     count: isize,
 ) -> RedisResult<(u64, Vec<DeadEntry>)> {
+    let total = dead_count(conn, q).await?;
     if count <= 0 {
-        return Ok((dead_count(conn, q).await?, Vec::new()));
+        return Ok((total, Vec::new()));
     }
-    let mut reply: Vec<redis::Value> = scripts::DEAD_PAGE
-        .key(q.dead())
-        .arg(start)
-        .arg(count)
-        .arg(DEAD_WHOLE_BYTES)
-        .arg(DEAD_PREVIEW_BYTES)
-        .arg(DEAD_TAIL_BYTES)
-        .invoke_async(conn)
-        .await?;
-    let bad = || {
-        redis::RedisError::from((
-            redis::ErrorKind::Client,
-            "unexpected reply from a queue script",
-            "dead_page.lua's reply is cut short".to_string(),
-        ))
+    let len = i64::try_from(total).unwrap_or(i64::MAX);
+    let first = match i64::try_from(start).unwrap_or(i64::MAX) {
+        s if s < 0 => (len + s).max(0),
+        s => s,
     };
-    let total: u64 = redis::from_redis_value_ref(reply.first().ok_or_else(bad)?)?;
+    let end = first
+        .saturating_add(i64::try_from(count).unwrap_or(i64::MAX))
+        .min(len);
     let mut entries = Vec::new();
-    for five in reply.get_mut(1..).ok_or_else(bad)?.chunks_exact_mut(5) {
-        let from_oldest: i64 = redis::from_redis_value_ref(&five[0])?;
-        let size: u64 = redis::from_redis_value_ref(&five[1])?;
-        let take = |v: &mut redis::Value| -> RedisResult<Vec<u8>> {
-            Ok(redis::from_redis_value(std::mem::replace(
-                v,
-                redis::Value::Nil,
-            ))?)
-        };
-        let raw = take(&mut five[2])?;
-        let tail = take(&mut five[3])?;
-        let digest: String = redis::from_redis_value_ref(&five[4])?;
-        let cut = (!digest.is_empty()).then_some(Cut { tail, digest });
-        entries.push(DeadEntry::read(raw, size, cut, from_oldest));
+    for i in first..end {
+        let from_oldest = i - len;
+        let entry: Option<Vec<u8>> = redis::cmd("LINDEX")
+            .arg(q.dead())
+            .arg(from_oldest)
+            .query_async(conn)
+            .await?;
+        // Shorter than it was: entries were removed meanwhile.
+        let Some(entry) = entry else { break };
+        entries.push(cut_dead(entry, from_oldest));
     }
     Ok((total, entries))
+}
+
+/// A dead letter as read: whole up to [`DEAD_WHOLE_BYTES`], else its first
+/// [`DEAD_PREVIEW_BYTES`], its last [`DEAD_TAIL_BYTES`] (no more than
+/// follows the start) and its SHA-1, by which it is found again.
+fn cut_dead(mut entry: Vec<u8>, from_oldest: i64) -> DeadEntry {
+    let size = entry.len() as u64;
+    if entry.len() <= DEAD_WHOLE_BYTES {
+        return DeadEntry::read(entry, size, None, from_oldest);
+    }
+    let preview = DEAD_PREVIEW_BYTES;
+    let tail = DEAD_TAIL_BYTES.min(entry.len() - preview);
+    let digest = sha1_hex(&entry);
+    let tail = entry[entry.len() - tail..].to_vec();
+    entry.truncate(preview);
+    entry.shrink_to_fit();
+    DeadEntry::read(entry, size, Some(Cut { tail, digest }), from_oldest)
 }
 
 /// One page of the waiting list, next to run first: entries `offset` to

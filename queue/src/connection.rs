@@ -111,6 +111,17 @@ impl Connection {
         matches!(self, Connection::Cluster(_))
     }
 
+    /// How many times this connection has found the primary the sentinels
+    /// name (the first time included): one more after each failover it
+    /// followed, or each lost socket it replaced. `None` for one node or a
+    /// cluster, which it does not find through the sentinels.
+    pub fn primaries_found(&self) -> Option<u64> {
+        match self {
+            Connection::Sentinel(c) => Some(c.discoveries()),
+            Connection::Node(_) | Connection::Cluster(_) => None,
+        }
+    }
+
     /// Sends `cmd` to the node that owns `key`'s slot (on one node: to
     /// it). For commands about the connection itself, which name no key:
     /// `CLIENT ID` of the socket a blocking command on `key` uses, and
@@ -643,7 +654,10 @@ impl std::fmt::Display for Refused {
 pub fn refused(error: &RedisError) -> Option<Refused> {
     let text = error.to_string();
     let in_script = text.contains("The user executing the script can't");
-    if error.code() != Some("NOPERM") && !in_script {
+    // A transaction whose EXEC the ACL refuses is discarded, with the
+    // refusal quoted: `EXECABORT Transaction discarded because of: NOPERM …`.
+    let at_exec = error.code() == Some("EXECABORT") && text.contains("NOPERM");
+    if error.code() != Some("NOPERM") && !in_script && !at_exec {
         return None;
     }
     if text.contains("permissions to access") || text.contains("can't access") {
@@ -739,6 +753,24 @@ fn passwords(url: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transaction_discarded_for_a_refused_exec_is_a_refusal_naming_exec() {
+        let reply = |text: &str| -> RedisError {
+            redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+                .and_then(|v| v.extract_error())
+                .expect_err("an error reply")
+        };
+        let refused_exec = reply(
+            "EXECABORT Transaction discarded because of: NOPERM this user has no permissions to run the 'exec' command",
+        );
+        assert_eq!(
+            refused(&refused_exec),
+            Some(Refused::Command(Some("exec".into())))
+        );
+        let other = reply("EXECABORT Transaction discarded because of previous errors.");
+        assert_eq!(refused(&other), None);
+    }
 
     #[test]
     fn passwords_are_hidden_and_everything_else_is_kept() {

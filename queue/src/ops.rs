@@ -276,9 +276,14 @@ fn fetch_keys(invocation: &mut redis::ScriptInvocation<'_>, q: &QueueKeys, insta
 /// job taken meanwhile by another worker only leaves the script nothing to
 /// take.
 ///
-/// A Redis that refuses `CLIENT REPLY` answers with an error here (and two
-/// more replies follow on the connection): drop the connection and fetch
-/// by polling ([`reply_skip_refused`] tells that error apart).
+/// Call it only on a connection [`probe_wait`] found may wait this way. A
+/// Redis that refuses `CLIENT REPLY` answers with an error here, but only
+/// for that command: the `BLMOVE` and the script sent with it still run,
+/// and the script may move a job into the processing list whose reply
+/// never reaches this side (two more replies follow on the connection).
+/// [`reply_skip_refused`] tells that error apart: drop the connection,
+/// check the processing list for jobs beyond those in hand, and fetch by
+/// polling.
 pub async fn wait_then_fetch(
     conn: &mut impl Conn,
     queue: &QueueKeys,
@@ -341,26 +346,62 @@ pub async fn wait_then_fetch(
     })
 }
 
-/// Checks once, on a connection about to wait with [`wait_then_fetch`],
-/// that the server lets it block: `BLMOVE` on `<q>:wait-probe`, a key that
-/// is never written, for 10 ms. Needed because the wait's own `BLMOVE`
-/// answers nothing (`CLIENT REPLY SKIP`): refused there (an ACL without
-/// it), the wait would return at once, and the worker would spin.
-pub async fn probe_wait(conn: &mut impl Conn, queue: &QueueKeys) -> RedisResult<()> {
-    let probe = queue.wait_probe();
-    let _: Option<Vec<u8>> = redis::cmd("BLMOVE")
-        .arg(&probe)
-        .arg(&probe)
-        .arg("RIGHT")
-        .arg("RIGHT")
-        .arg(0.01)
-        .query_async(conn)
-        .await?;
-    Ok(())
+/// What [`probe_wait`] found out about a connection about to wait.
+#[derive(Debug)]
+pub enum WaitProbe {
+    /// The server lets it wait with [`wait_then_fetch`].
+    Blocks,
+    /// The server refuses `CLIENT REPLY` (an ACL without it, a proxy that
+    /// does not pass it on), with this error: fetch by polling instead.
+    /// Nothing was sent that could take a job.
+    ReplyRefused(redis::RedisError),
 }
 
-/// Whether `error`, from [`wait_then_fetch`], is the server refusing
-/// `CLIENT REPLY` (an ACL without it, a proxy that does not pass it on).
+/// Checks once, on a connection about to wait with [`wait_then_fetch`],
+/// that the server lets it wait that way, in one round trip that can take
+/// no job: `CLIENT REPLY ON` (what the connection is in already, so
+/// harmless), then `BLMOVE` on `<q>:wait-probe`, a key that is never
+/// written, for 10 ms. Both are needed because the wait sends
+/// `CLIENT REPLY SKIP`, `BLMOVE` and the taking script in one write: a
+/// refused `CLIENT REPLY` is learned only after the other two have run
+/// (and may have moved a job nobody hears of), and the `BLMOVE`, which
+/// answers nothing there, would be refused unseen and the worker would
+/// spin. `ACL DRYRUN` would say the same without running anything, but
+/// only to a user allowed `ACL`, which the worker is not.
+///
+/// Sent as one pipeline, like the wait's, so that on a cluster it reaches
+/// the node the wait will.
+pub async fn probe_wait(conn: &mut impl Conn, queue: &QueueKeys) -> RedisResult<WaitProbe> {
+    let probe = queue.wait_probe();
+    let mut pipe = redis::pipe();
+    pipe.cmd("CLIENT").arg("REPLY").arg("ON");
+    pipe.cmd("BLMOVE")
+        .arg(&probe)
+        .arg(&probe)
+        .arg("RIGHT")
+        .arg("RIGHT")
+        .arg(0.01);
+    let replies = conn.req_packed_commands(&pipe, 0, 2).await?;
+    let mut replies = replies.into_iter();
+    let (Some(reply_on), Some(blmove)) = (replies.next(), replies.next()) else {
+        return Err(malformed_reply("no reply to the wait's probe"));
+    };
+    if let redis::Value::ServerError(e) = reply_on {
+        let e: redis::RedisError = e.into();
+        if reply_skip_refused(&e) {
+            return Ok(WaitProbe::ReplyRefused(e));
+        }
+        return Err(e);
+    }
+    if let redis::Value::ServerError(e) = blmove {
+        return Err(e.into());
+    }
+    Ok(WaitProbe::Blocks)
+}
+
+/// Whether `error`, from [`probe_wait`]'s `CLIENT REPLY ON` or from
+/// [`wait_then_fetch`], is the server refusing `CLIENT REPLY` (an ACL
+/// without it, a proxy that does not pass it on).
 pub fn reply_skip_refused(error: &redis::RedisError) -> bool {
     let text = error.to_string().to_ascii_lowercase();
     error.code() == Some("NOPERM")

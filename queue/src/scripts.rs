@@ -42,9 +42,7 @@ const LUA: &[(&str, &str)] = &[
     ("resurrect.lua", include_str!("lua/resurrect.lua")),
     ("remove.lua", include_str!("lua/remove.lua")),
     ("purge.lua", include_str!("lua/purge.lua")),
-    ("dead_page.lua", include_str!("lua/dead_page.lua")),
     ("dead_pick.lua", include_str!("lua/dead_pick.lua")),
-    ("snapshot.lua", include_str!("lua/snapshot.lua")),
 ];
 
 /// What every script runs with: `expect()` (`guard.lua`) and `now`, the
@@ -88,9 +86,7 @@ const COMPOSED: &[(&str, &[&str])] = &[
     ("resurrect.lua", PLAIN),
     ("remove.lua", PLAIN),
     ("purge.lua", PLAIN),
-    ("dead_page.lua", PLAIN),
     ("dead_pick.lua", PLAIN),
-    ("snapshot.lua", PLAIN),
 ];
 
 /// The text of a Lua file of [`LUA`].
@@ -257,14 +253,6 @@ pub static PURGE: LazyLock<Script> = LazyLock::new(|| composed("purge.lua"));
 /// key ('' for none), the hold in ms. Returns `{1, at}` enqueued, `{0, at}`
 /// claimed and refused as a duplicate, `{-1, latest}` claimed before.
 pub static FIRE: LazyLock<Script> = LazyLock::new(|| composed("fire.lua"));
-
-/// Reads a page of the dead list, each entry longer than a bound cut to
-/// its start and end with its digest. KEYS: dead. ARGV: first index (as
-/// `LRANGE`), count, the longest entry sent whole, preview bytes, tail
-/// bytes. Returns the list's
-/// length, then per entry its index from the oldest end, its length, the
-/// entry or its start, and for a cut one its end and SHA-1.
-pub static DEAD_PAGE: LazyLock<Script> = LazyLock::new(|| composed("dead_page.lua"));
 
 /// Removes dead letters found by their digest, or (`Q`) moves the payload
 /// a too_large one keeps back onto the queue. KEYS: dead, queue. ARGV: the

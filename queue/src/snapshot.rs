@@ -1,19 +1,18 @@
 //! A read of everything a queue's readers need — the list, retries,
 //! delayed jobs, in-flight jobs per worker, counters, the oldest waiting
-//! job — in one round trip ([`read`], giving [`QueueFigures`] per queue),
+//! job — at one instant, with read commands only ([`read`], giving
+//! [`QueueFigures`] per queue),
 //! and the one vocabulary they are counted in ([`Counts`]). The operator
 //! polls this for scaling; the CLI, the dashboard and local mode show it.
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
 
 use crate::connection::Conn;
-use redis::{RedisResult, Script, Value};
+use redis::{RedisResult, Value};
 use serde::Serialize;
 
 use crate::job::field;
 use crate::keys::QueueKeys;
-
-static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| crate::scripts::composed("snapshot.lua"));
 
 /// One registered worker instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -420,74 +419,183 @@ impl WorkerActivity {
     }
 }
 
-/// The [`Counts`] of one queue, read in one round trip.
+/// The most times [`read`] starts over when the registry of workers
+/// changed between its two round trips.
+const ATTEMPTS: usize = 5;
+
+/// The longest head of a queue whose `enqueued_at` is read as JSON; of a
+/// longer one only the first [`HEAD_START_BYTES`] and last
+/// [`HEAD_END_BYTES`] are searched (a producer's job is rarely that long,
+/// and parsing megabytes on every poll is not worth one field). The head
+/// itself comes whole: no plain command sends part of a list's entry.
+const HEAD_WHOLE_BYTES: usize = 65_536;
+/// Where a long head's `enqueued_at` is looked for first: producers that
+/// stamp it tend to write it early…
+const HEAD_START_BYTES: usize = 4_096;
+/// …or last, as the contract's examples do (`…,"enqueued_at":N}`).
+const HEAD_END_BYTES: usize = 256;
+
+/// The fields of a worker's details hash that the figures read.
+const DETAILS: [&str; 5] = [
+    "dead_after_ms",
+    "rate_limit",
+    "handler_problem",
+    "oldest_job_ms",
+    "idle_ms",
+];
+
+/// The commands read per queue before its workers', in [`read`]'s
+/// transaction.
+const PER_QUEUE: usize = 14;
+/// The commands read per worker: its processing list's length, whether
+/// its details exist, and each of [`DETAILS`].
+const PER_WORKER: usize = 2 + DETAILS.len();
+
+/// The [`Counts`] of one queue, read as [`read`] does.
 pub async fn counts(conn: &mut impl Conn, q: &QueueKeys) -> RedisResult<Counts> {
     Ok(read(conn, std::slice::from_ref(q)).await?.counts())
 }
 
-/// Reads `queues` in one round trip.
+/// Reads `queues` at one instant, with plain read commands only (no
+/// script), so that a Redis user granted nothing else can take it
+/// (`docs/redis-acl.md`).
+///
+/// Two round trips. The first reads the Redis clock and each queue's
+/// registered workers. The second is one `MULTI`/`EXEC` transaction
+/// that reads everything else (the lists, the retries and delayed jobs
+/// due at that clock, the counters, the head of each queue, each
+/// worker's processing list and details) and the registry again. Redis
+/// runs a transaction whole, with nothing in between, so the figures are
+/// of one instant: a job that moves between the list and a processing
+/// list meanwhile is counted once, in one or the other. Should the
+/// registry have changed between the two (a worker came or went), its
+/// workers would not all have been read: the read starts over, up to
+/// [`ATTEMPTS`] times. On Redis Cluster every key of a queue is in one
+/// slot when its name has a hash tag, which a transaction needs as a
+/// script did.
 pub async fn read(conn: &mut impl Conn, queues: &[QueueKeys]) -> RedisResult<Snapshot> {
-    let mut invocation = SNAPSHOT.prepare_invoke();
-    for q in queues {
-        invocation
-            .key(q.waiting())
-            .key(q.retry())
-            .key(q.scheduled())
-            .key(q.dead())
-            .key(q.workers())
-            .key(q.stats_processed())
-            .key(q.stats_failed())
-            .key(q.stats_dead())
-            .key(q.stats_recovered())
-            .key(q.stats_duration())
-            .key(q.stats_duration_sq());
+    for _ in 0..ATTEMPTS {
+        let (now, registered) = registry(conn, queues).await?;
+        if let Some(figures) = figures(conn, queues, now, &registered).await? {
+            return Ok(Snapshot {
+                server_time_ms: now,
+                queues: figures,
+            });
+        }
     }
-    for q in queues {
-        invocation.arg(q.processing("")).arg(q.worker(""));
-    }
-    let reply: Vec<Value> = invocation.invoke_async(conn).await?;
-    parse(&reply, queues).ok_or_else(|| {
-        redis::RedisError::from((redis::ErrorKind::Parse, "unexpected snapshot reply shape"))
-    })
+    Err(redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "the registry of workers kept changing while the queue was read",
+        format!("{ATTEMPTS} attempts"),
+    )))
 }
 
-fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
-    let (now, entries) = reply.split_first()?;
-    let server_time_ms = int(now)?;
-    let mut out = Vec::with_capacity(queues.len());
-    for (q, entry) in queues.iter().zip(entries) {
-        let Value::Array(f) = entry else { return None };
-        if f.len() != 14 {
-            return None;
+/// The first round trip: the Redis clock (unix ms) and, per queue, the
+/// instances registered.
+async fn registry(
+    conn: &mut impl Conn,
+    queues: &[QueueKeys],
+) -> RedisResult<(u64, Vec<Vec<String>>)> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("TIME");
+    for q in queues {
+        pipe.cmd("ZRANGE").arg(q.workers()).arg(0).arg(-1);
+    }
+    let replies = replies(conn, &pipe, 0, 1 + queues.len()).await?;
+    let (time, workers) = replies.split_first().ok_or_else(|| shape("no TIME"))?;
+    let (secs, micros): (u64, u64) = redis::from_redis_value_ref(time)?;
+    let workers = workers
+        .iter()
+        .map(redis::from_redis_value_ref::<Vec<String>>)
+        .collect::<Result<_, _>>()?;
+    Ok((secs * 1000 + micros / 1000, workers))
+}
+
+/// The second round trip: every figure, in one transaction. `None` when
+/// the registry it reads is not `registered` (then not every worker's
+/// figures were asked for).
+async fn figures(
+    conn: &mut impl Conn,
+    queues: &[QueueKeys],
+    now: u64,
+    registered: &[Vec<String>],
+) -> RedisResult<Option<Vec<QueueFigures>>> {
+    let mut tx = redis::pipe();
+    tx.cmd("MULTI");
+    let mut sent = 1;
+    for (q, workers) in queues.iter().zip(registered) {
+        tx.cmd("LLEN").arg(q.waiting());
+        tx.cmd("ZCOUNT").arg(q.retry()).arg("-inf").arg(now);
+        tx.cmd("ZCARD").arg(q.retry());
+        tx.cmd("ZCOUNT").arg(q.scheduled()).arg("-inf").arg(now);
+        tx.cmd("ZCARD").arg(q.scheduled());
+        tx.cmd("LLEN").arg(q.dead());
+        tx.cmd("GET").arg(q.stats_processed());
+        tx.cmd("GET").arg(q.stats_failed());
+        tx.cmd("GET").arg(q.stats_dead());
+        tx.cmd("GET").arg(q.stats_recovered());
+        tx.cmd("GET").arg(q.stats_duration());
+        tx.cmd("LINDEX").arg(q.waiting()).arg(-1);
+        tx.cmd("ZRANGE")
+            .arg(q.workers())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES");
+        tx.cmd("GET").arg(q.stats_duration_sq());
+        for w in workers {
+            let details = q.worker(w);
+            tx.cmd("LLEN").arg(q.processing(w));
+            tx.cmd("EXISTS").arg(&details);
+            for field in DETAILS {
+                tx.cmd("HGET").arg(&details).arg(field);
+            }
         }
-        // The head is whatever a producer pushed: read it as bytes.
-        let head: Vec<u8> = redis::from_redis_value_ref(&f[8]).ok()?;
-        let oldest = serde_json::from_slice::<serde_json::Value>(&head)
-            .ok()
-            .and_then(|j| {
-                j.get(field::ENQUEUED_AT)
-                    .and_then(serde_json::Value::as_u64)
-            });
-        let Value::Array(w) = &f[9] else { return None };
-        let workers = w
-            .chunks_exact(8)
-            .map(|c| {
-                Some(WorkerFigures {
-                    instance: string(&c[0])?,
-                    last_beat_ms: string(&c[1])?.parse::<f64>().ok()? as u64,
-                    in_flight: int(&c[2])?,
-                    dead_after_ms: match string(&c[3])?.as_str() {
-                        "" => None,
-                        "-" => Some(WorkerFigures::DEFAULT_DEAD_AFTER_MS),
-                        n => Some(n.parse().ok()?),
-                    },
-                    rate_limit: Some(string(&c[4])?).filter(|r| !r.is_empty()),
-                    handler_problem: Some(string(&c[5])?).filter(|p| !p.is_empty()),
-                    oldest_job_ms: string(&c[6])?.parse().ok(),
-                    idle_ms: string(&c[7])?.parse().ok(),
-                })
+        sent += PER_QUEUE + PER_WORKER * workers.len();
+    }
+    tx.cmd("EXEC");
+    sent += 1;
+    // MULTI and EXEC written here rather than by an atomic pipeline, so
+    // that a command the ACL refuses comes back as its own refusal (which
+    // names it) rather than as EXEC's "transaction discarded".
+    let mut replies = replies(conn, &tx, 0, sent).await?;
+    let Some(Value::Array(mut read)) = replies.pop() else {
+        return Err(shape("EXEC gave no array"));
+    };
+    if let Some(Value::ServerError(e)) = read.iter().find(|v| matches!(v, Value::ServerError(_))) {
+        return Err(e.clone().into());
+    }
+    let mut out = Vec::with_capacity(queues.len());
+    let mut at = 0;
+    for (q, workers) in queues.iter().zip(registered) {
+        let n = PER_QUEUE + PER_WORKER * workers.len();
+        let f = read
+            .get_mut(at..at + n)
+            .ok_or_else(|| shape("EXEC's reply is cut short"))?;
+        at += n;
+        let beats: Vec<(String, f64)> = redis::from_redis_value_ref(&f[12])?;
+        let mut now_registered: Vec<&str> = beats.iter().map(|(w, _)| w.as_str()).collect();
+        let mut asked: Vec<&str> = workers.iter().map(String::as_str).collect();
+        now_registered.sort_unstable();
+        asked.sort_unstable();
+        if now_registered != asked {
+            return Ok(None);
+        }
+        let read_of: HashMap<&str, &[Value]> = workers
+            .iter()
+            .map(String::as_str)
+            .zip(f[PER_QUEUE..].chunks_exact(PER_WORKER))
+            .collect();
+        let workers = beats
+            .iter()
+            .map(|(instance, beat)| {
+                let w = read_of
+                    .get(instance.as_str())
+                    .ok_or_else(|| shape("a worker not read"))?;
+                worker(instance, *beat, w)
             })
-            .collect::<Option<Vec<_>>>()?;
+            .collect::<RedisResult<Vec<_>>>()?;
+        let head: Option<Vec<u8>> =
+            redis::from_redis_value(std::mem::replace(&mut f[11], Value::Nil))?;
         out.push(QueueFigures {
             name: q.name().to_string(),
             waiting: int(&f[0])?,
@@ -498,34 +606,110 @@ fn parse(reply: &[Value], queues: &[QueueKeys]) -> Option<Snapshot> {
             dead: int(&f[5])?,
             processed_total: int(&f[6])?,
             failed_total: int(&f[7])?,
-            dead_total: int(&f[10])?,
-            recovered_total: int(&f[11])?,
+            dead_total: int(&f[8])?,
+            recovered_total: int(&f[9])?,
             // Written by the workers' heartbeats: one that does not read
             // as a duration is as good as none.
-            job_duration_us: string(&f[12])
+            job_duration_us: text(&f[10])?
                 .and_then(|ms| ms.parse::<f64>().ok())
                 .filter(|ms| ms.is_finite() && *ms >= 0.0)
                 .map(|ms| (ms * 1000.0).round() as u64),
-            job_duration_rms_us: string(&f[13])
+            job_duration_rms_us: text(&f[13])?
                 .and_then(|ms2| ms2.parse::<f64>().ok())
                 .filter(|ms2| ms2.is_finite() && *ms2 >= 0.0)
                 .map(|ms2| (ms2.sqrt() * 1000.0).round() as u64),
-            oldest_enqueued_at_ms: oldest,
+            oldest_enqueued_at_ms: head.as_deref().and_then(enqueued_at),
             workers,
         });
     }
-    Some(Snapshot {
-        server_time_ms,
-        queues: out,
+    Ok(Some(out))
+}
+
+/// One worker's figures: its instance and beat from the registry, then
+/// its reads (the length of its processing list, whether its details
+/// exist, and each of [`DETAILS`]).
+fn worker(instance: &str, beat: f64, read: &[Value]) -> RedisResult<WorkerFigures> {
+    let detail = |i: usize| text(&read[2 + i]);
+    let exists: bool = redis::from_redis_value_ref(&read[1])?;
+    Ok(WorkerFigures {
+        instance: instance.to_string(),
+        last_beat_ms: beat as u64,
+        in_flight: int(&read[0])?,
+        dead_after_ms: match detail(0)? {
+            Some(window) => Some(
+                window
+                    .parse()
+                    .map_err(|_| shape("dead_after_ms is no number"))?,
+            ),
+            None if exists => Some(WorkerFigures::DEFAULT_DEAD_AFTER_MS),
+            None => None,
+        },
+        rate_limit: detail(1)?.filter(|r| !r.is_empty()),
+        handler_problem: detail(2)?.filter(|p| !p.is_empty()),
+        oldest_job_ms: detail(3)?.and_then(|ms| ms.parse().ok()),
+        idle_ms: detail(4)?.and_then(|ms| ms.parse().ok()),
     })
 }
 
-fn int(v: &Value) -> Option<u64> {
-    redis::from_redis_value_ref::<u64>(v).ok()
+/// The `enqueued_at` of the job at a queue's head: its JSON field, or, in
+/// a head over [`HEAD_WHOLE_BYTES`], the first `"enqueued_at":N` in its
+/// first [`HEAD_START_BYTES`] or its last [`HEAD_END_BYTES`].
+fn enqueued_at(head: &[u8]) -> Option<u64> {
+    if head.len() <= HEAD_WHOLE_BYTES {
+        return serde_json::from_slice::<serde_json::Value>(head)
+            .ok()?
+            .get(field::ENQUEUED_AT)?
+            .as_u64();
+    }
+    let start = &head[..HEAD_START_BYTES];
+    let end = &head[head.len() - HEAD_END_BYTES..];
+    stated(start).or_else(|| stated(end))
 }
 
-fn string(v: &Value) -> Option<String> {
-    redis::from_redis_value_ref::<String>(v).ok()
+/// The number after the first `"enqueued_at":` that has one, in `bytes`.
+fn stated(bytes: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"enqueued_at\":";
+    let mut rest = bytes;
+    while let Some(at) = rest.windows(KEY.len()).position(|w| w == KEY) {
+        rest = &rest[at + KEY.len()..];
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 {
+            return std::str::from_utf8(&rest[..digits]).ok()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// The replies to `count` commands of `pipe` from `offset` on, the first
+/// error among them returned as the error (a refusal names its command).
+async fn replies(
+    conn: &mut impl Conn,
+    pipe: &redis::Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let replies = conn.req_packed_commands(pipe, offset, count).await?;
+    if let Some(Value::ServerError(e)) = replies.iter().find(|v| matches!(v, Value::ServerError(_)))
+    {
+        return Err(e.clone().into());
+    }
+    Ok(replies)
+}
+
+fn shape(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Parse,
+        "unexpected snapshot reply shape",
+        what.to_string(),
+    ))
+}
+
+fn int(v: &Value) -> RedisResult<u64> {
+    Ok(redis::from_redis_value_ref::<Option<u64>>(v)?.unwrap_or(0))
+}
+
+fn text(v: &Value) -> RedisResult<Option<String>> {
+    Ok(redis::from_redis_value_ref::<Option<String>>(v)?)
 }
 
 #[cfg(test)]
@@ -550,6 +734,26 @@ mod tests {
             oldest_job_ms: oldest,
             idle_ms: idle,
         }
+    }
+
+    #[test]
+    fn a_long_heads_enqueued_at_is_found_near_its_start_or_its_end_only() {
+        let pad = "x".repeat(HEAD_WHOLE_BYTES);
+        let first = format!(r#"{{"enqueued_at":17,"data":"{pad}"}}"#);
+        assert_eq!(enqueued_at(first.as_bytes()), Some(17));
+        let last = format!(r#"{{"data":"{pad}","id":"a","enqueued_at":42}}"#);
+        assert_eq!(enqueued_at(last.as_bytes()), Some(42));
+        let inside = format!(r#"{{"data":"{pad}","enqueued_at":5,"more":"{pad}"}}"#);
+        assert_eq!(enqueued_at(inside.as_bytes()), None);
+        let text = format!(r#"{{"enqueued_at":"soon","enqueued_at":7,"data":"{pad}"}}"#);
+        assert_eq!(
+            enqueued_at(text.as_bytes()),
+            Some(7),
+            "the first with a number"
+        );
+        assert_eq!(enqueued_at(br#"{"enqueued_at":9}"#), Some(9));
+        assert_eq!(enqueued_at(br#"{"task":"t"}"#), None);
+        assert_eq!(enqueued_at(b"\xff not json"), None);
     }
 
     #[test]

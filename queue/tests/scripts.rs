@@ -44,7 +44,7 @@ enum Op {
     /// Reads the dead list's oldest entry's place, length and digest, then
     /// runs `dead_pick.lua` on it with the action (`R` or `Q`).
     DeadPickOldest(&'static str),
-    /// Reads the two newest dead letters (`dead_page.lua`).
+    /// Reads the two newest dead letters (`admin::dead_page`).
     DeadPage,
 }
 
@@ -782,7 +782,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
             }
         }
         Op::DeadPickOldest(action) => {
-            // The place, length and digest dead_page.lua gives a cut entry.
+            // The place, length and digest admin::dead_page gives a cut entry.
             let found: redis::RedisResult<Vec<redis::Value>> = redis::cmd("EVAL")
                 .arg("local e = redis.call('LINDEX', KEYS[1], -1) return e and {#e, redis.sha1hex(e)} or {}")
                 .arg(1)

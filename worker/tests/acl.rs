@@ -367,6 +367,71 @@ async fn without_client_id_and_info_a_worker_runs_with_one_warning_for_each() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimal_worker_promptly_runs_the_job_waiting_at_its_first_wait_and_those_that_follow() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new(QUEUE);
+    let mut c = redis.conn().await;
+    let url = user(&redis, "workerpool-worker-minimal", "minimal", &[], &[]).await;
+    // Started on an empty queue, the worker's first fetch finds nothing
+    // and it prepares its first blocking wait, blocking 10 ms on the
+    // probe key first: a job pushed then is waiting when the wait would be
+    // sent, and a wait sent with a refused CLIENT REPLY SKIP would still
+    // move it into the processing list, with no reply to say so. (No job
+    // of this worker ends meanwhile, whose settlement could take it first.)
+    let worker = Worker::start(&url, &[QUEUE]);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .expect("client list");
+        let probing = clients.lines().any(|l| {
+            l.contains(" user=minimal ") && l.contains(" flags=b ") && l.contains(" cmd=blmove ")
+        });
+        if probing {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never blocked before its first wait"
+        );
+    }
+    let _: () = c
+        .lpush(q.waiting(), job("ok", "at-first-wait"))
+        .await
+        .expect("lpush");
+    for id in ["after-1", "after-2"] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _: () = c.lpush(q.waiting(), job("ok", id)).await.expect("lpush");
+    }
+    // Promptly: polling every 100 ms, not after some later recovery.
+    eventually(Duration::from_secs(3), "every job done", || {
+        let (mut c, key) = (c.clone(), q.stats_processed());
+        async move { (counter(&mut c, key).await == 3).then_some(()) }
+    })
+    .await;
+    let instance = held_by(&mut c, &q).await;
+    let held: usize = c.llen(q.processing(&instance)).await.expect("llen");
+    assert_eq!(held, 0, "nothing sits in the processing list");
+    let (clean, log) = worker.stop().await;
+    assert!(clean, "the worker exits cleanly:\n{log}");
+    assert_eq!(
+        log.matches("may not run CLIENT REPLY").count(),
+        1,
+        "one warning about CLIENT REPLY:\n{log}"
+    );
+    assert!(!log.contains("that it does not run"), "{log}");
+}
+
+/// The instance of the one worker registered on `q`.
+async fn held_by(c: &mut MultiplexedConnection, q: &QueueKeys) -> String {
+    let workers: Vec<String> = c.zrange(q.workers(), 0, -1).await.expect("workers");
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    workers[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refused_a_command_inside_a_script_is_unready_naming_it_until_granted() {
     let redis = TestRedis::start();
     let q = QueueKeys::new(QUEUE);
@@ -497,6 +562,44 @@ async fn each_command_line_user_runs_its_subcommands() {
         err.contains("may not run") && err.contains("docs/redis-acl.md"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_only_users_may_run_no_script_at_all() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new(QUEUE);
+    for (doc_user, name) in [
+        ("workerpool-cli-read", "cli-read"),
+        ("workerpool-dashboard-read", "dash-read"),
+    ] {
+        let url = user(&redis, doc_user, name, &[], &[]).await;
+        let mut c = connect(&url).await;
+        // A script that would hold Redis for as long as it runs.
+        let busy = "while true do end";
+        let loaded: redis::RedisResult<String> = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(busy)
+            .query_async(&mut c)
+            .await;
+        let refusal = loaded.expect_err("SCRIPT LOAD is refused");
+        assert_eq!(refusal.code(), Some("NOPERM"), "{name}: {refusal}");
+        for command in ["EVALSHA", "EVAL", "FCALL"] {
+            let mut cmd = redis::cmd(command);
+            match command {
+                "EVALSHA" => cmd.arg("a42059b356c875f0717db19a51f6aaca9ae659ea"),
+                "EVAL" => cmd.arg(busy),
+                _ => cmd.arg("f"),
+            };
+            let ran: redis::RedisResult<redis::Value> =
+                cmd.arg(1).arg(q.waiting()).query_async(&mut c).await;
+            let refusal = ran.expect_err("refused");
+            assert_eq!(
+                refused(&refusal),
+                Some(Refused::Command(Some(command.to_ascii_lowercase()))),
+                "{name}: {refusal}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -818,6 +921,21 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         all.extend(["+evalsha".to_string(), "+script|load".to_string()]);
         all
     };
+    // Commands sent as they are, without a script.
+    let plain = |direct: &[&[&str]]| -> BTreeSet<String> {
+        direct
+            .iter()
+            .flat_map(|d| d.iter())
+            .map(|d| d.to_string())
+            .collect()
+    };
+    // admin::dead_page: the list's length, then each entry by its place.
+    let dead_page = ["+llen", "+lindex"];
+    // snapshot::read: the clock and the registry, then one transaction.
+    let snapshot = [
+        "+time", "+zrange", "+multi", "+llen", "+zcount", "+zcard", "+get", "+lindex", "+exists",
+        "+hget", "+exec",
+    ];
     let prelude = ["guard", "now", "clock"];
     let worker = union(
         &[
@@ -846,28 +964,21 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         all.extend(extra.iter().map(|e| e.to_string()));
         all
     };
-    let read = union(
-        &["guard", "now", "snapshot", "dead_page"],
+    let read = plain(&[
+        &snapshot,
+        &dead_page,
         &[
             "+exists", "+time", "+zrange", "+hgetall", "+lrange", "+llen",
         ],
-    );
+    ]);
     let enqueue = union(&["guard", "now", "enqueue"], &["+time", "+lpush", "+zadd"]);
     let dead = union(
-        &[
-            "guard",
-            "now",
-            "resurrect",
-            "purge",
-            "remove",
-            "dead_page",
-            "dead_pick",
-        ],
-        &["+exists", "+time", "+llen"],
+        &["guard", "now", "resurrect", "purge", "remove", "dead_pick"],
+        &[&dead_page[..], &["+exists", "+time", "+llen"]].concat(),
     );
     let operator = union(
-        &["guard", "now", "snapshot", "enqueue", "fire", "dead_page"],
-        &["+hkeys", "+hdel", "+hget"],
+        &["guard", "now", "enqueue", "fire"],
+        &[&snapshot[..], &dead_page, &["+hkeys", "+hdel", "+hget"]].concat(),
     );
     let cli: BTreeSet<String> = read.iter().chain(&enqueue).chain(&dead).cloned().collect();
     let dashboard: BTreeSet<String> = read.iter().chain(&dead).cloned().collect();

@@ -400,3 +400,140 @@ async fn a_connection_leaves_the_old_primary_when_a_sentinel_announces_the_switc
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_failover_under_a_busy_worker_its_processing_list_holds_only_what_it_runs() {
+    let setup = TestRedisSentinel::start(1);
+    let url = setup.url();
+    let dir = setup.dir();
+    let (started, done, go) = (dir.join("started"), dir.join("done.jsonl"), dir.join("go"));
+    let q = QueueKeys::new("busy");
+    // Each job is held until the file $GO exists.
+    let handler = r#"while IFS= read -r line; do
+  printf '%s\n' "$line" >> "$STARTED"
+  while [ ! -e "$GO" ]; do sleep 0.01; done
+  printf '%s\n' "$line" >> "$DONE"
+  echo '{"ok":true}'
+done"#;
+    let port = free_port();
+    let mut child = KillOnDrop(Some(
+        Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+            .args([
+                "--redis-url",
+                &url,
+                "--queue",
+                q.name(),
+                "--concurrency",
+                "8",
+            ])
+            .args(["--heartbeat-interval", "200ms", "--dead-after", "1s"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--", "sh", "-c", handler])
+            .env("STARTED", &started)
+            .env("DONE", &done)
+            .env("GO", &go)
+            .env("RUST_LOG", "warn")
+            .env_remove("WORKERPOOL_REDIS_MODE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn workerpool-worker"),
+    ));
+
+    let mut producer = connect(&url).await.expect("producer connects");
+    for n in 0..8 {
+        enqueue_replicated(&mut producer, q.name(), n).await;
+    }
+    eventually(WAIT, "eight jobs running", || {
+        let running = std::fs::read_to_string(&started)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        async move { (running == 8).then_some(()) }
+    })
+    .await;
+    // The eight entries of the processing list reach the replica.
+    let replicated: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut producer)
+        .await
+        .expect("wait");
+    assert_eq!(replicated, 1);
+
+    let old = setup.primary_port();
+    let replica = setup
+        .node_ports()
+        .into_iter()
+        .find(|p| *p != old)
+        .expect("the replica");
+    let replica = redis::Client::open(setup.node_url(replica)).expect("replica url");
+    let fail_over = tokio::task::spawn_blocking(move || {
+        let new = setup.fail_over();
+        (setup, new)
+    });
+    // The jobs end as soon as the replica is promoted: their settlements
+    // reach the old primary before the sentinel announces the switch, and
+    // are lost with it, while the new primary still lists the eight.
+    eventually(WAIT, "the replica promoted", || {
+        let role = replica
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .and_then(|mut c| redis::cmd("ROLE").query::<Vec<redis::Value>>(&mut c))
+            .ok();
+        async move {
+            (role?.first()? == &redis::Value::BulkString(b"master".to_vec())).then_some(())
+        }
+    })
+    .await;
+    std::fs::write(&go, "").expect("release the jobs");
+    let (setup, _) = fail_over.await.expect("failover");
+    let expected: BTreeSet<u64> = (0..8).collect();
+    eventually(WAIT, "the eight jobs done", || {
+        let all = ran(&done).is_superset(&expected);
+        async move { all.then_some(()) }
+    })
+    .await;
+
+    // At-least-once: an entry the worker no longer runs goes back to the
+    // queue and runs again; then nothing is held and nothing shows in flight.
+    let mut c = connect(&url).await.expect("connect");
+    let q2 = q.clone();
+    eventually(WAIT, "an empty processing list, nothing in flight", || {
+        let (mut c, q) = (c.clone(), q2.clone());
+        async move {
+            let counts = workerpool_queue::snapshot::counts(&mut c, &q).await.ok()?;
+            let workers: Vec<String> = c.zrange(q.workers(), 0, -1).await.ok()?;
+            let mut held = 0;
+            for w in &workers {
+                held += c.llen::<_, usize>(q.processing(w)).await.ok()?;
+            }
+            (counts.waiting == 0 && counts.in_flight == 0 && held == 0 && workers.len() == 1)
+                .then_some(())
+        }
+    })
+    .await;
+    let snapshot = workerpool_queue::snapshot::counts(&mut c, &q)
+        .await
+        .expect("snapshot");
+    assert_eq!(
+        (snapshot.in_flight, snapshot.held()),
+        (0, 0),
+        "{snapshot:?}"
+    );
+    let log = stop(child.0.take().expect("the worker"));
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(log.contains("Redis has a new primary"), "{log}");
+    drop(setup);
+}
+
+/// A worker process killed when the test ends, should it fail first.
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

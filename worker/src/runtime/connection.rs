@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,8 @@ pub(super) struct Redis {
     /// Set once the ACL refused `CLIENT ID` or `CLIENT UNBLOCK`: blocking
     /// waits then run without an id and end at their own timeout.
     client_refused: AtomicBool,
+    /// [`Connection::primaries_found`] when last looked at (0: not yet).
+    primaries_seen: AtomicU64,
 }
 
 impl Redis {
@@ -51,6 +53,7 @@ impl Redis {
             last_error: Mutex::new(None),
             refusals: Mutex::new(BTreeMap::new()),
             client_refused: AtomicBool::new(false),
+            primaries_seen: AtomicU64::new(0),
         }
     }
 
@@ -73,6 +76,20 @@ impl Redis {
             .await?;
         *self.slot() = Some(c.clone());
         Ok(c)
+    }
+
+    /// Whether `c` has found a primary other than the one it had when last
+    /// asked (Redis Sentinel: after a failover, or a lost socket). Writes
+    /// the old primary took after the replica's promotion are lost, and the
+    /// new one may hold, from before them, processing-list entries of jobs
+    /// this process has since settled: its processing lists are to be
+    /// checked against the ledger. The first look only notes the count.
+    pub(super) fn found_new_primary(&self, c: &Connection) -> bool {
+        let Some(found) = c.primaries_found() else {
+            return false;
+        };
+        let seen = self.primaries_seen.swap(found, Ordering::Relaxed);
+        seen != 0 && seen != found
     }
 
     /// A dedicated connection for blocking commands on `queue`, and its

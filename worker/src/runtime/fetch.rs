@@ -15,7 +15,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use redis::{RedisError, RedisResult};
 use tokio::sync::OwnedSemaphorePermit;
-use workerpool_queue::ops::{self, Fetched};
+use workerpool_queue::ops::{self, Fetched, WaitProbe};
 
 use super::connection::Blocker;
 use super::{BLOCK, MAX_BATCH, RATE_POLL, Worker};
@@ -72,6 +72,17 @@ impl Worker {
         permits: &mut Vec<OwnedSemaphorePermit>,
         blockers: &mut [Option<Blocker>],
     ) -> Result<Option<Duration>, RedisFailure> {
+        let mut c = self
+            .redis
+            .conn()
+            .await
+            .map_err(|e| RedisFailure::new("connect", e))?;
+        if self.redis.found_new_primary(&c) {
+            tracing::warn!(
+                "Redis has a new primary (a failover): this worker's processing lists are checked against the jobs it runs"
+            );
+            self.suspect_lost_reply();
+        }
         if self.lost_reply.swap(false, Ordering::Relaxed) {
             if let Err(e) = self.recheck_lost_replies().await {
                 self.suspect_lost_reply();
@@ -79,11 +90,6 @@ impl Worker {
             }
             self.redis.succeeded("recheck_lost_replies");
         }
-        let mut c = self
-            .redis
-            .conn()
-            .await
-            .map_err(|e| RedisFailure::new("connect", e))?;
         let started = Instant::now();
         let rate = self.config.rate_limit.as_ref();
         let taken = match ops::fetch(
@@ -164,11 +170,19 @@ impl Worker {
                     .blocking_conn(q)
                     .await
                     .map_err(|e| RedisFailure::new("connect", e))?;
-                // The wait's own BLMOVE answers nothing: see that it may block.
-                ops::probe_wait(&mut blocker.conn, q)
+                // Learned before the first wait, which could otherwise take
+                // a job unheard of (see ops::probe_wait).
+                match ops::probe_wait(&mut blocker.conn, q)
                     .await
-                    .map_err(|e| RedisFailure::new("wait", e))?;
-                *b = Some(blocker);
+                    .map_err(|e| RedisFailure::new("wait", e))?
+                {
+                    WaitProbe::Blocks => *b = Some(blocker),
+                    WaitProbe::ReplyRefused(e) => {
+                        self.poll_instead(&e);
+                        blockers.iter_mut().for_each(|b| *b = None);
+                        return Ok((Vec::new(), None));
+                    }
+                }
             }
         }
         let ids: Vec<i64> = blockers.iter().flatten().filter_map(|b| b.id).collect();
@@ -205,12 +219,14 @@ impl Worker {
                         }
                     }
                     Some((i, Err(e))) if ops::reply_skip_refused(&e) => {
-                        // An optional command: the worker polls instead.
-                        // Refused at once, so nothing was taken; the two
-                        // replies that follow go with the connection.
-                        if !self.poll_only.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(error = %e, "the Redis user may not run CLIENT REPLY, which the blocking wait needs so that no job's bytes are sent before its size is checked: fetching by polling every 100ms instead; grant +client|reply to avoid it (docs/redis-acl.md)");
-                        }
+                        // Refused after the probe allowed it (the ACL
+                        // changed meanwhile): the BLMOVE and the script
+                        // sent with it ran all the same, and the script may
+                        // have moved a job into the processing list whose
+                        // reply goes with the connection. The recheck
+                        // returns it; the worker polls from now on.
+                        self.suspect_lost_reply();
+                        self.poll_instead(&e);
                         broken.push(i);
                     }
                     Some((i, Err(e))) => {
@@ -230,6 +246,15 @@ impl Worker {
             blockers[i] = None;
         }
         Ok((arrived, refused))
+    }
+
+    /// Fetches by polling from now on: the Redis user may not run
+    /// `CLIENT REPLY`, an optional command (one warning for the life of
+    /// the process).
+    fn poll_instead(&self, error: &RedisError) {
+        if !self.poll_only.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %error, "the Redis user may not run CLIENT REPLY, which the blocking wait needs so that no job's bytes are sent before its size is checked: fetching by polling every 100ms instead; grant +client|reply to avoid it (docs/redis-acl.md)");
+        }
     }
 
     async fn unblock(&self, ids: &[i64]) {

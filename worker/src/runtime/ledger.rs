@@ -185,7 +185,9 @@ impl Worker {
     }
 
     /// Gives back whatever the processing lists hold beyond the ledger: jobs
-    /// Redis moved for this process while the reply was lost.
+    /// Redis moved for this process while the reply was lost, and, after a
+    /// failover, entries the new primary kept of jobs whose settlement went
+    /// to the old one (they run again: at-least-once).
     pub(super) async fn recheck_lost_replies(&self) -> RedisResult<()> {
         let mut c = self.redis.conn().await?;
         for (qi, q) in self.queues.iter().enumerate() {
@@ -201,7 +203,7 @@ impl Worker {
                 tracing::warn!(
                     queue = q.name(),
                     jobs = n,
-                    "returned jobs moved for this worker whose replies were lost"
+                    "returned jobs in this worker's processing list that it does not run (moved while a reply was lost, or left by a failover)"
                 );
             }
         }
