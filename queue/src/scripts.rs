@@ -214,7 +214,9 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| composed("enqueue.lua"))
 /// the attempt limit, the ids, the rate limit, the size limit and the
 /// instance (as for [`FETCH`]), then
 /// per settlement a head, the kind and the queue's index (1-based, as in
-/// `A1`), the payload as held, and what the kind needs: `A` (done)
+/// `A1`; led by `#`, as in `#A1`, when the payload is named by its length
+/// and SHA-1 instead, `named.lua`), the payload as held (or its name), and
+/// what the kind needs: `A` (done)
 /// nothing, `U` (done, freeing its unique key) the release token, `T`
 /// (retry) the next payload and the delay in ms, `B` (dead) the envelope
 /// and the release token. Returns one flat array: the limit's pair as
