@@ -15,10 +15,12 @@ use serde_json::{Map, Value};
 use crate::text;
 
 mod head;
+mod shared;
 mod stamp;
 mod trace;
 
-pub use stamp::{Stamp, stamped, unstamped};
+pub use shared::SharedText;
+pub use stamp::{Stamp, stamped, take_stamped, unstamped};
 pub use trace::{TRACESTATE_MAX, TraceParent};
 
 /// How much of a malformed payload an error message quotes.
@@ -139,7 +141,7 @@ enum Repr {
 #[derive(Clone)]
 struct Held {
     /// The payload, as held in the processing list.
-    text: Arc<str>,
+    text: SharedText,
     /// Where `id`, `task` and `unique_key` are in `text` (strings without
     /// escapes: their text is their value).
     id: Range<usize>,
@@ -261,7 +263,7 @@ impl Job {
 
     /// The payload as held in the processing list, for a job read from it
     /// by [`stamped`] (`None` for a job built from fields).
-    pub fn held(&self) -> Option<&Arc<str>> {
+    pub fn held(&self) -> Option<&SharedText> {
         match &self.repr {
             Repr::Fields(_) => None,
             Repr::Held(held) => Some(&held.text),
@@ -272,15 +274,26 @@ impl Job {
     /// line, otherwise serialized from the fields (handlers call this for
     /// every job).
     pub fn to_json(&self) -> String {
+        self.json_line().to_string()
+    }
+
+    /// The job as one line of JSON, as [`Job::to_json`], shared rather than
+    /// copied when it is the payload as held: a handler writes it to a
+    /// child's stdin or sends it as a body straight from the bytes the
+    /// worker already holds, however large the job.
+    pub fn json_line(&self) -> SharedText {
         if let Some(traceparent) = &self.attempt_trace {
             let mut fields = self.fields().clone();
             fields.insert(field::TRACEPARENT.into(), Value::from(traceparent.as_ref()));
-            return serde_json::to_string(&fields).expect("a map of JSON values always serializes");
+            return serde_json::to_string(&fields)
+                .expect("a map of JSON values always serializes")
+                .into();
         }
         match &self.repr {
-            Repr::Held(held) if !held.text.contains(['\n', '\r']) => held.text.to_string(),
+            Repr::Held(held) if !held.text.contains(['\n', '\r']) => held.text.clone(),
             _ => serde_json::to_string(self.fields())
-                .expect("a map of JSON values always serializes"),
+                .expect("a map of JSON values always serializes")
+                .into(),
         }
     }
 
@@ -550,6 +563,49 @@ pub fn intake(raw: impl AsRef<[u8]>, now_ms: u64, max_attempts: u32, worker: &st
     Intake::Run { job, stamped }
 }
 
+/// The worker's own stamp of a fresh job as text, for a payload the fetch
+/// script left to it (its text stamp reads large payloads no further than
+/// a few KiB): the bytes to put after the opening brace, `"attempt":1`,
+/// then `"id"` and `"enqueued_at"` when absent, as `stamp.lua` writes
+/// them, so the job is read as one the script stamped ([`take_stamped`]
+/// with [`Stamp::Fresh`] of their length) and its held form is the
+/// payload's own bytes with these in front: numbers, key order and
+/// unknown fields stay exactly as pushed, and nothing is parsed into a
+/// `Value`. `None` unless [`intake`] would run it as a fresh job (a UTF-8
+/// object starting with its brace, without `attempt` or `run_at`, whose
+/// `task` and `id` are strings and `enqueued_at` unix milliseconds, with
+/// attempts allowed): take the payload through [`intake`] then.
+pub fn fresh_stamp(raw: &[u8], now_ms: u64, max_attempts: u32) -> Option<String> {
+    use head::Scalar;
+    if max_attempts < 1 || raw.first() != Some(&b'{') {
+        return None;
+    }
+    let text = std::str::from_utf8(raw).ok()?;
+    let head = head::read(text)?;
+    let typed = head.task.is_none_or(Scalar::is_string)
+        && head.id.is_none_or(Scalar::is_string)
+        && matches!(head.enqueued_at, None | Some(Scalar::U64(_)));
+    if head.attempt.is_some() || !typed {
+        return None;
+    }
+    let mut added = String::with_capacity(80);
+    added.push_str("\"attempt\":1");
+    if head.id.is_none() {
+        added.push_str(",\"id\":\"");
+        push_new_id(&mut added);
+        added.push('"');
+    }
+    if head.enqueued_at.is_none() {
+        added.push_str(",\"enqueued_at\":");
+        added.push_str(&now_ms.to_string());
+    }
+    // A comma before the payload's own fields, unless it has none.
+    if !text[1..].trim_start().starts_with('}') {
+        added.push(',');
+    }
+    Some(added)
+}
+
 /// A fresh job id: 128 random bits in hex.
 pub fn new_id() -> String {
     let mut id = String::with_capacity(32);
@@ -610,6 +666,48 @@ mod tests {
     use serde_json::json;
 
     const NOW: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn a_fresh_stamp_as_text_runs_the_job_intake_would_run_and_refuses_the_rest() {
+        for raw in [
+            r#"{"task":"t","data":{"x":1.10,"id":5},"id":"a","enqueued_at":7}"#,
+            r#"{"data":[1.5e300,-0.0]}"#,
+            "{ }",
+            r#"{"z":1,"id":"b"}"#,
+        ] {
+            let added = fresh_stamp(raw.as_bytes(), NOW, 5).expect(raw);
+            let held = format!("{{{added}{}", &raw[1..]);
+            let Intake::Run { job, .. } = intake(raw, NOW, 5, "w") else {
+                panic!("intake runs {raw}");
+            };
+            let (stamped, _) = take_stamped(held.clone().into_bytes(), Stamp::Fresh(added.len()))
+                .expect("the stamp stands");
+            assert_eq!(stamped.attempt(), 1, "{held}");
+            assert_eq!(stamped.task(), job.task(), "{held}");
+            assert_eq!(stamped.enqueued_at(), job.enqueued_at(), "{held}");
+            assert_eq!(stamped.data(), job.data(), "{held}");
+            if raw.contains(r#""id""#) {
+                assert_eq!(stamped.id(), job.id(), "{held}");
+            } else {
+                assert_eq!(stamped.id().len(), 32, "{held}");
+            }
+        }
+        for refused in [
+            r#"{"attempt":1}"#,
+            r#"{"run_at":1}"#,
+            r#"{"task":5}"#,
+            r#"{"id":7}"#,
+            r#"{"enqueued_at":-1}"#,
+            r#"{"data":1e400}"#,
+            r#"{"\u0061ttempt":2}"#,
+            r#" {"a":1}"#,
+            "[1]",
+            "{",
+        ] {
+            assert_eq!(fresh_stamp(refused.as_bytes(), NOW, 5), None, "{refused}");
+        }
+        assert_eq!(fresh_stamp(b"{}", NOW, 0), None, "no attempts allowed");
+    }
 
     #[test]
     fn a_traced_attempt_hands_its_own_traceparent_on_and_a_retry_links_back_to_it() {

@@ -6,6 +6,7 @@
 //! text would fail on the first payload that is not UTF-8, after the fetch
 //! had already moved it.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use crate::connection::Conn;
@@ -45,11 +46,11 @@ impl Fetched {
 
 /// The payload size limit a worker runs with when it is not told
 /// otherwise: 16 MiB. Redis takes up to 512 MB in one value, but a worker
-/// holds a job it runs several times over on the way (measured: about 14
-/// times its size at the peak, `docs/benchmarks.md`), and text handlers
-/// get it once more as a stdin line or a POST body; 16 MiB keeps the
-/// largest job within a few hundred megabytes and is far above what a job
-/// that carries references rather than data needs.
+/// holds a job it runs more than once on the way (measured: about 3 times
+/// its size at the peak, `docs/benchmarks.md`), and a handler's own
+/// process or server holds it again; 16 MiB keeps the largest job within
+/// some 60 MB of the worker and is far above what a job that carries
+/// references rather than data needs.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 * 1024 * 1024;
 
 /// What the taking scripts ([`fetch`], [`settle`], [`wait_then_fetch`])
@@ -114,6 +115,11 @@ pub struct Limited {
 pub enum IntakeAction {
     /// Replace the held payload with its stamped form before running it.
     Run { held: Payload, stamped: String },
+    /// As `Run`, for a large payload stamped as text: the held payload
+    /// named by [`name_of`], and the bytes its stamped form has after the
+    /// opening brace in front of the held one's
+    /// ([`crate::job::fresh_stamp`]). Neither is sent whole.
+    RunNamed { name: String, added: String },
     /// Park `payload` in the scheduled set until `run_at`.
     Schedule {
         held: Payload,
@@ -134,7 +140,7 @@ pub enum IntakeAction {
 /// interval and tolerance in ms (0 and 0 without one), the payload size
 /// limit (0: none) and the instance.
 fn taking_args(
-    invocation: &mut redis::ScriptInvocation<'_>,
+    invocation: &mut Eval<'_>,
     n: usize,
     limits: Limits,
     rate: Option<&RateLimit>,
@@ -155,6 +161,59 @@ fn taking_args(
         .arg(tolerance)
         .arg(limits.max_payload_bytes)
         .arg(instance);
+}
+
+/// Payloads longer than this are named to the settle script by their
+/// length and SHA-1 ([`name_of`]) instead of sent back whole; shorter ones
+/// go as they are, which costs Redis nothing to match.
+pub const NAMED_ABOVE: usize = 256 * 1024;
+
+/// How the settle script knows a large payload: `<length>:<sha1 hex>`
+/// (settle.lua's `#` heads; the digest is the one `redis.sha1hex` gives).
+pub fn name_of(payload: &[u8]) -> String {
+    format!(
+        "{}:{}",
+        payload.len(),
+        sha1_smol::Sha1::from(payload).digest()
+    )
+}
+
+/// A script call written straight into the command that goes out.
+/// redis' `ScriptInvocation` keeps its own copy of every argument and
+/// copies them all again into the command it sends, so a payload passed
+/// back to a script (the settle names each job by its exact bytes) was
+/// held twice more than needed, at the size limit 16 MiB each; here it is
+/// written once, into the command.
+struct Eval<'a> {
+    script: &'a redis::Script,
+    cmd: redis::Cmd,
+}
+
+impl<'a> Eval<'a> {
+    /// `EVALSHA` of `script` with these keys; the arguments follow.
+    fn new(script: &'a redis::Script, keys: &[String]) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Self { script, cmd }
+    }
+
+    /// Adds an argument (`ARGV[i]`).
+    fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Runs it, loading the script first when the server does not have it
+    /// (as `ScriptInvocation` does).
+    async fn invoke<T: redis::FromRedisValue>(&self, conn: &mut impl Conn) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
 }
 
 /// Reads a taking script's flat reply from `at` on: groups of a queue
@@ -236,12 +295,13 @@ pub async fn fetch(
     limits: impl Into<Limits>,
     rate: Option<&RateLimit>,
 ) -> RedisResult<Taken> {
-    let mut invocation = scripts::FETCH.prepare_invoke();
+    let mut keys = Vec::with_capacity(5 * queues.len());
     for q in queues {
-        fetch_keys(&mut invocation, q, instance);
+        fetch_keys(&mut keys, q, instance);
     }
+    let mut invocation = Eval::new(&scripts::FETCH, &keys);
     taking_args(&mut invocation, n, limits.into(), rate, instance);
-    let mut reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let mut reply: Vec<redis::Value> = invocation.invoke(conn).await?;
     let (jobs, too_large) = taken(&mut reply, 2)?;
     Ok(Taken {
         limited: limited(&reply)?,
@@ -250,13 +310,14 @@ pub async fn fetch(
     })
 }
 
-fn fetch_keys(invocation: &mut redis::ScriptInvocation<'_>, q: &QueueKeys, instance: &str) {
-    invocation
-        .key(q.waiting())
-        .key(q.processing(instance))
-        .key(q.rate())
-        .key(q.dead())
-        .key(q.stats_dead());
+fn fetch_keys(keys: &mut Vec<String>, q: &QueueKeys, instance: &str) {
+    keys.extend([
+        q.waiting().to_string(),
+        q.processing(instance),
+        q.rate(),
+        q.dead(),
+        q.stats_dead(),
+    ]);
 }
 
 /// Waits up to `timeout` for a job on one queue, then takes one as
@@ -418,18 +479,23 @@ pub async fn settle_intake(
     instance: &str,
     actions: &[IntakeAction],
 ) -> RedisResult<Vec<bool>> {
-    let mut invocation = scripts::SETTLE_INTAKE.prepare_invoke();
-    invocation
-        .key(queue.processing(instance))
-        .key(queue.scheduled())
-        .key(queue.dead())
-        .key(queue.stats_dead())
-        .key(queue.unique())
-        .key(queue.unique_expiry());
+    let keys = [
+        queue.processing(instance),
+        queue.scheduled(),
+        queue.dead(),
+        queue.stats_dead(),
+        queue.unique(),
+        queue.unique_expiry(),
+    ];
+    // Payloads go straight into the command (see `Eval`).
+    let mut invocation = Eval::new(&scripts::SETTLE_INTAKE, &keys);
     for action in actions {
         match action {
             IntakeAction::Run { held, stamped } => {
                 invocation.arg("R").arg(held).arg(stamped).arg("")
+            }
+            IntakeAction::RunNamed { name, added } => {
+                invocation.arg("N").arg(name).arg(added).arg("")
             }
             IntakeAction::Schedule {
                 held,
@@ -447,7 +513,7 @@ pub async fn settle_intake(
                 .arg(release.as_deref().unwrap_or_default()),
         };
     }
-    let done: Vec<i64> = invocation.invoke_async(conn).await?;
+    let done: Vec<i64> = invocation.invoke(conn).await?;
     Ok(done.into_iter().map(|d| d == 1).collect())
 }
 
@@ -507,47 +573,59 @@ pub async fn settle(
     limits: impl Into<Limits>,
     rate: Option<&RateLimit>,
 ) -> RedisResult<(Vec<bool>, Taken)> {
-    let mut invocation = scripts::SETTLE.prepare_invoke();
+    let mut keys = Vec::with_capacity(10 * queues.len());
     for q in queues {
-        invocation
-            .key(q.waiting())
-            .key(q.processing(instance))
-            .key(q.stats_processed())
-            .key(q.retry())
-            .key(q.stats_failed())
-            .key(q.dead())
-            .key(q.stats_dead())
-            .key(q.unique())
-            .key(q.unique_expiry())
-            .key(q.rate());
+        keys.extend([
+            q.waiting().to_string(),
+            q.processing(instance),
+            q.stats_processed(),
+            q.retry(),
+            q.stats_failed(),
+            q.dead(),
+            q.stats_dead(),
+            q.unique(),
+            q.unique_expiry(),
+            q.rate(),
+        ]);
     }
+    // The payloads go straight into the command (see `Eval`).
+    let mut invocation = Eval::new(&scripts::SETTLE, &keys);
     taking_args(&mut invocation, take, limits.into(), rate, instance);
     for f in finished {
         let index = f.queue + 1;
+        // A large payload is named by its length and digest rather than
+        // sent back whole (settle.lua finds it by them): the command would
+        // otherwise hold it several times over on its way out.
+        let (named, payload) = if f.payload.len() > NAMED_ABOVE {
+            ("#", Cow::Owned(name_of(f.payload).into_bytes()))
+        } else {
+            ("", Cow::Borrowed(f.payload))
+        };
+        let payload = payload.as_ref();
         match (f.settlement, f.release) {
-            (Settlement::Done, None) => invocation.arg(format!("A{index}")).arg(f.payload),
+            (Settlement::Done, None) => invocation.arg(format!("{named}A{index}")).arg(payload),
             (Settlement::Done, Some(release)) => invocation
-                .arg(format!("U{index}"))
-                .arg(f.payload)
+                .arg(format!("{named}U{index}"))
+                .arg(payload)
                 .arg(release),
             (Settlement::Retry { next, delay }, _) => invocation
-                .arg(format!("T{index}"))
-                .arg(f.payload)
+                .arg(format!("{named}T{index}"))
+                .arg(payload)
                 .arg(next.as_str())
                 .arg(delay.as_millis() as u64),
             (Settlement::NotRun { next, delay }, _) => invocation
-                .arg(format!("R{index}"))
-                .arg(f.payload)
+                .arg(format!("{named}R{index}"))
+                .arg(payload)
                 .arg(next.as_str())
                 .arg(delay.as_millis() as u64),
             (Settlement::Dead { envelope }, release) => invocation
-                .arg(format!("B{index}"))
-                .arg(f.payload)
+                .arg(format!("{named}B{index}"))
+                .arg(payload)
                 .arg(envelope.as_str())
                 .arg(release.unwrap_or_default()),
         };
     }
-    let mut reply: Vec<redis::Value> = invocation.invoke_async(conn).await?;
+    let mut reply: Vec<redis::Value> = invocation.invoke(conn).await?;
     let lost = reply
         .get(2)
         .map(redis::from_redis_value_ref::<usize>)
@@ -586,14 +664,13 @@ pub async fn give_back(
     if pairs.is_empty() {
         return Ok(0);
     }
-    let mut invocation = scripts::GIVE_BACK.prepare_invoke();
-    invocation
-        .key(queue.processing(instance))
-        .key(queue.waiting());
+    let keys = [queue.processing(instance), queue.waiting().to_string()];
+    // Payloads go straight into the command (see `Eval`).
+    let mut invocation = Eval::new(&scripts::GIVE_BACK, &keys);
     for (held, push) in pairs {
         invocation.arg(*held).arg(*push);
     }
-    invocation.invoke_async(conn).await
+    invocation.invoke(conn).await
 }
 
 /// Moves due retries and due delayed jobs to the queue. Returns how many.

@@ -29,6 +29,7 @@ const LUA: &[(&str, &str)] = &[
     ("rate.lua", include_str!("lua/rate.lua")),
     ("take.lua", include_str!("lua/take.lua")),
     ("unique.lua", include_str!("lua/unique.lua")),
+    ("named.lua", include_str!("lua/named.lua")),
     ("fetch.lua", include_str!("lua/fetch.lua")),
     ("settle.lua", include_str!("lua/settle.lua")),
     ("settle_intake.lua", include_str!("lua/settle_intake.lua")),
@@ -49,9 +50,11 @@ const LUA: &[(&str, &str)] = &[
 /// server clock read once (`now.lua`).
 const PLAIN: &[&str] = &["guard.lua", "now.lua"];
 
-/// The scripts that end jobs add `release()`, which frees a finished job's
-/// unique key (`unique.lua`).
-const ENDING: &[&str] = &["guard.lua", "now.lua", "unique.lua"];
+/// The intake's settle, which ends jobs, adds `release()`, which frees a
+/// finished job's unique key (`unique.lua`), and `named()`, which finds a
+/// large payload the worker names by its length and digest rather than
+/// sending it (`named.lua`).
+const ENDING: &[&str] = &["guard.lua", "now.lua", "unique.lua", "named.lua"];
 
 /// The scripts that take jobs read the clock only when they need it
 /// (`now()`, `clock.lua` in place of `now.lua`), and add the intake stamp,
@@ -65,13 +68,25 @@ const TAKING: &[&str] = &[
     "unique.lua",
 ];
 
+/// The settle takes jobs as the taking scripts do, and finds a large
+/// payload the worker names by its length and digest (`named.lua`).
+const SETTLING: &[&str] = &[
+    "guard.lua",
+    "clock.lua",
+    "stamp.lua",
+    "rate.lua",
+    "take.lua",
+    "unique.lua",
+    "named.lua",
+];
+
 /// How each script is composed: its file and the pieces put in front of
 /// it, in order. Each file's first line names the same pieces
 /// (`-- uses: ...`; a test holds the two to each other). A piece written
 /// `file as name(args)` goes in as `local function name(args) ... end`.
 const COMPOSED: &[(&str, &[&str])] = &[
     ("fetch.lua", TAKING),
-    ("settle.lua", TAKING),
+    ("settle.lua", SETTLING),
     ("settle_intake.lua", ENDING),
     ("enqueue.lua", PLAIN),
     (
@@ -173,7 +188,9 @@ pub static FETCH: LazyLock<Script> = LazyLock::new(|| registered(FETCH_SOURCE.cl
 /// Settles freshly fetched payloads that need more than the fetch script's
 /// stamp. KEYS: processing, scheduled, dead, stats:dead, unique,
 /// unique:expiry. ARGV: quadruples of action, payload as held, payload to
-/// write, score: `R` replaces the held payload with the stamped one, `S`
+/// write, score: `R` replaces the held payload with the stamped one (`N`:
+/// the held payload named by length and SHA-1, the stamped one being it
+/// with the payload to write put after its opening brace), `S`
 /// parks the payload to write in the scheduled set at the score, `D`
 /// dead-letters it with the envelope and frees its unique key (the fourth
 /// is then the release token). Returns 1 or 0 per quadruple: whether the
@@ -193,7 +210,9 @@ pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| composed("enqueue.lua"))
 /// the attempt limit, the ids, the rate limit, the size limit and the
 /// instance (as for [`FETCH`]), then
 /// per settlement a head, the kind and the queue's index (1-based, as in
-/// `A1`), the payload as held, and what the kind needs: `A` (done)
+/// `A1`; led by `#`, as in `#A1`, when the payload is named by its length
+/// and SHA-1 instead, `named.lua`), the payload as held (or its name), and
+/// what the kind needs: `A` (done)
 /// nothing, `U` (done, freeing its unique key) the release token, `T`
 /// (retry) the next payload and the delay in ms, `B` (dead) the envelope
 /// and the release token. Returns one flat array: the limit's pair as

@@ -1278,3 +1278,108 @@ async fn a_script_that_meets_a_wrong_typed_key_changes_nothing() {
         "{refused} refused, {untouched} untouched"
     );
 }
+
+#[tokio::test]
+async fn a_large_payload_is_settled_by_its_name_and_only_its_exact_bytes_go() {
+    use redis::AsyncCommands;
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("named");
+    let w = "w~1";
+    // Two held payloads of the same length over the threshold, one byte
+    // apart, and a small one: only the named one is removed.
+    let big = |last: char| format!("{{\"d\":\"{}{last}\"}}", "x".repeat(ops::NAMED_ABOVE));
+    let (one, two) = (big('1'), big('2'));
+    let small = r#"{"id":"s"}"#;
+    let _: () = c
+        .rpush(q.processing(w), &[one.as_str(), two.as_str(), small])
+        .await
+        .expect("rpush");
+    assert_eq!(settle_done(&mut c, &q, w, &two).await, [true]);
+    let left = ops::processing(&mut c, &q, w).await.expect("lrange");
+    assert_eq!(left, [one.as_bytes(), small.as_bytes()]);
+    let again = settle_done(&mut c, &q, w, &two).await;
+    assert_eq!(again, [false], "gone: not settled twice");
+    assert_eq!(settle_done(&mut c, &q, w, small).await, [true]);
+    assert_eq!(settle_done(&mut c, &q, w, &one).await, [true]);
+    let processed: u64 = c.get(q.stats_processed()).await.expect("get");
+    assert_eq!(processed, 3);
+    assert!(
+        ops::processing(&mut c, &q, w)
+            .await
+            .expect("lrange")
+            .is_empty()
+    );
+}
+
+/// Settles one held payload as done, taking nothing; whether it was held.
+async fn settle_done(
+    c: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    w: &str,
+    payload: &str,
+) -> Vec<bool> {
+    let done = ops::Settlement::Done;
+    let finished = [ops::Finished {
+        queue: 0,
+        payload: payload.as_bytes(),
+        settlement: &done,
+        release: None,
+    }];
+    ops::settle(
+        c,
+        std::slice::from_ref(q),
+        w,
+        &finished,
+        0,
+        MAX_ATTEMPTS,
+        None,
+    )
+    .await
+    .expect("settle")
+    .0
+}
+
+#[tokio::test]
+async fn a_large_payload_named_at_intake_is_stamped_by_the_script_as_the_worker_did() {
+    use workerpool_queue::job::{fresh_stamp, take_stamped};
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("named-intake");
+    let w = "w~1";
+    let pushed = format!(
+        r#"{{"task":"big","data":"{}","n":1.10}}"#,
+        "x".repeat(ops::NAMED_ABOVE)
+    );
+    let other = r#"{"task":"small"}"#;
+    let _: () = redis::cmd("RPUSH")
+        .arg(q.processing(w))
+        .arg(&pushed)
+        .arg(other)
+        .query_async(&mut c)
+        .await
+        .expect("rpush");
+    let added = fresh_stamp(pushed.as_bytes(), 1_700_000_000_000, 5).expect("a fresh job");
+    let action = IntakeAction::RunNamed {
+        name: ops::name_of(pushed.as_bytes()),
+        added: added.clone(),
+    };
+    let kept = ops::settle_intake(&mut c, &q, w, std::slice::from_ref(&action))
+        .await
+        .expect("settle_intake");
+    assert_eq!(kept, [true]);
+    let held = ops::processing(&mut c, &q, w).await.expect("lrange");
+    let stamped = format!("{{{added}{}", &pushed[1..]);
+    assert_eq!(held, [stamped.as_bytes(), other.as_bytes()]);
+    let (job, _) = take_stamped(held[0].clone(), Stamp::Fresh(added.len())).expect("stands");
+    assert_eq!((job.attempt(), job.task()), (1, Some("big")));
+    // Gone meanwhile (a reaper returned it): nothing is written.
+    let again = ops::settle_intake(&mut c, &q, w, std::slice::from_ref(&action))
+        .await
+        .expect("settle_intake");
+    assert_eq!(again, [false]);
+    assert_eq!(
+        ops::processing(&mut c, &q, w).await.expect("lrange").len(),
+        2
+    );
+}

@@ -255,8 +255,8 @@ pub struct Args {
     /// dead-lettered with the reason too_large, whole, with its size and
     /// start in the error, by the script that takes it: it never reaches
     /// this process or its handler. The default, 16 MiB (16777216), keeps
-    /// the largest job within a few hundred megabytes of this process (a
-    /// job costs about 14 times its size at the peak) and is far below
+    /// the largest job within some 60 MB of this process (a job costs
+    /// about 3 times its size at the peak) and is far below
     /// Redis's 512 MiB; put large data elsewhere and a reference in the
     /// job, and keep it within what an http handler's server accepts. Up
     /// to 536870912.

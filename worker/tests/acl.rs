@@ -278,13 +278,21 @@ async fn a_worker_with_exactly_its_acl_takes_runs_retries_dead_letters_beats_and
         .await
         .expect("lpush");
     wait_counter(&c, q.stats_processed(), 4).await;
+    // A job over 256 KiB, which the worker stamps itself and the scripts
+    // find by its length and digest (named.lua), with the same commands.
+    let large = format!(
+        r#"{{"task":"ok","id":"large","data":"{}"}}"#,
+        "x".repeat(300 * 1024)
+    );
+    let _: () = c.lpush(q.waiting(), large).await.expect("lpush");
+    wait_counter(&c, q.stats_processed(), 5).await;
     // A delayed job is promoted when due.
     let now = common::server_time_ms(&mut c).await;
     let _: () = c
         .zadd(q.scheduled(), job("ok", "delayed"), now + 300)
         .await
         .expect("zadd");
-    wait_counter(&c, q.stats_processed(), 5).await;
+    wait_counter(&c, q.stats_processed(), 6).await;
 
     assert_eq!(
         counter(&mut c, q.stats_failed()).await,

@@ -6,12 +6,12 @@
 //! that the two agree.
 
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
 use super::head::{self, Scalar};
-use super::{Held, Job, Repr};
+use super::{Held, Job, Repr, SharedText};
 
 /// How the fetch script stamped a payload as it took it (`stamp.lua`), so
 /// that a job can start without a second round trip.
@@ -92,12 +92,85 @@ pub fn unstamped(held: &[u8], stamp: Stamp) -> Vec<u8> {
 /// malformed, or holds something a text stamp cannot see, such as an
 /// escaped field name): take [`unstamped`] through [`intake`] instead.
 pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
+    if stamp == Stamp::Untouched {
+        return None;
+    }
+    let text = std::str::from_utf8(held).ok()?;
+    Some(match read(text, stamp)? {
+        Read::Held(place) => place.job(SharedText::from(text)),
+        Read::Whole(job) => job,
+    })
+}
+
+/// As [`stamped`], for a payload the worker owns: the job, and the
+/// payload as held (what settles it), keep these very bytes as their
+/// text, without a copy (a payload can be megabytes, and the reply it came
+/// in is the one copy the worker needs). When the stamp does not stand,
+/// the bytes come back untouched.
+pub fn take_stamped(held: Vec<u8>, stamp: Stamp) -> Result<(Job, SharedText), Vec<u8>> {
+    if stamp == Stamp::Untouched {
+        return Err(held);
+    }
+    let Some(found) = std::str::from_utf8(&held).ok().and_then(|t| read(t, stamp)) else {
+        return Err(held);
+    };
+    let text = match String::from_utf8(held) {
+        Ok(text) => SharedText::from(text),
+        // Checked just above: never taken.
+        Err(e) => return Err(e.into_bytes()),
+    };
+    let job = match found {
+        Read::Held(place) => place.job(text.clone()),
+        Read::Whole(job) => job,
+    };
+    Ok((job, text))
+}
+
+/// What one read of a stamped payload found.
+enum Read {
+    /// The stamp stands and the known fields are slices of the text.
+    Held(Place),
+    /// The stamp stands but a known string has escapes: the object was
+    /// read whole (rare: producers' ids and names are plain).
+    Whole(Job),
+}
+
+/// Where the known fields are in the text, and the numbers read.
+struct Place {
+    id: Range<usize>,
+    task: Option<Range<usize>>,
+    unique_key: Option<Range<usize>>,
+    attempt: u64,
+    enqueued_at: u64,
+}
+
+impl Place {
+    /// The job of `text`, the text this place was read from.
+    fn job(self, text: SharedText) -> Job {
+        Job {
+            attempt_trace: None,
+            repr: Repr::Held(Held {
+                text,
+                id: self.id,
+                task: self.task,
+                unique_key: self.unique_key,
+                attempt: self.attempt,
+                enqueued_at: self.enqueued_at,
+                fields: OnceLock::new(),
+            }),
+        }
+    }
+}
+
+/// Reads a stamped payload's text as [`stamped`] describes: `None` when
+/// the stamp does not stand.
+fn read(text: &str, stamp: Stamp) -> Option<Read> {
+    let held = text.as_bytes();
     let expected = match stamp {
         Stamp::Untouched => return None,
         Stamp::Fresh(_) => 1,
         Stamp::Counted => leading_attempt(held)?.0,
     };
-    let text = std::str::from_utf8(held).ok()?;
     // One pass that checks the whole object and reads the known fields:
     // this runs for every job taken, and most jobs never need the rest.
     let head = head::read(text)?;
@@ -124,25 +197,18 @@ pub fn stamped(held: &[u8], stamp: Stamp) -> Option<Job> {
     let (Ok(Some(id)), Ok(task), Ok(unique_key)) =
         (place(head.id), place(head.task), place(head.unique_key))
     else {
-        // The object is read whole (rare: producers' ids and names are
-        // plain).
         let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(text) else {
             return None;
         };
-        return Some(Job::from_fields(fields));
+        return Some(Read::Whole(Job::from_fields(fields)));
     };
-    Some(Job {
-        attempt_trace: None,
-        repr: Repr::Held(Held {
-            text: Arc::from(text),
-            id,
-            task,
-            unique_key,
-            attempt,
-            enqueued_at,
-            fields: OnceLock::new(),
-        }),
-    })
+    Some(Read::Held(Place {
+        id,
+        task,
+        unique_key,
+        attempt,
+        enqueued_at,
+    }))
 }
 
 /// Where `part`, a slice of `whole`, lies in it (`None` if it is not one).
@@ -188,6 +254,30 @@ mod tests {
             br#"{"attempt":9,"id":"a","x":[1]}"#
         );
         assert_eq!(unstamped(b"\xff", Stamp::Untouched), b"\xff");
+    }
+
+    #[test]
+    fn a_payload_taken_owned_becomes_the_jobs_text_without_a_copy() {
+        let (held, stamp) = fetch_stamped(r#"{"task":"t","data":{"n":1.10}}"#);
+        let at = held.as_ptr();
+        let (job, text) = take_stamped(held.clone(), stamp).expect("a plain fresh job");
+        assert_eq!(Some(&job), stamped(&held, stamp).as_ref());
+        assert_eq!(text.as_bytes(), held.as_slice());
+        assert_eq!(job.to_json().as_bytes(), held.as_slice());
+        let (job, text) = take_stamped(held, stamp).expect("a plain fresh job");
+        assert_eq!(text.as_ptr(), at, "the very bytes");
+        assert_eq!(job.held().map(|t| t.as_ptr()), Some(at));
+        assert_eq!(job.json_line().as_ptr(), at, "the line a handler gets");
+        // Read whole (an escaped id): the held text is still the payload.
+        let (escaped, stamp) = (
+            br#"{"attempt":2,"id":"\u0061","enqueued_at":1}"#,
+            Stamp::Counted,
+        );
+        let (job, text) = take_stamped(escaped.to_vec(), stamp).expect("a counted job");
+        assert_eq!((job.id(), text.as_bytes()), ("a", escaped.as_slice()));
+        let (bad, stamp) = fetch_stamped(r#"{"task":5}"#);
+        assert!(take_stamped(bad.clone(), stamp).is_err_and(|b| b == bad));
+        assert!(take_stamped(b"{}".to_vec(), Stamp::Untouched).is_err_and(|b| b == b"{}"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
--- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua
+-- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua, named.lua
 -- Settles finished jobs (done, retried later, dead-lettered) in one round
 -- trip and takes the next jobs into the slots they free as fetch.lua does,
 -- its jobs stamped by stamp.lua and limited by rate.lua. This is how a
@@ -11,7 +11,10 @@
 -- tolerance in ms, the payload size limit in bytes (0: none) and the
 -- worker instance (as for fetch.lua), then per settlement a head, the
 -- kind followed by the queue's index (1-based, e.g. `A1`), the payload as
--- the processing list holds it, and what the kind needs:
+-- the processing list holds it, and what the kind needs. A head led by `#`
+-- (e.g. `#A1`) names the payload instead by its length and SHA-1, as
+-- `<length>:<40 hex digits>`: a worker does not send a large payload back
+-- whole to settle it.
 --   `A` done: nothing more;
 --   `U` done, freeing its unique key: the release token (unique.lua);
 --   `T` retry later: the next attempt's payload, the delay in ms;
@@ -45,14 +48,15 @@ end
 -- A head's kind and its queue's first key, read once per distinct head.
 -- Every key a settlement or the taking may write is checked before the
 -- first write (guard.lua): a batch is settled whole or not at all.
-local kinds, bases = {}, {}
+local kinds, bases, by_name = {}, {}, {}
 local i = 8
 while i <= #ARGV do
   local head = ARGV[i]
   local kind, base = kinds[head], bases[head]
   if not kind then
-    kind, base = byte(head, 1), (tonumber(sub(head, 2)) - 1) * 10
-    kinds[head], bases[head] = kind, base
+    local at = byte(head, 1) == 35 and 2 or 1 -- #
+    kind, base = byte(head, at), (tonumber(sub(head, at + 1)) - 1) * 10
+    kinds[head], bases[head], by_name[head] = kind, base, at == 2
     expect(KEYS[base + 2], 'list')
     if kind == 65 or kind == 85 then -- A, U
       expect_counter(KEYS[base + 3])
@@ -97,7 +101,14 @@ while i <= #ARGV do
   -- first are mostly the oldest, so the match is found within a few
   -- entries instead of after every job still running.
   -- The count as text: Redis formats a number argument with snprintf.
-  local ok = redis.call('LREM', KEYS[base + 2], '-1', payload)
+  local ok
+  if by_name[head] then
+    -- named.lua: the entry from the tail, as LREM -1 searches.
+    local entry = named(KEYS[base + 2], payload)
+    ok = entry and redis.call('LREM', KEYS[base + 2], '-1', entry) or 0
+  else
+    ok = redis.call('LREM', KEYS[base + 2], '-1', payload)
+  end
   settlement = settlement + 1
   if ok == 0 then
     out[3] = out[3] + 1

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::exec_pool::{ExecCommand, SpawnError};
 use crate::handler::{Handler, Outcome};
@@ -73,12 +73,11 @@ impl ExecPerJob {
         let (Some(mut stdin), Some(stderr)) = (child.stdin.take(), child.stderr.take()) else {
             return Outcome::retry("the handler process has no stdin/stderr pipe");
         };
-        let mut line = job.to_json();
-        line.push('\n');
+        let line = job.json_line();
         let work = async {
             // A process that exits without reading its input is not an
             // error in itself: its exit status decides.
-            let _ = stdin.write_all(line.as_bytes()).await;
+            let _ = super::write_line(&mut stdin, &line).await;
             drop(stdin);
             child.wait().await
         };

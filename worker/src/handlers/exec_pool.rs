@@ -352,11 +352,10 @@ impl Lease<'_> {
             .proc
             .as_mut()
             .expect("a lease holds its child until released");
-        let mut line = job.to_json();
-        line.push('\n');
+        let line = job.json_line();
         let mut reply = Vec::new();
         let read = async {
-            proc.stdin.write_all(line.as_bytes()).await?;
+            super::write_line(&mut proc.stdin, &line).await?;
             proc.stdin.flush().await?;
             // Bytes, not text: an answer that is not UTF-8 is a protocol
             // break to report, not a read error to wait out.

@@ -94,7 +94,7 @@ impl HttpHandler {
         if let Some(traceparent) = job.attempt_trace() {
             request = request.header("traceparent", traceparent);
         }
-        let request = match request.body(Full::new(Bytes::from(job.to_json()))) {
+        let request = match request.body(Full::new(Bytes::from_owner(job.json_line()))) {
             Ok(r) => r,
             Err(e) => return Outcome::permanent(format!("cannot build the request: {e}")),
         };

@@ -104,3 +104,17 @@ impl Drop for GroupGuard {
         }
     }
 }
+
+/// Writes a job's line and its newline to a child's stdin straight from
+/// the job's shared text: the line is not copied into a buffer of its own
+/// first (a job can be as large as the payload limit). One vectored write
+/// where the pipe takes it, so a small job still costs one system call.
+pub(crate) async fn write_line(
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
+    line: &str,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    use tokio::io::AsyncWriteExt;
+    let mut bytes = line.as_bytes().chain(&b"\n"[..]);
+    to.write_all_buf(&mut bytes).await
+}

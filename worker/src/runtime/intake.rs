@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
-use workerpool_queue::job::{self, DeadLetter, Intake, Job, Stamp, intake};
+use workerpool_queue::job::{self, DeadLetter, Intake, Job, SharedText, Stamp, intake};
 use workerpool_queue::ops::{self, Fetched, IntakeAction, Payload};
 
 use super::Worker;
@@ -113,7 +113,10 @@ impl Worker {
             };
             for ((action, run), kept) in actions.iter().zip(runs).zip(settled) {
                 match (action, run) {
-                    (IntakeAction::Run { .. }, Some((job, permit))) if kept => {
+                    (
+                        IntakeAction::Run { .. } | IntakeAction::RunNamed { .. },
+                        Some((job, permit)),
+                    ) if kept => {
                         self.start_job(qi, job, permit);
                     }
                     (IntakeAction::Schedule { .. }, _) if kept => {
@@ -145,7 +148,7 @@ struct Ready {
     /// The job.
     job: Arc<Job>,
     /// Its payload as the processing list holds it (once stamped).
-    held: Arc<str>,
+    held: SharedText,
 }
 
 /// What intake does with one queue's fresh payloads.
@@ -179,26 +182,43 @@ fn plan(
     let mut plan = Plan::default();
     let mut running = 0;
     for (held, stamp) in taken {
-        if let Some(job) = job::stamped(&held, stamp) {
-            if running < free {
-                running += 1;
-                // The job keeps the text it was read from, unless it was
-                // read whole (an escaped id or name): `stamped` checked
-                // that the payload is UTF-8, so nothing is replaced here.
-                let text = match job.held() {
-                    Some(text) => text.clone(),
-                    None => Arc::from(String::from_utf8_lossy(&held)),
-                };
-                plan.ready.push(Ready {
-                    job: Arc::new(job),
-                    held: text,
-                });
-            } else {
-                let original = job::unstamped(&held, stamp);
-                plan.back.push((held, original));
+        let held = if running < free {
+            // The job and the ledger keep the reply's bytes themselves
+            // (no copy): a payload can be as large as the size limit.
+            match job::take_stamped(held, stamp) {
+                Ok((job, held)) => {
+                    running += 1;
+                    plan.ready.push(Ready {
+                        job: Arc::new(job),
+                        held,
+                    });
+                    continue;
+                }
+                Err(held) => held,
             }
+        } else if job::stamped(&held, stamp).is_some() {
+            let original = job::unstamped(&held, stamp);
+            plan.back.push((held, original));
             continue;
-        }
+        } else {
+            held
+        };
+        // A large payload the fetch script left untouched (its text stamp
+        // reads no further than a few KiB) is stamped as text here too:
+        // neither parsed into a `Value` nor sent back whole, twice.
+        let held = if stamp == Stamp::Untouched && held.len() > ops::NAMED_ABOVE && running < free {
+            match stamp_large(held, now_ms, max_attempts) {
+                Ok((ready, action)) => {
+                    running += 1;
+                    plan.runs.push(Some(ready));
+                    plan.actions.push(action);
+                    continue;
+                }
+                Err(held) => held,
+            }
+        } else {
+            held
+        };
         // The worker's own intake, on the payload as it was pushed.
         let original: Cow<'_, [u8]> = match stamp {
             Stamp::Untouched => Cow::Borrowed(&held),
@@ -210,7 +230,7 @@ fn plan(
                     running += 1;
                     plan.runs.push(Some(Ready {
                         job: Arc::new(job),
-                        held: Arc::from(stamped.as_str()),
+                        held: SharedText::from(stamped.as_str()),
                     }));
                     plan.actions.push(IntakeAction::Run { held, stamped });
                 } else {
@@ -240,6 +260,41 @@ fn plan(
         }
     }
     plan
+}
+
+/// The text stamp of a large fresh payload ([`job::fresh_stamp`]): the job
+/// to run, holding the stamped bytes, and the intake action that stamps
+/// the held payload the same way in Redis; the payload back, as held, when
+/// it needs the full intake.
+fn stamp_large(
+    held: Payload,
+    now_ms: u64,
+    max_attempts: u32,
+) -> Result<(Ready, IntakeAction), Payload> {
+    let Some(added) = job::fresh_stamp(&held, now_ms, max_attempts) else {
+        return Err(held);
+    };
+    let name = ops::name_of(&held);
+    // In the payload's own buffer, grown by the stamp's few bytes: the
+    // reply's bytes become the job's text.
+    let mut stamped = held;
+    stamped.reserve_exact(added.len());
+    stamped.splice(1..1, added.bytes());
+    match job::take_stamped(stamped, Stamp::Fresh(added.len())) {
+        Ok((job, text)) => Ok((
+            Ready {
+                job: Arc::new(job),
+                held: text,
+            },
+            IntakeAction::RunNamed { name, added },
+        )),
+        // `fresh_stamp` read it as a fresh job, so this does not happen;
+        // should it, the full intake decides, on the bytes as held.
+        Err(mut bytes) => {
+            bytes.drain(1..1 + added.len());
+            Err(bytes)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -370,6 +425,36 @@ mod tests {
         assert_eq!(job.attempt(), 1);
         assert_eq!(job.id().len(), 32, "a fresh id: {stamped}");
         assert_eq!(job.data()["id"], 7);
+    }
+
+    #[test]
+    fn a_large_fresh_payload_is_stamped_as_text_and_named_to_the_script() {
+        let data = "x".repeat(ops::NAMED_ABOVE);
+        let pushed = format!(r#"{{"task":"big","data":"{data}","n":1.10,"id":"a"}}"#);
+        let plan = plan(raws(&[pushed.as_bytes()]), 1, NOW, 5, "w~1");
+        let [IntakeAction::RunNamed { name, added }] = plan.actions.as_slice() else {
+            panic!("{:?}", plan.actions);
+        };
+        assert_eq!(*name, ops::name_of(pushed.as_bytes()));
+        assert_eq!(added, &format!(r#""attempt":1,"enqueued_at":{NOW},"#));
+        let ready = plan.runs[0].as_ref().expect("runs");
+        assert_eq!(&*ready.held, format!("{{{added}{}", &pushed[1..]));
+        assert_eq!((ready.job.id(), ready.job.attempt()), ("a", 1));
+        assert_eq!(ready.job.data(), &serde_json::Value::from(data));
+        // Not fresh, or beyond the free slots: as before.
+        let counted = format!(
+            r#"{{"attempt":2,"data":"{}"}}"#,
+            "x".repeat(ops::NAMED_ABOVE)
+        );
+        let plan_counted = plan_of(&counted, 1);
+        assert!(
+            matches!(&plan_counted.actions[0], IntakeAction::Run { stamped, .. } if stamped.starts_with(r#"{"attempt":3,"#))
+        );
+        assert_eq!(plan_of(&pushed, 0).back.len(), 1);
+    }
+
+    fn plan_of(payload: &str, free: usize) -> Plan {
+        plan(raws(&[payload.as_bytes()]), free, NOW, 5, "w~1")
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
-use workerpool_queue::job::Job;
+use workerpool_queue::job::{Job, SharedText};
 use workerpool_queue::ops::{self, Payload, Settlement};
 
 use super::Worker;
@@ -20,7 +20,7 @@ pub(super) struct InHand {
     /// Index of its queue in the worker's queues.
     pub(super) queue: usize,
     /// The stamped payload, exactly as the processing list holds it.
-    held: Arc<str>,
+    held: SharedText,
     /// The job its handler runs.
     pub(super) job: Arc<Job>,
     /// When its attempt started.
@@ -29,7 +29,7 @@ pub(super) struct InHand {
 
 impl InHand {
     /// A job of queue `queue` that starts now, with its payload as held.
-    pub(super) fn start(queue: usize, job: Arc<Job>, held: Arc<str>) -> Self {
+    pub(super) fn start(queue: usize, job: Arc<Job>, held: SharedText) -> Self {
         Self {
             queue,
             held,
@@ -119,7 +119,7 @@ impl Ledger {
     }
 
     /// The payloads in hand on `queue`, as its processing list holds them.
-    fn held(&self, queue: usize) -> Vec<Arc<str>> {
+    fn held(&self, queue: usize) -> Vec<SharedText> {
         self.queues[queue]
             .values()
             .map(|j| j.held.clone())
@@ -128,7 +128,7 @@ impl Ledger {
 
     /// The jobs in hand on `queue` by their payload as held: what the
     /// give-back at shutdown returns unstarted.
-    pub(super) fn unfinished(&self, queue: usize) -> HashMap<Arc<str>, Arc<Job>> {
+    pub(super) fn unfinished(&self, queue: usize) -> HashMap<SharedText, Arc<Job>> {
         self.queues[queue]
             .values()
             .map(|j| (j.held.clone(), j.job.clone()))
@@ -241,7 +241,7 @@ fn queue_state<'a>(
 /// What a processing list holds beyond the ledger, in list order: each
 /// held payload accounts for one listed copy (the same job can be listed
 /// twice when a producer pushed it twice).
-fn unknown<'a>(listed: &'a [Payload], held: &[Arc<str>]) -> Vec<&'a [u8]> {
+fn unknown<'a>(listed: &'a [Payload], held: &[SharedText]) -> Vec<&'a [u8]> {
     let mut known: HashMap<&[u8], usize> = HashMap::new();
     for payload in held {
         *known.entry(payload.as_bytes()).or_default() += 1;
@@ -259,7 +259,10 @@ fn unknown<'a>(listed: &'a [Payload], held: &[Arc<str>]) -> Vec<&'a [u8]> {
 /// What to push back for each listed payload at shutdown: a job this
 /// process started goes back unstarted (its attempt not counted); anything
 /// else, even bytes that are no job, goes back exactly as it was.
-pub(super) fn unstarted(listed: &[Payload], started: &HashMap<Arc<str>, Arc<Job>>) -> Vec<Payload> {
+pub(super) fn unstarted(
+    listed: &[Payload],
+    started: &HashMap<SharedText, Arc<Job>>,
+) -> Vec<Payload> {
     listed
         .iter()
         .map(|p| {
@@ -276,8 +279,8 @@ mod tests {
     use super::*;
     use workerpool_queue::job::intake;
 
-    fn held(payloads: &[&str]) -> Vec<Arc<str>> {
-        payloads.iter().map(|p| Arc::from(*p)).collect()
+    fn held(payloads: &[&str]) -> Vec<SharedText> {
+        payloads.iter().map(|p| SharedText::from(*p)).collect()
     }
 
     fn listed(payloads: &[&[u8]]) -> Vec<Payload> {
@@ -326,7 +329,7 @@ mod tests {
         else {
             panic!("runs");
         };
-        let started = HashMap::from([(Arc::<str>::from(stamped.as_str()), Arc::new(job.clone()))]);
+        let started = HashMap::from([(SharedText::from(stamped.as_str()), Arc::new(job.clone()))]);
         let list = listed(&[stamped.as_bytes(), b"\xfe raw", b"{\"other\":1}"]);
         let pushed = unstarted(&list, &started);
         assert_eq!(pushed[0], job.unstarted().into_bytes());
