@@ -262,8 +262,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // The four signals every workerpool process stops on, where
         // `shutdown_on_signal` knows only SIGINT and SIGTERM.
         .graceful_shutdown_on(async move {
-            let signal = shutdown.await;
-            tracing::info!(signal, "stopping: no new reconcile starts");
+            shutdown.await;
         })
         .run(
             controller::reconcile_watched,
@@ -342,7 +341,7 @@ async fn until_drained(
     tokio::pin!(controller);
     tokio::select! {
         () = &mut controller => return,
-        _ = stop => {}
+        signal = stop => tracing::info!(signal, "stopping: no new reconcile starts"),
     }
     if !matches!(listed.wait_until_ready().now_or_never(), Some(Ok(()))) {
         tracing::info!("the WorkerPools were never listed: no reconcile to wait for");
