@@ -33,7 +33,14 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Run(args) => {
             init_tracing();
-            tokio::runtime::Runtime::new()?.block_on(workerpool_operator::run::run(args))
+            let runtime = tokio::runtime::Runtime::new()?;
+            let outcome = runtime.block_on(workerpool_operator::run::run(args));
+            // What still runs once `run` returns (a reconcile past its
+            // drain, a DNS lookup of the API server on a blocking thread)
+            // must not hold the exit: dropping the runtime would wait for
+            // blocking work without end.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            outcome
         }
         Command::Crd => {
             out(&workerpool_operator::crd::crd_yaml());

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::{Controller, WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client};
@@ -146,9 +146,25 @@ pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
     }
 }
 
-/// Runs the operator until SIGTERM, or fails when leadership is lost (the
-/// pod restarts and campaigns again, the usual controller practice).
+/// How long the reconciles running at a stop signal get to finish before
+/// the operator exits anyway: well within a Pod's default grace period of
+/// 30 s, with room left for handing the Lease over.
+const DRAIN_FOR: Duration = Duration::from_secs(10);
+
+/// How long handing the Lease over may take on the way out (an API server
+/// that does not answer must not keep the process).
+const RELEASE_FOR: Duration = Duration::from_secs(5);
+
+/// Runs the operator until SIGTERM (or SIGINT, SIGHUP, SIGQUIT: see
+/// [`workerpool_settings::stop_signal`]), then exits with `Ok` in whatever
+/// state it is: starting, standing by for the Lease, or leading, with its
+/// pools listed or not. Fails when leadership is lost (the pod restarts and
+/// campaigns again, the usual controller practice).
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Installed before anything that may wait (an API server slow to
+    // answer, a standby waiting for the Lease): a signal in any phase must
+    // end the process with 0, not by its default action.
+    let stop = workerpool_settings::stop_signal().shared();
     let client = Client::try_default()
         .await
         .context("no Kubernetes configuration (in-cluster or kubeconfig)")?;
@@ -168,33 +184,48 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::error!(error = %e, "http server failed");
         }
     });
-    args.dashboard
-        .spawn(client.clone(), args.namespace.as_deref())
-        .await?;
+    let dashboard = args
+        .dashboard
+        .spawn(client.clone(), args.namespace.as_deref());
+    let Some(dashboard) = unless_stopped(&stop, dashboard).await else {
+        return Ok(());
+    };
+    dashboard?;
 
     let identity = args
         .identity
         .clone()
         .unwrap_or_else(workerpool_queue::keys::host_name);
     let mut leadership = None;
-    let mut lease_task = None;
     if !args.no_leader_election {
         let manager =
             kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
                 .with_namespace(&args.lease_namespace)
                 .with_identity(&identity)
-                .build()
-                .await
-                .context("cannot set up leader election")?;
+                .build();
+        let Some(manager) = unless_stopped(&stop, manager).await else {
+            return Ok(());
+        };
+        let manager = manager.context("cannot set up leader election")?;
         let (mut rx, task) = manager.watch().await;
-        lease_task = Some(task);
         ready.store(true, Ordering::Relaxed);
         tracing::info!(lease = %args.lease_name, identity = %identity, "waiting for leadership");
-        while !*rx.borrow_and_update() {
-            rx.changed().await.context("leader election stopped")?;
+        let campaign = async {
+            while !*rx.borrow_and_update() {
+                rx.changed().await?;
+            }
+            Ok::<(), tokio::sync::watch::error::RecvError>(())
+        };
+        let led = unless_stopped(&stop, campaign).await;
+        match led {
+            None => {
+                hand_over(rx, task, false).await;
+                return Ok(());
+            }
+            Some(led) => led.context("leader election stopped")?,
         }
         tracing::info!("leading");
-        leadership = Some(rx);
+        leadership = Some((rx, task));
     }
 
     // Watched, not WorkerPool: one object that does not read must not fail
@@ -214,14 +245,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // every look (rates, ages), so a trigger on it would start the next
     // look at once, and again after that: a loop of back-to-back reconciles
     // and status writes for as long as the pool lives.
-    let stop = workerpool_settings::stop_signal();
     let (store, writer) = reflector::store();
+    let listed = store.clone();
     let pools = watcher(pools, watcher::Config::default())
         .default_backoff()
         .inspect(move |item| watch.saw(item))
         .reflect(writer)
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
+    let shutdown = stop.clone();
     let controller = Controller::for_stream(pools, store)
         .owns(
             deployments,
@@ -230,8 +262,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // The four signals every workerpool process stops on, where
         // `shutdown_on_signal` knows only SIGINT and SIGTERM.
         .graceful_shutdown_on(async move {
-            let signal = stop.await;
-            tracing::info!(signal, "stopping: no new reconcile starts");
+            shutdown.await;
         })
         .run(
             controller::reconcile_watched,
@@ -256,34 +287,90 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 }
             }
         });
+    let controller = until_drained(controller, stop, listed);
     match leadership {
-        Some(mut rx) => {
+        Some((mut rx, task)) => {
             let outcome = tokio::select! {
-                _ = controller => Ok(()),
+                () = controller => Ok(()),
                 lost = async { while rx.changed().await.is_ok() { if !*rx.borrow() { break; } } } => {
                     let () = lost;
                     Err(anyhow::anyhow!("lost leadership of the Lease; exiting so that one leader runs"))
                 }
             };
-            // Hand the Lease over now rather than let it expire: with the
-            // channel closed the lease manager releases it, so a standby
-            // (or the replacement Pod) leads within seconds instead of
-            // after the Lease duration.
-            drop(rx);
-            if let Some(task) = lease_task {
-                match tokio::time::timeout(std::time::Duration::from_secs(5), task).await {
-                    Ok(Ok(Ok(_))) => tracing::info!("released the Lease"),
-                    Ok(Ok(Err(e))) => tracing::warn!(error = %e, "cannot release the Lease"),
-                    Ok(Err(e)) => tracing::warn!(error = %e, "the lease task failed"),
-                    Err(_) => tracing::warn!("releasing the Lease took too long"),
-                }
-            }
+            hand_over(rx, task, true).await;
             outcome
         }
         None => {
             controller.await;
             Ok(())
         }
+    }
+}
+
+/// Awaits `work` unless a stop signal comes first: `None` then, once the
+/// signal is logged.
+async fn unless_stopped<T>(
+    stop: &(impl Future<Output = &'static str> + Clone),
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        signal = stop.clone() => {
+            tracing::info!(signal, "stopping");
+            None
+        }
+        done = work => Some(done),
+    }
+}
+
+/// Runs `controller` until it ends by itself, or after `stop` until the
+/// reconciles it runs have finished, for at most [`DRAIN_FOR`].
+///
+/// Not until kube-runtime's controller ends whatever happens: before its
+/// pools' store is first filled it holds every reconcile, and past a
+/// graceful shutdown it waits for that store rather than noticing that its
+/// input ended. When the pools were never listed (forbidden by RBAC, the
+/// CRD missing, no API server) the shutdown has stopped the watcher that
+/// would have filled it, so it would wait forever; it has no reconcile to
+/// finish either, so the operator stops at once.
+async fn until_drained(
+    controller: impl Future<Output = ()>,
+    stop: impl Future<Output = &'static str>,
+    listed: reflector::Store<Watched>,
+) {
+    tokio::pin!(controller);
+    tokio::select! {
+        () = &mut controller => return,
+        signal = stop => tracing::info!(signal, "stopping: no new reconcile starts"),
+    }
+    if !matches!(listed.wait_until_ready().now_or_never(), Some(Ok(()))) {
+        tracing::info!("the WorkerPools were never listed: no reconcile to wait for");
+        return;
+    }
+    if tokio::time::timeout(DRAIN_FOR, controller).await.is_err() {
+        tracing::warn!(
+            after_s = DRAIN_FOR.as_secs(),
+            "reconciles still running; stopping without them"
+        );
+    }
+}
+
+/// Hands the Lease over: with the channel closed the lease manager
+/// releases it when this replica holds it, so that a standby (or the
+/// replacement Pod) leads within seconds instead of after the Lease's
+/// duration.
+async fn hand_over<T, E: std::fmt::Display>(
+    rx: tokio::sync::watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<Result<T, E>>,
+    leading: bool,
+) {
+    drop(rx);
+    match tokio::time::timeout(RELEASE_FOR, task).await {
+        Ok(Ok(Ok(_))) if leading => tracing::info!("released the Lease"),
+        Ok(Ok(Ok(_))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "cannot release the Lease"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "the lease task failed"),
+        Err(_) => tracing::warn!("releasing the Lease took too long"),
     }
 }
 

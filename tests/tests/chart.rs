@@ -854,6 +854,8 @@ fn values_outside_the_schema_are_refused() {
         "prometheusRule.redisEvictedKeys.window=soon",
         "prometheusRule.workersLost.unknownSetting=1",
         "prometheusRule.tracesDropped.window=soon",
+        "prometheusRule.poolUnreadable.for=soon",
+        "prometheusRule.poolUnreadable.threshold=1",
         "podMonitor.interval=30",
         "podMonitor.namespaces[0]=Not_A_Namespace",
         "grafana.dashboard.enabled=yes",
@@ -1089,12 +1091,13 @@ fn clusters_without_crd_validation_rules_are_refused() {
 }
 
 /// Every alert the chart's PrometheusRule defines.
-const ALERTS: [&str; 9] = [
+const ALERTS: [&str; 10] = [
     "WorkerPoolBacklogTooOld",
     "WorkerPoolAtMaxReplicas",
     "WorkerPoolQueueUnreachable",
     "WorkerPoolRedisMayEvictJobs",
     "WorkerPoolRedisEvictedKeys",
+    "WorkerPoolUnreadable",
     "WorkerPoolDeadLettersGrowing",
     "WorkerPoolWorkersLost",
     "WorkerPoolTracesDropped",
