@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
     HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, Probe, SeccompProfile,
     SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
@@ -35,6 +36,16 @@ pub const REDIS_CLIENT_DIR: &str = "/etc/workerpool/redis-client";
 pub const OTEL_CA_DIR: &str = "/etc/workerpool/otel-ca";
 /// Where the client certificate Secret of `spec.tracing.tls` is mounted.
 pub const OTEL_CLIENT_DIR: &str = "/etc/workerpool/otel-client";
+/// The Pod's own `emptyDir` that keeps the worker's instance file across
+/// restarts of its container.
+pub const INSTANCE_VOLUME: &str = "workerpool-instance";
+/// Where [`INSTANCE_VOLUME`] is mounted in the worker container.
+pub const INSTANCE_DIR: &str = "/run/workerpool";
+/// The worker's `--instance-file`, in [`INSTANCE_DIR`].
+pub const INSTANCE_FILE: &str = "/run/workerpool/instance";
+/// The size limit of [`INSTANCE_VOLUME`]: it holds one short line and a
+/// lock file.
+const INSTANCE_VOLUME_SIZE: &str = "1Mi";
 
 /// Why a pool's Deployment cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +115,9 @@ pub fn worker_settings(
         ),
         listen,
         rate_limit: worker.rate_limit.clone(),
+        // Local mode runs without it; a Deployment's worker gets its Pod's
+        // own (see `build`).
+        instance_file: None,
     }
 }
 
@@ -131,7 +145,16 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
         None if pod.containers.len() == 1 => 0,
         None => return Err(BuildError::NoWorkerContainer),
     };
-    inject(&mut pod.containers[worker], pool);
+    // A template that mounts something of its own at the instance
+    // directory keeps it (two mounts at one path are refused), and its
+    // worker runs without the instance file: that directory may not be
+    // private to the Pod.
+    let instance_dir_free = !pod.containers[worker]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path.trim_end_matches('/') == INSTANCE_DIR);
+    inject(&mut pod.containers[worker], pool, instance_dir_free);
     mount_tls(pod, worker, pool);
     let pod_security = pod.security_context.clone().unwrap_or_default();
     if secure_by_default(&mut pod.containers[worker], &pod_security) {
@@ -143,6 +166,9 @@ pub fn build(pool: &WorkerPool, replicas: i32) -> Result<Deployment, BuildError>
                 ..Volume::default()
             });
         }
+    }
+    if instance_dir_free {
+        mount_instance_dir(pod, worker);
     }
 
     Ok(Deployment {
@@ -306,6 +332,33 @@ fn mount_tls(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize, pool:
     all.extend(volumes);
 }
 
+/// Mounts the Pod's own `emptyDir` at [`INSTANCE_DIR`] in the worker
+/// container, for its [`INSTANCE_FILE`]. An `emptyDir` lives as long as
+/// the Pod and is shared by no other Pod, and the kubelet runs one
+/// instance of a container at a time: the file lets a restarted worker
+/// take back its previous run's jobs at once (docs/queue-contract.md, "Lost
+/// workers"). A volume of the template with the same name gives way.
+fn mount_instance_dir(pod: &mut k8s_openapi::api::core::v1::PodSpec, worker: usize) {
+    pod.containers[worker]
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: INSTANCE_VOLUME.into(),
+            mount_path: INSTANCE_DIR.into(),
+            ..VolumeMount::default()
+        });
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    volumes.retain(|v| v.name != INSTANCE_VOLUME);
+    volumes.push(Volume {
+        name: INSTANCE_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: None,
+            size_limit: Some(Quantity(INSTANCE_VOLUME_SIZE.into())),
+        }),
+        ..Volume::default()
+    });
+}
+
 /// Gives the worker container the settings of the `restricted` Pod Security
 /// Standard wherever the template leaves them unset: non-root (as the
 /// worker image's user when no user is given), no privilege escalation, no
@@ -372,9 +425,6 @@ pub fn secure_by_default(container: &mut Container, pod: &PodSecurityContext) ->
     needs_tmp
 }
 
-/// Adds the queue settings, the worker id, the port and the probes to the
-/// worker container. Settings from the spec replace same-named variables
-/// the template sets, so the spec stays the one source.
 /// The `OTEL_*` variables `spec.tracing` asks for: the endpoint, the
 /// service (the pool's name) and the resource (namespace, pool, pod), the
 /// headers from their Secret, and the sampler when a percentage is set.
@@ -442,7 +492,11 @@ pub fn tracing_tls_env(pool: &WorkerPool) -> Vec<EnvVar> {
     env
 }
 
-fn inject(container: &mut Container, pool: &WorkerPool) {
+/// Adds the queue settings, the worker id, the instance file (with
+/// `instance_file`), the port and the probes to the worker container.
+/// Settings from the spec replace same-named variables the template sets,
+/// so the spec stays the one source.
+fn inject(container: &mut Container, pool: &WorkerPool, instance_file: bool) {
     let redis = &pool.spec.queue.redis;
     let mut ours = Vec::new();
     // A URL from a Secret is a reference the kubelet resolves, not a value.
@@ -454,7 +508,10 @@ fn inject(container: &mut Container, pool: &WorkerPool) {
         (url, None) => Some(url.clone().unwrap_or_default()),
     };
     let listen = std::net::SocketAddr::from(([0, 0, 0, 0], WORKER_PORT as u16));
-    for (name, value) in worker_settings(pool, url, mounted_tls(pool), listen).to_env() {
+    let mut settings = worker_settings(pool, url, mounted_tls(pool), listen);
+    // In the cluster only: see mount_instance_dir.
+    settings.instance_file = instance_file.then(|| INSTANCE_FILE.into());
+    for (name, value) in settings.to_env() {
         ours.push(plain(name, value));
         // The pod's name, right after the address as it has always been,
         // so the pod template of a running pool does not change.
@@ -668,6 +725,7 @@ pub(crate) mod tests {
                 {"name": "WORKERPOOL_WORKER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "WORKERPOOL_RATE_LIMIT", "value": "600/1m"},
                 {"name": "WORKERPOOL_MAX_PAYLOAD_BYTES", "value": "1048576"},
+                {"name": "WORKERPOOL_INSTANCE_FILE", "value": "/run/workerpool/instance"},
             ])
         );
         let worker = pod
@@ -803,7 +861,10 @@ pub(crate) mod tests {
         let pod = pod_of(&d);
         assert_eq!(
             serde_json::to_value(&pod.volumes).expect("json"),
-            json!([{"name": "workerpool-tmp", "emptyDir": {}}])
+            json!([
+                {"name": "workerpool-tmp", "emptyDir": {}},
+                {"name": "workerpool-instance", "emptyDir": {"sizeLimit": "1Mi"}}
+            ])
         );
         let worker = pod
             .containers
@@ -812,7 +873,10 @@ pub(crate) mod tests {
             .expect("worker");
         assert_eq!(
             serde_json::to_value(&worker.volume_mounts).expect("json"),
-            json!([{"name": "workerpool-tmp", "mountPath": "/tmp"}])
+            json!([
+                {"name": "workerpool-tmp", "mountPath": "/tmp"},
+                {"name": "workerpool-instance", "mountPath": "/run/workerpool"}
+            ])
         );
     }
 
@@ -840,7 +904,11 @@ pub(crate) mod tests {
             }),
             "the pod's user and seccomp profile are kept, not overridden per container"
         );
-        assert_eq!(pod_of(&d).volumes.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            volume_names(&d),
+            ["scratch", "workerpool-instance"],
+            "no /tmp of ours beside the template's"
+        );
     }
 
     #[test]
@@ -869,7 +937,7 @@ pub(crate) mod tests {
             "replicas": 1
         }));
         let d = build(&p, 1).expect("build");
-        assert_eq!(pod_of(&d).volumes.as_ref().map(Vec::len), Some(1));
+        assert_eq!(volume_names(&d), ["t", "workerpool-instance"]);
     }
 
     #[test]
@@ -952,7 +1020,8 @@ pub(crate) mod tests {
                 "workerpool-redis-ca",
                 "workerpool-otel-ca",
                 "workerpool-otel-client",
-                "workerpool-tmp"
+                "workerpool-tmp",
+                "workerpool-instance"
             ]
         );
         assert_eq!(
@@ -964,6 +1033,87 @@ pub(crate) mod tests {
             mounts[2],
             json!({"name": "workerpool-otel-client", "mountPath": "/etc/workerpool/otel-client", "readOnly": true})
         );
+    }
+
+    fn volume_names(d: &Deployment) -> Vec<String> {
+        pod_of(d)
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.clone())
+            .collect()
+    }
+
+    /// The worker's instance file lives in the Pod's own emptyDir, kept
+    /// across restarts of its container and shared with no other Pod.
+    #[test]
+    fn the_worker_gets_an_instance_file_in_an_emptydir_of_its_pod() {
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {
+                "volumes": [
+                    {"name": "data", "emptyDir": {}},
+                    {"name": "workerpool-instance", "hostPath": {"path": "/var/shared"}}
+                ],
+                "containers": [
+                    {"name": "worker", "image": "w",
+                     "env": [{"name": "WORKERPOOL_INSTANCE_FILE", "value": "/data/mine"}],
+                     "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                    {"name": "sidecar", "image": "s"}
+                ]
+            }},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        assert_eq!(
+            env_value(&d, "WORKERPOOL_INSTANCE_FILE"),
+            Some(json!("/run/workerpool/instance")),
+            "the operator's path replaces the template's"
+        );
+        let pod = pod_of(&d);
+        let volumes = serde_json::to_value(&pod.volumes).expect("json");
+        assert_eq!(
+            volumes,
+            json!([
+                {"name": "data", "emptyDir": {}},
+                {"name": "workerpool-tmp", "emptyDir": {}},
+                {"name": "workerpool-instance", "emptyDir": {"sizeLimit": "1Mi"}}
+            ]),
+            "a template volume of the operator's name gives way: the directory must be the Pod's own"
+        );
+        let worker = pod
+            .containers
+            .iter()
+            .find(|c| c.name == "worker")
+            .expect("worker");
+        let mounts = serde_json::to_value(&worker.volume_mounts).expect("json");
+        assert_eq!(
+            mounts.as_array().and_then(|m| m.last()),
+            Some(&json!({"name": "workerpool-instance", "mountPath": "/run/workerpool"})),
+            "{mounts}"
+        );
+        let sidecar = pod
+            .containers
+            .iter()
+            .find(|c| c.name == "sidecar")
+            .expect("sidecar");
+        assert!(sidecar.volume_mounts.is_none(), "only the worker mounts it");
+
+        // A template that mounts its own volume at that directory keeps it,
+        // and its worker runs without the file (today's shared-id rule):
+        // that volume may not be private to the Pod.
+        let p = pool(json!({
+            "queue": {"redis": {"url": "redis://r", "key": "q"}},
+            "template": {"spec": {
+                "volumes": [{"name": "run", "emptyDir": {}}],
+                "containers": [{"name": "worker", "image": "w",
+                    "volumeMounts": [{"name": "run", "mountPath": "/run/workerpool/"}]}]
+            }},
+            "replicas": 1
+        }));
+        let d = build(&p, 1).expect("build");
+        assert_eq!(env_value(&d, "WORKERPOOL_INSTANCE_FILE"), None);
+        assert_eq!(volume_names(&d), ["run", "workerpool-tmp"]);
     }
 
     #[test]

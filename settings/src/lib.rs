@@ -67,6 +67,10 @@ pub const WORKER_ID: &str = "WORKERPOOL_WORKER_ID";
 pub const RATE_LIMIT: &str = "WORKERPOOL_RATE_LIMIT";
 /// `--require-noeviction`: `true` refuses a Redis that may evict keys.
 pub const REQUIRE_NOEVICTION: &str = "WORKERPOOL_REQUIRE_NOEVICTION";
+/// `--instance-file`: a file private to this worker's container (a pod's
+/// own `emptyDir`) where each process leaves its instance for the next, so
+/// a restarted container takes back its previous run's jobs at once.
+pub const INSTANCE_FILE: &str = "WORKERPOOL_INSTANCE_FILE";
 
 /// What the operator sets for each worker of a pool, in a Deployment and in
 /// local mode alike; the worker's defaults stand for everything else.
@@ -100,6 +104,11 @@ pub struct WorkerSettings {
     /// At most N job starts per period on each queue, as `N/PERIOD`
     /// (`600/1m`); `None`: no limit.
     pub rate_limit: Option<String>,
+    /// Where each process of the worker's container leaves its instance
+    /// for the next; `None` (local mode, where two processes may share a
+    /// worker id) leaves an earlier process's jobs until its heartbeat is
+    /// stale.
+    pub instance_file: Option<PathBuf>,
 }
 
 impl WorkerSettings {
@@ -142,6 +151,9 @@ impl WorkerSettings {
         }
         if self.tls.insecure_skip_verify {
             env.push((REDIS_TLS_INSECURE_SKIP_VERIFY, "true".into()));
+        }
+        if let Some(path) = &self.instance_file {
+            env.push((INSTANCE_FILE, path.display().to_string()));
         }
         env
     }
@@ -258,6 +270,7 @@ mod tests {
             shutdown_timeout: Duration::from_millis(55_000),
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             rate_limit: None,
+            instance_file: None,
         }
     }
 
@@ -278,13 +291,15 @@ mod tests {
         s.job_timeout = Duration::from_millis(1500);
         s.tls.insecure_skip_verify = true;
         s.tls.client_key = Some("/k/tls.key".into());
+        s.instance_file = Some("/run/workerpool/instance".into());
         let env = s.to_env();
         assert!(env.contains(&(JOB_TIMEOUT, "1500ms".into())), "{env:?}");
         assert_eq!(
-            env[env.len() - 2..],
+            env[env.len() - 3..],
             [
                 (REDIS_CLIENT_KEY, "/k/tls.key".to_string()),
-                (REDIS_TLS_INSECURE_SKIP_VERIFY, "true".into())
+                (REDIS_TLS_INSECURE_SKIP_VERIFY, "true".into()),
+                (INSTANCE_FILE, "/run/workerpool/instance".into()),
             ]
         );
     }
@@ -314,6 +329,7 @@ mod tests {
             WORKER_ID,
             RATE_LIMIT,
             REQUIRE_NOEVICTION,
+            INSTANCE_FILE,
         ];
         let distinct: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(distinct.len(), names.len());

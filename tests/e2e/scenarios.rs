@@ -43,6 +43,10 @@ pub const ALL: &[crate::Scenario] = &[
         a_job_longer_than_the_grace_period_goes_back_to_the_queue_and_runs_elsewhere,
     ),
     (
+        "a_killed_worker_container_takes_back_its_jobs_at_its_restart_not_after_dead_after",
+        a_killed_worker_container_takes_back_its_jobs_at_its_restart_not_after_dead_after,
+    ),
+    (
         "a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes",
         a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes,
     ),
@@ -494,6 +498,121 @@ fn a_job_longer_than_the_grace_period_goes_back_to_the_queue_and_runs_elsewhere(
     let ran_on = &done["long"][0];
     assert_ne!(ran_on, &first, "the job ran again on another worker");
     eprintln!("  {first} returned the job after {took:.1?}; {ran_on} ran it");
+}
+
+/// SIGKILLs the worker process of a Pod's worker container, as the
+/// kernel's out-of-memory killer would: the container ends (its PID 1,
+/// tini, exits with the worker's status) and the kubelet restarts it in
+/// the same Pod.
+fn kill_worker_process(k: &Cluster, namespace: &str, pod: &str) {
+    const KILL: &str = r#"
+import os, signal
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv0 = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")[0]
+    except OSError:
+        continue
+    if argv0.endswith(b"/workerpool-worker"):
+        os.kill(int(p), signal.SIGKILL)
+"#;
+    let killed = k.try_kubectl(&[
+        "exec", "-n", namespace, pod, "-c", "worker", "--", "python3", "-c", KILL,
+    ]);
+    // The container may end before this process does, taking it along.
+    if let Err(e) = killed
+        && !e.contains("exit code 137")
+    {
+        panic!("{e}");
+    }
+}
+
+fn a_killed_worker_container_takes_back_its_jobs_at_its_restart_not_after_dead_after(e2e: &E2e) {
+    let k = &e2e.cluster;
+    let ns = Namespace::create(k, "e2e-crash");
+    let redis = Redis::start(k, &ns.name);
+    // One worker of four slots, declaring a minute before it counts as
+    // lost: jobs back within half of that were not returned by waiting for
+    // its heartbeat to go stale.
+    let dead_after = Duration::from_secs(60);
+    let pool = Pool::new("mail", &redis)
+        .manual(1)
+        .concurrency(4)
+        .with(|spec| {
+            spec["template"]["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .expect("env")
+                .push(json!({"name": "WORKERPOOL_DEAD_AFTER", "value": "60s"}));
+        });
+    k.apply(&ns.name, &pool.manifest());
+    let pod = ready_workers(k, &ns.name, "mail", 1).remove(0);
+
+    let ids: Vec<String> = (0..12).map(|i| format!("job-{i}")).collect();
+    redis.push("mail", &ids, 3000);
+    let holding = eventually(Duration::from_secs(30), "the worker busy", |last| {
+        let holding = redis.holding("mail");
+        *last = format!("{holding:?}");
+        (holding.get(&pod).map(Vec::len) == Some(4)).then_some(holding)
+    });
+    let killed_with = holding[&pod].clone();
+    kill_worker_process(k, &ns.name, &pod);
+    let killed = Instant::now();
+
+    let restarted = eventually(Duration::from_secs(60), "the container restarted", |last| {
+        let p = k.get(&["pod", "-n", &ns.name, &pod])?;
+        let worker = p["status"]["containerStatuses"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == "worker")?
+            .clone();
+        *last = worker.to_string();
+        (worker["restartCount"] == 1 && worker["state"]["running"].is_object()).then_some(worker)
+    });
+    let restart_took = killed.elapsed();
+    assert_eq!(
+        restarted["lastState"]["terminated"]["exitCode"],
+        json!(137),
+        "the container ended with the SIGKILLed worker: {restarted}"
+    );
+
+    let done = eventually(Duration::from_secs(120), "every job done", |last| {
+        let done = redis.done();
+        *last = format!("{} of {}: {done:?}", done.len(), ids.len());
+        (done.len() == ids.len()).then_some(done)
+    });
+    let took = killed.elapsed();
+    assert!(
+        took < dead_after / 2,
+        "the 12 jobs took {took:.1?} after the kill: the restarted container waited for its \
+         previous run's heartbeat ({dead_after:?}) instead of taking back its jobs"
+    );
+    // At least once: only a job in hand at the kill may have run twice.
+    for (id, ran_on) in &done {
+        assert!(
+            ran_on.len() == 1 || killed_with.contains(id),
+            "{id} ran more than once: {ran_on:?}"
+        );
+        assert!(ran_on.iter().all(|p| *p == pod), "{id}: {ran_on:?}");
+    }
+    assert_eq!(
+        redis.cli(&["GET", "mail:stats:recovered"]).trim(),
+        "4",
+        "the four jobs in hand at the kill were returned"
+    );
+    // The last acknowledgements follow the handler's records closely.
+    eventually(Duration::from_secs(10), "nothing left anywhere", |last| {
+        let left = redis.jobs_anywhere("mail");
+        *last = format!("{left} jobs");
+        (left == 0).then_some(())
+    });
+    let log = k.kubectl(&["logs", "-n", &ns.name, &pod, "-c", "worker"]);
+    assert!(
+        log.contains("returned the jobs of this container's previous run at once"),
+        "{log}"
+    );
+    eprintln!(
+        "  killed {pod}'s worker with 4 of 12 jobs in hand: restarted in {restart_took:.1?}, \
+         all 12 done {took:.1?} after the kill (dead-after {dead_after:?})"
+    );
 }
 
 fn a_scale_down_removes_the_idle_workers_and_the_busy_one_finishes(e2e: &E2e) {

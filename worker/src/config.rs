@@ -2,6 +2,7 @@
 //! `WORKERPOOL_*` environment variable, validated into a [`Config`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -52,6 +53,13 @@ pub struct Config {
     /// Refuse to run against a Redis whose `maxmemory-policy` is not
     /// `noeviction` (by default such a Redis gets a loud warning).
     pub require_noeviction: bool,
+    /// A file private to this worker's container where each process
+    /// leaves its instance for the next: the instance it names, once its
+    /// lock is free, has exited, and its jobs are returned at start without
+    /// waiting for its heartbeat to go stale. `None`: an earlier process's
+    /// jobs wait for its heartbeat to go stale, since it may be a live
+    /// process given the same worker id.
+    pub instance_file: Option<PathBuf>,
 }
 
 /// The largest `--max-payload-bytes`: Redis keeps no value longer than
@@ -79,6 +87,7 @@ impl Config {
             worker_id: default_worker_id(),
             rate_limit: None,
             require_noeviction: false,
+            instance_file: None,
         }
     }
 
@@ -325,6 +334,15 @@ pub struct Args {
     #[arg(long, env = settings::REQUIRE_NOEVICTION)]
     pub require_noeviction: bool,
 
+    /// A file private to this worker's container, kept across its
+    /// restarts (the operator sets a Pod's own emptyDir): each process
+    /// writes its instance there at start, holding a lock on FILE.lock
+    /// while it runs. A restarted process whose predecessor's lock is free
+    /// knows it has exited and returns its jobs at once, instead of after
+    /// --dead-after. Never share one between machines or pods.
+    #[arg(long, env = settings::INSTANCE_FILE, value_name = "FILE")]
+    pub instance_file: Option<PathBuf>,
+
     /// Handler command for exec, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -411,6 +429,7 @@ impl Args {
             worker_id: self.worker_id.unwrap_or_else(default_worker_id),
             rate_limit: self.rate_limit,
             require_noeviction: self.require_noeviction,
+            instance_file: self.instance_file,
         };
         config.validate()?;
         Ok((config, handler))
@@ -642,6 +661,7 @@ mod tests {
             shutdown_timeout: Duration::from_millis(7_500),
             listen: SocketAddr::from(([127, 0, 0, 1], 9181)),
             rate_limit: Some("600/1m".into()),
+            instance_file: Some("/run/workerpool/instance".into()),
         };
         let command = Args::command();
         let mut argv = vec!["workerpool-worker".to_string(), "--handler=noop".into()];
@@ -678,6 +698,7 @@ mod tests {
             config.rate_limit.map(|r| r.to_string()),
             settings.rate_limit
         );
+        assert_eq!(config.instance_file, settings.instance_file);
         // Not one of them is a default of the worker's.
         let defaults = Config::new("redis://h", vec!["q".into()]);
         assert_ne!(config.concurrency, defaults.concurrency);
@@ -687,6 +708,7 @@ mod tests {
         assert_ne!(config.shutdown_timeout, defaults.shutdown_timeout);
         assert_ne!(config.redis_mode, defaults.redis_mode);
         assert_ne!(config.tls, defaults.tls);
+        assert_ne!(config.instance_file, defaults.instance_file);
     }
 
     /// The documented rule, WORKERPOOL_<FLAG>, holds for every flag: a
@@ -707,6 +729,6 @@ mod tests {
             assert_eq!(env.to_str(), Some(expected.as_str()), "--{long}");
             named += 1;
         }
-        assert_eq!(named, 22, "every flag but the command has its variable");
+        assert_eq!(named, 23, "every flag but the command has its variable");
     }
 }

@@ -287,6 +287,171 @@ async fn jobs_of_a_worker_killed_with_sigkill_are_recovered_by_another_and_none_
     );
 }
 
+/// Worker settings of the instance-file tests: four slots, sleeping jobs,
+/// and a --dead-after of a minute, so jobs back within seconds were not
+/// returned by waiting for a heartbeat to go stale.
+fn restart_args<'a>(queue: &'a str, file: &'a str) -> Vec<&'a str> {
+    vec![
+        "--queue",
+        queue,
+        "--handler",
+        "sleep",
+        "--concurrency",
+        "4",
+        "--heartbeat-interval",
+        "1s",
+        "--dead-after",
+        "60s",
+        "--worker-id",
+        "pod-a",
+        "--instance-file",
+        file,
+    ]
+}
+
+/// The instances registered on a queue, with their last beats.
+async fn registered(c: &mut MultiplexedConnection, q: &QueueKeys) -> Vec<(String, u64)> {
+    workerpool_queue::ops::workers(c, q).await.expect("workers")
+}
+
+/// Waits until the jobs of `q` held by every worker number `n`.
+async fn holding(c: &MultiplexedConnection, q: &QueueKeys, n: usize) {
+    eventually(WAIT, &format!("{n} jobs held"), || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (processing_total(&mut c, &q).await == n).then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_restarted_worker_takes_back_its_killed_predecessors_jobs_at_once_through_its_instance_file()
+ {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("restart");
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("instance");
+    let file_arg = file.to_str().expect("a UTF-8 path");
+    push(
+        &mut c,
+        q.name(),
+        (0..12).map(|n| json!({"data": {"ms": 1000, "n": n}})),
+    )
+    .await;
+    let args = restart_args("restart", file_arg);
+    let mut first = Worker::start(&redis, &args, &[]);
+    holding(&c, &q, 4).await;
+    let named = std::fs::read_to_string(&file).expect("the first process named itself");
+    first.signal("KILL");
+    first.wait_exit(WAIT).await;
+    let killed = Instant::now();
+    // Its heartbeat is fresh, within the minute it declared: without the
+    // file the next process would leave its four jobs for that minute.
+    let before = registered(&mut c, &q).await;
+    assert_eq!(
+        before
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>(),
+        [named.trim()]
+    );
+    assert_eq!(processing_total(&mut c, &q).await, 4);
+
+    let log = dir.path().join("second.log");
+    let mut second = Worker::start_logging(&redis, &args, &log);
+    wait_processed(&c, &q, 12).await;
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "all 12 jobs done {took:?} after the kill, well within the 60 s --dead-after"
+    );
+    assert_eq!(counter(&mut c, q.stats_recovered()).await, 4);
+    // The predecessor is gone from the registry; the file names the one
+    // registered now, for the next restart.
+    let now = registered(&mut c, &q).await;
+    let named_now = std::fs::read_to_string(&file).expect("named");
+    assert_eq!(
+        now.iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>(),
+        [named_now.trim()]
+    );
+    assert_ne!(named_now, named);
+    second.signal("TERM");
+    assert!(second.wait_exit(WAIT).await.success());
+    let said = lines(&log).join("\n");
+    assert!(
+        said.contains("returned the jobs of this container's previous run at once"),
+        "{said}"
+    );
+    assert!(!said.contains("another live worker"), "{said}");
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 12);
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+    eprintln!("12 jobs, 4 of them held by the killed process: all done {took:.1?} after the kill");
+}
+
+#[tokio::test]
+async fn a_second_live_process_given_the_same_id_and_instance_file_leaves_the_first_ones_jobs_alone()
+ {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("twins");
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("instance");
+    let file_arg = file.to_str().expect("a UTF-8 path");
+    push(
+        &mut c,
+        q.name(),
+        (0..4).map(|n| json!({"data": {"ms": 4000, "n": n}})),
+    )
+    .await;
+    let args = restart_args("twins", file_arg);
+    let mut first = Worker::start(&redis, &args, &[]);
+    holding(&c, &q, 4).await;
+    let named = std::fs::read_to_string(&file).expect("the first process named itself");
+
+    // The same id and the same file, by hand, while the first runs: the
+    // file's lock is held, so it proves nothing about the first process.
+    let log = dir.path().join("second.log");
+    let mut second = Worker::start_logging(&redis, &args, &log);
+    eventually(WAIT, "the second process registered", || {
+        let mut c = c.clone();
+        let q = q.clone();
+        async move { (registered(&mut c, &q).await.len() == 2).then_some(()) }
+    })
+    .await;
+    let first_instance = named.trim();
+    assert_eq!(
+        c.llen::<_, usize>(q.processing(first_instance))
+            .await
+            .expect("llen"),
+        4,
+        "the first process's jobs are its own"
+    );
+    second.signal("TERM");
+    assert!(second.wait_exit(WAIT).await.success());
+    let said = lines(&log).join("\n");
+    assert!(
+        said.contains("another live process holds this file"),
+        "{said}"
+    );
+    assert!(
+        said.contains("another live worker uses --worker-id"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("named"),
+        named,
+        "the second process did not write the file it does not hold"
+    );
+    wait_processed(&c, &q, 4).await;
+    first.signal("TERM");
+    assert!(first.wait_exit(WAIT).await.success());
+    assert_eq!(counter(&mut c, q.stats_recovered()).await, 0);
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 4);
+}
+
 #[tokio::test]
 async fn sigterm_lets_jobs_that_fit_finish_and_returns_the_rest_to_the_head_of_the_queue() {
     let redis = TestRedis::start();

@@ -423,6 +423,75 @@ async fn a_second_live_worker_with_the_same_id_leaves_the_first_ones_jobs_alone(
     assert_eq!(counter(&mut c, q.stats_recovered()).await, 0);
 }
 
+/// The instance file is outside input: only an instance of this worker's
+/// own id that it names is taken for exited. One of another id, or
+/// content that names no instance, hands over nothing, and live instances
+/// it does not name keep the shared-id rule.
+#[tokio::test]
+async fn an_instance_file_naming_another_worker_id_or_nothing_hands_over_no_live_jobs() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("misnamed");
+    let (other, twin) = ("pod-b~00c0ffee", "pod-a~0000beef");
+    for live in [other, twin] {
+        let _: i64 = c
+            .lpush(
+                q.processing(live),
+                json!({"id": live, "attempt": 1}).to_string(),
+            )
+            .await
+            .expect("lpush");
+        let _: i64 = c
+            .hset(q.worker(live), "dead_after_ms", 60_000)
+            .await
+            .expect("hset");
+    }
+    let beating = {
+        let mut c = c.clone();
+        let key = q.workers();
+        tokio::spawn(async move {
+            loop {
+                let now = server_time_ms(&mut c).await;
+                for live in [other, twin] {
+                    let _: i64 = c.zadd(&key, live, now).await.expect("zadd");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("instance");
+    for (n, content) in [&b"pod-b~00c0ffee\n"[..], b"\xff\xfenot an instance"]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(&file, content).expect("write");
+        let id = format!("new-{n}");
+        push(&mut c, q.name(), &[json!({"id": id}).to_string()]).await;
+        let handler = Recorder::new(|_| Outcome::Done);
+        let mut cfg = config(&redis, &["misnamed"], "pod-a");
+        cfg.instance_file = Some(file.clone());
+        let worker = start(cfg, handler.clone());
+        eventually(WAIT, "the waiting job done", || {
+            let h = handler.clone();
+            async move { (h.seen().len() == 1).then_some(()) }
+        })
+        .await;
+        // The worker names itself in the file it holds, for its next run.
+        let named = std::fs::read_to_string(&file).expect("read");
+        assert!(named.starts_with("pod-a~"), "{named:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        worker.stop().await;
+        assert_eq!(handler.seen()[0].id(), id, "only the waiting job ran here");
+        assert_eq!(handler.seen().len(), 1);
+    }
+    beating.abort();
+    for live in [other, twin] {
+        assert_eq!(len(&mut c, &q.processing(live)).await, 1, "{live}");
+    }
+    assert_eq!(counter(&mut c, q.stats_recovered()).await, 0);
+}
+
 #[tokio::test]
 async fn a_silent_worker_is_reaped_by_another_and_its_jobs_run_again() {
     let redis = TestRedis::start();

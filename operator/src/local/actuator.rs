@@ -94,7 +94,18 @@ impl WorkerCommand {
         }
         let mut env: Vec<(String, String)> = Vec::new();
         for var in container.env.iter().flatten() {
-            if var.value_from.is_some() {
+            if var.name == workerpool_settings::INSTANCE_FILE {
+                // Two local runs of one pool give their workers the same
+                // ids, and a file on this machine is not private to one
+                // of them as a Pod's own volume is: an earlier process's
+                // jobs wait for its heartbeat to go stale, as the worker
+                // does without the file.
+                notes.push(format!(
+                    "{field}.env {:?} is not set locally: a restarted local worker takes back its \
+                     earlier process's jobs once that one's heartbeat is stale",
+                    var.name
+                ));
+            } else if var.value_from.is_some() {
                 notes.push(format!(
                     "{field}.env {:?} uses valueFrom, which local mode cannot resolve: not set",
                     var.name
@@ -632,6 +643,8 @@ spec:
         for var in pod.containers[0].env.iter().flatten() {
             match var.name.as_str() {
                 "WORKERPOOL_LISTEN" | "WORKERPOOL_WORKER_ID" | "TOKEN" => {}
+                // The Pod's own volume: local workers run without it.
+                "WORKERPOOL_INSTANCE_FILE" => assert!(!env.contains_key(&var.name)),
                 "WORKERPOOL_REDIS_URL" => assert!(env.contains_key(&var.name)),
                 name => assert_eq!(Some(&env[name]), var.value.as_ref(), "{name}"),
             }
@@ -667,6 +680,44 @@ spec:
                 "{notes:?}"
             );
         }
+    }
+
+    /// Two local runs of one pool share worker ids, and no file on this
+    /// machine is private to one worker as a Pod's volume is: a local
+    /// worker keeps the shared-id rule, even when the template names a
+    /// file.
+    #[test]
+    fn local_workers_run_without_an_instance_file_even_when_the_template_names_one() {
+        let (command, notes) = command_for(POOL);
+        assert!(
+            !command
+                .env
+                .iter()
+                .any(|(name, _)| name == workerpool_settings::INSTANCE_FILE)
+        );
+        assert!(
+            !notes.iter().any(|n| n.contains("INSTANCE_FILE")),
+            "{notes:?}"
+        );
+        let named = POOL.replace(
+            "        - {name: GREETING, value: hello}\n",
+            "        - {name: GREETING, value: hello}\n        - {name: WORKERPOOL_INSTANCE_FILE, value: /tmp/mail}\n",
+        );
+        let (command, notes) = command_for(&named);
+        assert!(
+            !command
+                .env
+                .iter()
+                .any(|(name, _)| name == workerpool_settings::INSTANCE_FILE),
+            "{:?}",
+            command.env
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("\"WORKERPOOL_INSTANCE_FILE\" is not set locally")),
+            "{notes:?}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use workerpool_queue::ops;
 
 use super::ledger::Activity;
 use super::settle::shown;
-use super::{Error, MEMORY_EVERY, PROMOTE_EVERY, Worker};
+use super::{BLOCK, Error, MEMORY_EVERY, PROMOTE_EVERY, Worker};
 use crate::config::ConfigError;
 
 impl Worker {
@@ -51,10 +51,12 @@ impl Worker {
     }
 
     /// Returns the jobs of this worker id's earlier incarnations (a
-    /// restarted container keeps its pod name) once their heartbeats are
-    /// stale, and registers this one. Another live process with the same
-    /// worker id is left alone with a warning: this one runs beside it
-    /// under its own instance (the id and a nonce).
+    /// restarted container keeps its pod name) and registers this one: at
+    /// once those of the instance the instance file names (it has exited,
+    /// see [`super::instance_file`]), the others once their heartbeats are
+    /// stale. Another live process with the same worker id is left alone
+    /// with a warning: this one runs beside it under its own instance (the
+    /// id and a nonce).
     /// Keeps trying while Redis is unreachable; `false` if shut down first.
     /// Refuses queue names that cannot share a slot when Redis turns out to
     /// be a cluster.
@@ -76,10 +78,21 @@ impl Worker {
             tracing::error!(problem = %refused, "--require-noeviction: not starting");
             return Err(ConfigError(format!("--require-noeviction: {refused}")).into());
         }
+        let predecessor = self.predecessor().clone();
+        let predecessor = predecessor.as_deref();
         let done = self
             .redis
             .persist("register", &stop, |mut c| async move {
                 for q in &self.queues {
+                    if let Some(earlier) = predecessor {
+                        // Regardless of its heartbeat: it has exited.
+                        let n = ops::reap(&mut c, q, earlier, None).await?.unwrap_or(0);
+                        if n > 0 {
+                            tracing::info!(queue = q.name(), earlier = %shown(earlier), jobs = n,
+                                "returned the jobs of this container's previous run at once: it has exited (--instance-file)");
+                            self.metrics.recovered.with_label_values(&[q.name()]).inc_by(n);
+                        }
+                    }
                     for (name, beat) in ops::workers(&mut c, q).await? {
                         let earlier = name != self.instance
                             && Instance::id_of(&name) == Some(self.config.worker_id.as_str());
@@ -105,6 +118,11 @@ impl Worker {
                             ),
                         }
                     }
+                }
+                // Named before it is registered: whatever this instance
+                // comes to hold, the next process here finds it.
+                self.record_instance();
+                for q in &self.queues {
                     let beat = ops::heartbeat(&mut c, q, &self.instance, ttl, &self.beat_details()).await?;
                     self.note_server_time(beat.server_time_ms);
                 }
@@ -112,6 +130,61 @@ impl Worker {
             })
             .await;
         Ok(done.is_some())
+    }
+
+    fn predecessor(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.predecessor.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Names this instance in the instance file, for the next process of
+    /// this container. A file that cannot be written is a warning: the
+    /// next process then waits for this one's heartbeat to go stale.
+    fn record_instance(&self) {
+        let Some(file) = &self.instance_file else {
+            return;
+        };
+        if let Err(e) = file.record(&self.instance) {
+            tracing::warn!(file = %file.path().display(), error = %e,
+                "--instance-file: cannot write it; after a restart of this container the next process will \
+                 wait for this one's heartbeat to go stale before it takes back its jobs");
+        }
+    }
+
+    /// Returns, once, what reached the predecessor's processing lists
+    /// after the start's return: a job that one of its blocking waits
+    /// still moved, had Redis not yet seen its connection close (a proxy
+    /// between may keep it open a moment). Such a wait ends within
+    /// [`BLOCK`] of the predecessor's end, so a look that long after this
+    /// process's start is the last needed; the reaper would never find
+    /// the job, since the predecessor is no longer registered.
+    async fn look_again_at_predecessor(&self, started: Instant) {
+        if started.elapsed() < BLOCK {
+            return;
+        }
+        let Some(earlier) = self.predecessor().clone() else {
+            return;
+        };
+        let Ok(mut c) = self.redis.conn().await else {
+            return;
+        };
+        for q in &self.queues {
+            match ops::reap(&mut c, q, &earlier, None).await {
+                Ok(n) => {
+                    let n = n.unwrap_or(0);
+                    if n > 0 {
+                        tracing::warn!(queue = q.name(), earlier = %shown(&earlier), jobs = n,
+                            "returned jobs that reached this container's previous run after it had exited");
+                        self.metrics
+                            .recovered
+                            .with_label_values(&[q.name()])
+                            .inc_by(n);
+                    }
+                }
+                // Tried again at the next round.
+                Err(_) => return,
+            }
+        }
+        *self.predecessor() = None;
     }
 
     /// Reads the eviction policy and evictions of the Redis that holds each
@@ -204,8 +277,10 @@ impl Worker {
         let mut last_beat: Option<Instant> = None;
         let mut memory_read = Instant::now();
         let mut handler_problem: Option<String> = None;
+        let started = Instant::now();
         loop {
             self.health.tick();
+            self.look_again_at_predecessor(started).await;
             let problem = self.handler.problem();
             if problem.is_some() != handler_problem.is_some() {
                 match &problem {

@@ -25,6 +25,7 @@ use crate::probes::Health;
 mod connection;
 mod drain;
 mod fetch;
+mod instance_file;
 mod intake;
 mod ledger;
 mod maintain;
@@ -32,6 +33,7 @@ mod settle;
 mod shutdown;
 
 use self::connection::Redis;
+use self::instance_file::InstanceFile;
 use self::ledger::Ledger;
 use self::settle::Settling;
 pub use self::shutdown::Shutdown;
@@ -87,6 +89,13 @@ struct Worker {
     memory: Mutex<Vec<Option<workerpool_queue::memory::Memory>>>,
     /// The tracer, when `OTEL_*` turns tracing on.
     otel: Option<crate::otel::Otel>,
+    /// `--instance-file`, its lock held while this worker runs.
+    instance_file: Option<InstanceFile>,
+    /// The instance that ran in this container before this process (read
+    /// from the instance file), known to have exited: its jobs are
+    /// returned at start, and once more a blocking wait's length later
+    /// (see [`Worker::look_again_at_predecessor`]).
+    predecessor: Mutex<Option<String>>,
 }
 
 /// A queue's series of the metrics every job touches.
@@ -209,6 +218,14 @@ pub async fn run(
         dropped: metrics.trace_spans_dropped.clone(),
     })?;
     let instance = Instance::new(config.worker_id.clone());
+    let (instance_file, predecessor) = match config
+        .instance_file
+        .as_deref()
+        .and_then(|path| InstanceFile::claim(path, &config.worker_id))
+    {
+        Some(claimed) => (Some(claimed.file), claimed.predecessor),
+        None => (None, None),
+    };
     let (settler, finished) = tokio::sync::mpsc::unbounded_channel();
     let worker = Arc::new(Worker {
         instance: instance.name(),
@@ -240,6 +257,8 @@ pub async fn run(
         settler,
         memory: Mutex::new(vec![None; config.queues.len()]),
         otel,
+        instance_file,
+        predecessor: Mutex::new(predecessor),
         config,
     });
     tracing::info!(
