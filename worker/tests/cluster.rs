@@ -305,18 +305,19 @@ async fn moving_the_queues_slot_and_failing_its_primary_over_mid_run_lose_no_job
     assert!(!log.contains("ERROR"), "{log}");
 }
 
-/// `calls` of `cmdstat_evalsha` on node `n`.
-fn evalsha_calls(cluster: &TestRedisCluster, n: usize) -> u64 {
+/// `calls` of `cmdstat_<command>` on node `n`.
+fn calls(cluster: &TestRedisCluster, n: usize, command: &str) -> u64 {
     let info: String = cluster.on_node(n, redis::cmd("INFO").arg("commandstats"));
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .and_then(|calls| calls.parse().ok())
         .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_snapshot_of_a_pools_queues_is_one_script_call_on_a_cluster() {
+async fn a_snapshot_of_a_pools_queues_is_one_transaction_on_the_node_that_owns_them() {
     let cluster = TestRedisCluster::start(3, 0);
     let queues = [QueueKeys::new("{mail}:high"), QueueKeys::new("{mail}:low")];
     let owner = cluster.owner(slot(queues[0].name()));
@@ -330,12 +331,11 @@ async fn a_snapshot_of_a_pools_queues_is_one_script_call_on_a_cluster() {
     assert!(conn.is_cluster(), "the mode was asked of the server");
     let mut c = cluster.conn().await;
     let _: () = c.lpush(queues[1].name(), "{}").await.expect("lpush");
-    // The first read loads the script on every primary.
     workerpool_queue::snapshot::read(&mut conn, &queues)
         .await
         .expect("snapshot");
-    let before: Vec<u64> = (0..cluster.len())
-        .map(|n| evalsha_calls(&cluster, n))
+    let before: Vec<(u64, u64)> = (0..cluster.len())
+        .map(|n| (calls(&cluster, n, "exec"), calls(&cluster, n, "evalsha")))
         .collect();
     for _ in 0..5 {
         let snap = workerpool_queue::snapshot::read(&mut conn, &queues)
@@ -343,8 +343,11 @@ async fn a_snapshot_of_a_pools_queues_is_one_script_call_on_a_cluster() {
             .expect("snapshot");
         assert_eq!(snap.queues[1].waiting, 1);
     }
-    for (n, before) in before.into_iter().enumerate() {
-        let calls = evalsha_calls(&cluster, n) - before;
-        assert_eq!(calls, if n == owner { 5 } else { 0 }, "node {n}");
+    // Each read's figures are one MULTI/EXEC on the owner of the queues'
+    // slot, and no script runs anywhere.
+    for (n, (exec, evalsha)) in before.into_iter().enumerate() {
+        let execs = calls(&cluster, n, "exec") - exec;
+        assert_eq!(execs, if n == owner { 5 } else { 0 }, "node {n}");
+        assert_eq!(calls(&cluster, n, "evalsha") - evalsha, 0, "node {n}");
     }
 }
