@@ -551,8 +551,10 @@ fn signal(child: &Child, sig: Signal) {
     }
 }
 
-/// Signals the worker and everything it started (its exec handlers), as the
-/// kubelet's SIGKILL ends every process of a container.
+/// Signals the worker's process group, as the kubelet's SIGKILL ends every
+/// process of a container. Its exec handlers and their keeper lead groups
+/// of their own; the keeper kills the handlers' groups once the worker is
+/// gone, and then exits.
 fn signal_group(child: &Child, sig: Signal) {
     if let Some(pid) = pid_of(child) {
         let _ = rustix::process::kill_process_group(pid, sig);
