@@ -105,6 +105,7 @@ pub fn worker_settings(
         tls,
         queues: spec.queue.redis.queue_names(),
         concurrency: positive(worker.concurrency),
+        children: None,
         max_attempts: positive(worker.max_attempts),
         max_payload_bytes: worker
             .max_payload_bytes

@@ -71,6 +71,13 @@ pub const REQUIRE_NOEVICTION: &str = "WORKERPOOL_REQUIRE_NOEVICTION";
 /// own `emptyDir`) where each process leaves its instance for the next, so
 /// a restarted container takes back its previous run's jobs at once.
 pub const INSTANCE_FILE: &str = "WORKERPOOL_INSTANCE_FILE";
+/// How many exec handler processes share the concurrency's slots (unset:
+/// one per slot).
+pub const CHILDREN: &str = "WORKERPOOL_CHILDREN";
+/// Set by the worker in each exec handler process's environment: how many
+/// jobs that process holds at once (its share of the slots). Above 1, the
+/// process speaks the multiplexed protocol (docs/worker.md).
+pub const JOBS_PER_CHILD: &str = "WORKERPOOL_JOBS_PER_CHILD";
 
 /// What the operator sets for each worker of a pool, in a Deployment and in
 /// local mode alike; the worker's defaults stand for everything else.
@@ -89,6 +96,9 @@ pub struct WorkerSettings {
     pub queues: Vec<String>,
     /// Jobs run at once in each worker.
     pub concurrency: u32,
+    /// How many exec handler processes share those slots; `None`: one per
+    /// slot, the worker's default.
+    pub children: Option<u32>,
     /// Attempts before a job is dead-lettered.
     pub max_attempts: u32,
     /// The longest payload in bytes; `None`: the worker's default.
@@ -132,6 +142,9 @@ impl WorkerSettings {
         ]);
         if let Some(mode) = self.redis_mode {
             env.push((REDIS_MODE, mode.to_string()));
+        }
+        if let Some(children) = self.children {
+            env.push((CHILDREN, children.to_string()));
         }
         if let Some(rate) = &self.rate_limit {
             env.push((RATE_LIMIT, rate.clone()));
@@ -271,6 +284,7 @@ mod tests {
             listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             rate_limit: None,
             instance_file: None,
+            children: None,
         }
     }
 
@@ -292,8 +306,10 @@ mod tests {
         s.tls.insecure_skip_verify = true;
         s.tls.client_key = Some("/k/tls.key".into());
         s.instance_file = Some("/run/workerpool/instance".into());
+        s.children = Some(1);
         let env = s.to_env();
         assert!(env.contains(&(JOB_TIMEOUT, "1500ms".into())), "{env:?}");
+        assert!(env.contains(&(CHILDREN, "1".into())), "{env:?}");
         assert_eq!(
             env[env.len() - 3..],
             [
@@ -330,6 +346,8 @@ mod tests {
             RATE_LIMIT,
             REQUIRE_NOEVICTION,
             INSTANCE_FILE,
+            CHILDREN,
+            JOBS_PER_CHILD,
         ];
         let distinct: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(distinct.len(), names.len());

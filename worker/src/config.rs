@@ -655,6 +655,7 @@ mod tests {
             },
             queues: vec!["{mail}:high".into(), "{mail}:low".into()],
             concurrency: 7,
+            children: None,
             max_attempts: 3,
             max_payload_bytes: Some(1_048_576),
             job_timeout: Duration::from_secs(120),
