@@ -26,6 +26,8 @@ pub struct Config {
     pub queues: Vec<String>,
     /// Jobs run at once.
     pub concurrency: usize,
+    /// How many exec children share the slots; `None`: one per slot.
+    pub children: Option<usize>,
     /// Attempts before a job is dead-lettered.
     pub max_attempts: u32,
     /// Payloads longer than this many bytes are dead-lettered as
@@ -75,6 +77,7 @@ impl Config {
             redis_mode: Mode::Auto,
             queues,
             concurrency: 1,
+            children: None,
             max_attempts: 5,
             max_payload_bytes: workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES,
             backoff_base: Duration::from_secs(1),
@@ -239,6 +242,14 @@ pub struct Args {
         default_value_t = 1
     )]
     pub concurrency: usize,
+
+    /// Exec handler processes sharing the --concurrency slots (the
+    /// default: one per slot). Fewer children each hold several jobs at
+    /// once, each told its share in WORKERPOOL_JOBS_PER_CHILD, and answer
+    /// by job id: --concurrency 50 --children 1 for I/O-bound async
+    /// handlers (docs/worker.md, "Many jobs in one child").
+    #[arg(long, env = settings::CHILDREN, value_name = "N")]
+    pub children: Option<usize>,
 
     /// Handler: exec (the default when a command follows `--`),
     /// exec-per-job, http, noop or sleep.
@@ -411,12 +422,26 @@ impl Args {
                 }
             },
         };
+        if let Some(children) = self.children {
+            if !matches!(handler, HandlerChoice::Exec(_)) {
+                return Err(ConfigError(
+                    "--children is for --handler exec: the other handlers start no long-lived processes; drop it".into(),
+                ));
+            }
+            if children == 0 || children > self.concurrency {
+                return Err(ConfigError(format!(
+                    "--children must be between 1 and --concurrency ({}): the slots are spread over the children, got {children}",
+                    self.concurrency
+                )));
+            }
+        }
         let config = Config {
             redis_url,
             tls: self.redis.tls(),
             redis_mode: self.redis.redis_mode.into(),
             queues: self.queues,
             concurrency: self.concurrency,
+            children: self.children,
             max_attempts: self.max_attempts,
             max_payload_bytes: self.max_payload_bytes,
             backoff_base: self.backoff_base,

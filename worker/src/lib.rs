@@ -37,11 +37,21 @@ pub fn build_handler(
     metrics: &Metrics,
 ) -> Result<Arc<dyn Handler>, handlers::exec_pool::SpawnError> {
     Ok(match choice {
-        HandlerChoice::Exec(command) => Arc::new(handlers::exec_pool::ExecPool::start(
-            command,
-            config.concurrency,
-            metrics.child_restarts.clone(),
-        )?),
+        HandlerChoice::Exec(command) => match config.children {
+            Some(children) if children < config.concurrency => {
+                Arc::new(handlers::exec_mux::ExecMux::start(
+                    command,
+                    config.concurrency,
+                    children,
+                    metrics.child_restarts.clone(),
+                )?)
+            }
+            _ => Arc::new(handlers::exec_pool::ExecPool::start(
+                command,
+                config.concurrency,
+                metrics.child_restarts.clone(),
+            )?),
+        },
         HandlerChoice::Noop => Arc::new(Noop),
         HandlerChoice::Sleep => Arc::new(Sleep),
         HandlerChoice::Http(url) => Arc::new(handlers::http::HttpHandler::new(url)),

@@ -36,16 +36,16 @@ use workerpool_queue::text;
 /// back.
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// How long a child whose pipes closed gets to exit before it is replaced.
-const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// How much of a broken answer an error message quotes.
-const QUOTE_CHARS: usize = 200;
+pub(crate) const QUOTE_CHARS: usize = 200;
 /// Children dying before their first answer, in a row, that make the pool
 /// count as broken.
 pub const BROKEN_AFTER: u32 = 3;
 /// The first wait before starting a child once the pool is broken.
 const RESTART_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long the last lines of a child that died mid-job get to arrive.
-const LAST_WORDS_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+pub(crate) const LAST_WORDS_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 /// The longest wait before starting a child of a broken pool.
 pub const RESTART_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -113,12 +113,96 @@ struct Startups {
     last: String,
 }
 
+/// The rule for a handler that cannot start, shared by the pools: children
+/// dying before their first answer [`BROKEN_AFTER`] times in a row make the
+/// handler count as broken until one answers.
+#[derive(Debug)]
+pub(crate) struct StartupRule {
+    program: String,
+    startups: Mutex<Startups>,
+}
+
+impl StartupRule {
+    pub(crate) fn new(program: &str) -> Self {
+        Self {
+            program: program.to_string(),
+            startups: Mutex::new(Startups::default()),
+        }
+    }
+
+    fn startups(&self) -> std::sync::MutexGuard<'_, Startups> {
+        self.startups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a child that died before answering anything; returns whether
+    /// the handler now counts as broken.
+    pub(crate) fn died_unanswered(&self, why: &str) -> bool {
+        let mut s = self.startups();
+        s.failed = s.failed.saturating_add(1);
+        s.last = why.to_string();
+        if s.failed < BROKEN_AFTER {
+            return false;
+        }
+        let doublings = (s.failed - BROKEN_AFTER).min(10);
+        let wait = RESTART_FIRST
+            .saturating_mul(1 << doublings)
+            .min(RESTART_MAX);
+        s.next_start = Some(tokio::time::Instant::now() + wait);
+        if s.failed == BROKEN_AFTER {
+            tracing::error!(
+                program = %self.program,
+                "the handler keeps exiting before it answers a job ({BROKEN_AFTER} in a row): jobs go back to the queue uncounted and children restart with a backoff until one answers; last: {why}"
+            );
+        }
+        true
+    }
+
+    /// A child answered: the handler works.
+    pub(crate) fn answered(&self) {
+        let mut s = self.startups();
+        if s.failed == 0 {
+            return;
+        }
+        if s.failed >= BROKEN_AFTER {
+            tracing::info!(program = %self.program, "the handler answers again");
+        }
+        *s = Startups::default();
+    }
+
+    /// How long to wait before starting a child, while the handler is broken.
+    pub(crate) fn start_wait(&self) -> Option<std::time::Duration> {
+        let next = self.startups().next_start?;
+        let now = tokio::time::Instant::now();
+        (next > now).then(|| next - now)
+    }
+
+    /// The outcome of a job a broken handler could not run: back to the
+    /// queue after the restart backoff (at least a second), uncounted.
+    pub(crate) fn not_run(&self, error: String) -> Outcome {
+        Outcome::NotRun {
+            error,
+            delay: self.start_wait().unwrap_or_default().max(RESTART_FIRST),
+        }
+    }
+
+    /// The handler's problem while it counts as broken.
+    pub(crate) fn problem(&self) -> Option<String> {
+        let s = self.startups();
+        (s.failed >= BROKEN_AFTER).then(|| {
+            format!(
+                "`{}` exited before answering a job {} times in a row; last: {}",
+                self.program, s.failed, s.last
+            )
+        })
+    }
+}
+
 /// A pool of `size` children; a job checks one out for its attempt.
 pub struct ExecPool {
     command: ExecCommand,
     idle: Mutex<Vec<Proc>>,
     restarts: IntCounter,
-    startups: Mutex<Startups>,
+    rule: StartupRule,
 }
 
 impl std::fmt::Debug for ExecPool {
@@ -131,6 +215,9 @@ impl std::fmt::Debug for ExecPool {
 
 #[derive(Deserialize)]
 struct Reply {
+    /// The job it answers; required of a child that holds several at once.
+    #[serde(default)]
+    id: Option<String>,
     ok: bool,
     #[serde(default)]
     error: Option<String>,
@@ -155,55 +242,13 @@ impl ExecPool {
         for _ in 0..size {
             idle.push(spawn(&command)?);
         }
+        let command_program = command.program.clone();
         Ok(Self {
             command,
             idle: Mutex::new(idle),
             restarts,
-            startups: Mutex::new(Startups::default()),
+            rule: StartupRule::new(&command_program),
         })
-    }
-
-    fn startups(&self) -> std::sync::MutexGuard<'_, Startups> {
-        self.startups.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Notes a child that died before answering anything; returns whether
-    /// the pool now counts as broken.
-    fn died_unanswered(&self, why: &str) -> bool {
-        let mut s = self.startups();
-        s.failed = s.failed.saturating_add(1);
-        s.last = why.to_string();
-        if s.failed < BROKEN_AFTER {
-            return false;
-        }
-        let doublings = (s.failed - BROKEN_AFTER).min(10);
-        let wait = RESTART_FIRST
-            .saturating_mul(1 << doublings)
-            .min(RESTART_MAX);
-        s.next_start = Some(tokio::time::Instant::now() + wait);
-        if s.failed == BROKEN_AFTER {
-            tracing::error!(
-                program = %self.command.program,
-                "the handler keeps exiting before it answers a job ({BROKEN_AFTER} in a row): jobs go back to the queue uncounted and children restart with a backoff until one answers; last: {why}"
-            );
-        }
-        true
-    }
-
-    /// A child answered: the handler works.
-    fn answered(&self) {
-        let mut s = self.startups();
-        if s.failed >= BROKEN_AFTER {
-            tracing::info!(program = %self.command.program, "the handler answers again");
-        }
-        *s = Startups::default();
-    }
-
-    /// How long to wait before starting a child, while the pool is broken.
-    fn start_wait(&self) -> Option<std::time::Duration> {
-        let next = self.startups().next_start?;
-        let now = tokio::time::Instant::now();
-        (next > now).then(|| next - now)
     }
 
     /// Process ids of the children waiting for a job.
@@ -227,7 +272,7 @@ impl ExecPool {
                 // It died while idle: replace it and look again.
                 Ok(Some(status)) if !proc.answered => {
                     let words = proc.last_words();
-                    self.died_unanswered(&said(
+                    self.rule.died_unanswered(&said(
                         &format!("exited before its first job ({status})"),
                         &words,
                     ));
@@ -254,15 +299,15 @@ impl ExecPool {
 
     async fn attempt(&self, job: &Job) -> Outcome {
         // A broken handler's children start no faster than its backoff.
-        if let Some(wait) = self.start_wait() {
+        if let Some(wait) = self.rule.start_wait() {
             tokio::time::sleep(wait).await;
         }
         let proc = match self.checkout() {
             Ok(proc) => proc,
             Err(e) => {
                 let error = e.to_string();
-                if self.died_unanswered(&error) {
-                    return self.not_run(error);
+                if self.rule.died_unanswered(&error) {
+                    return self.rule.not_run(error);
                 }
                 return Outcome::retry(error);
             }
@@ -275,7 +320,7 @@ impl ExecPool {
         let outcome = lease.exchange(job).await;
         match outcome {
             Ok(outcome) => {
-                self.answered();
+                self.rule.answered();
                 if let Some(proc) = lease.proc.as_mut() {
                     proc.answered = true;
                 }
@@ -294,27 +339,18 @@ impl ExecPool {
                     .unwrap_or_default();
                 lease.discard();
                 let error = said(&error, &words);
-                if fresh && self.died_unanswered(&error) {
-                    return self.not_run(error);
+                if fresh && self.rule.died_unanswered(&error) {
+                    return self.rule.not_run(error);
                 }
                 Outcome::retry(error)
             }
-        }
-    }
-
-    /// The outcome of a job the broken pool could not run: back to the
-    /// queue after the restart backoff (at least a second), uncounted.
-    fn not_run(&self, error: String) -> Outcome {
-        Outcome::NotRun {
-            error,
-            delay: self.start_wait().unwrap_or_default().max(RESTART_FIRST),
         }
     }
 }
 
 /// An error with what the child last wrote on stderr, when it wrote
 /// anything.
-fn said(error: &str, last_words: &str) -> String {
+pub(crate) fn said(error: &str, last_words: &str) -> String {
     if last_words.is_empty() {
         error.to_string()
     } else {
@@ -328,13 +364,7 @@ impl Handler for ExecPool {
     }
 
     fn problem(&self) -> Option<String> {
-        let s = self.startups();
-        (s.failed >= BROKEN_AFTER).then(|| {
-            format!(
-                "`{}` exited before answering a job {} times in a row; last: {}",
-                self.command.program, s.failed, s.last
-            )
-        })
+        self.rule.problem()
     }
 }
 
@@ -380,7 +410,7 @@ impl Lease<'_> {
                     (Err(_), Ok(_)) => "handler process closed its stdout during the job".into(),
                 })
             }
-            Ok(_) => parse_answer(&reply),
+            Ok(_) => answer_for(job, &reply),
         }
     }
 
@@ -408,6 +438,12 @@ impl Drop for Lease<'_> {
 /// Reads a child's answer line. `Err` is a protocol break: the attempt
 /// fails and the child is replaced, whatever the bytes were.
 pub fn parse_answer(line: &[u8]) -> Result<Outcome, String> {
+    parse_reply(line).map(|(_, outcome)| outcome)
+}
+
+/// Reads an answer line into the id it names, if any, and its outcome.
+/// `Err` says what is wrong with the line, its bytes escaped and cut.
+pub fn parse_reply(line: &[u8]) -> Result<(Option<String>, Outcome), String> {
     let broken = |why: String| {
         Err(format!(
             "handler broke the protocol: expected a line like {{\"ok\":true}}, {why}"
@@ -428,15 +464,19 @@ pub fn parse_answer(line: &[u8]) -> Result<Outcome, String> {
         ));
     };
     match serde_json::from_str::<Reply>(answer) {
-        Ok(Reply { ok: true, .. }) => Ok(Outcome::Done),
+        Ok(Reply { id, ok: true, .. }) => Ok((id, Outcome::Done)),
         Ok(Reply {
+            id,
             ok: false,
             error,
             retry,
-        }) => Ok(Outcome::Failed {
-            error: error.unwrap_or_else(|| "handler reported failure".into()),
-            retry,
-        }),
+        }) => Ok((
+            id,
+            Outcome::Failed {
+                error: error.unwrap_or_else(|| "handler reported failure".into()),
+                retry,
+            },
+        )),
         Err(e) => broken(format!(
             "got \"{}\" ({e})",
             text::escaped(trimmed, QUOTE_CHARS)
@@ -444,12 +484,56 @@ pub fn parse_answer(line: &[u8]) -> Result<Outcome, String> {
     }
 }
 
+/// The answer of a child holding one job: any answer that names no other
+/// job. Naming another is a protocol break, as any other bad line is.
+fn answer_for(job: &Job, line: &[u8]) -> Result<Outcome, String> {
+    match parse_reply(line)? {
+        (Some(id), _) if id != job.id() => Err(format!(
+            "handler broke the protocol: it answered job \"{}\" while it holds job \"{}\"",
+            text::escaped(id.as_bytes(), QUOTE_CHARS),
+            text::escaped(job.id().as_bytes(), QUOTE_CHARS)
+        )),
+        (_, outcome) => Ok(outcome),
+    }
+}
+
 fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
+    let c = spawn_child(command, 1)?;
+    Ok(Proc {
+        child: c.child,
+        _group: c.group,
+        stdin: c.stdin,
+        stdout: c.stdout,
+        last_words: c.last_words,
+        log: Some(c.log),
+        answered: false,
+    })
+}
+
+/// A handler child just started, with its pipes.
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
+    /// Its process group, killed when this is dropped.
+    pub(crate) group: super::GroupGuard,
+    pub(crate) stdin: ChildStdin,
+    pub(crate) stdout: BufReader<ChildStdout>,
+    /// The last lines of its stderr, kept by `log`.
+    pub(crate) last_words: std::sync::Arc<Mutex<String>>,
+    /// The task copying its stderr to the worker's: it ends at the end of
+    /// the stream.
+    pub(crate) log: tokio::task::JoinHandle<()>,
+}
+
+/// Starts a handler child that holds `share` jobs at once (in its
+/// environment as `WORKERPOOL_JOBS_PER_CHILD`), its stderr copied to the
+/// worker's with the last lines kept.
+pub(crate) fn spawn_child(command: &ExecCommand, share: usize) -> Result<Spawned, SpawnError> {
     let err = |source| SpawnError {
         program: command.program.clone(),
         source,
     };
     let mut child = super::command(command)
+        .env(workerpool_settings::JOBS_PER_CHILD, share.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -474,14 +558,13 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
             *kept.lock().unwrap_or_else(|e| e.into_inner()) = tail.text();
         }
     });
-    Ok(Proc {
+    Ok(Spawned {
         child,
-        _group: group,
+        group,
         stdin,
         stdout: BufReader::new(stdout),
         last_words,
-        log: Some(log),
-        answered: false,
+        log,
     })
 }
 
