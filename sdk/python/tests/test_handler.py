@@ -140,6 +140,7 @@ def test_malformed_lines_get_a_permanent_answer_and_the_app_goes_on():
     assert answers[2]["retry"] is False and answers[2]["error"].startswith("job has no task")
     assert answers[3]["retry"] is False and "not JSON" in answers[3]["error"]
     assert answers[4] == {"ok": True}
+    assert b'"id"' not in out.stdout, "one job at a time: answers as before, without ids"
     assert b"stray print from a task" in out.stderr
 
 

@@ -3,6 +3,11 @@
 The worker writes one job per line on the process's stdin and reads one
 answer per line on its stdout: `{"ok":true}`, `{"ok":false,"error":…}`
 (retried) or `{"ok":false,"error":…,"retry":false}` (dead-lettered).
+
+With `WORKERPOOL_JOBS_PER_CHILD` above 1 (`--children` below the
+concurrency), the process holds that many jobs at once and speaks the
+multiplexed protocol (`_mux.py`): each answer names its job with `"id"`,
+answers come in any order, and `{"cancel":"<id>"}` lines cancel a job.
 """
 
 from __future__ import annotations
@@ -13,30 +18,58 @@ import json
 import logging
 import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .errors import ConfigError, Permanent
 
 log = logging.getLogger("workerpool_client")
 
+#: The environment variable with the number of jobs the process holds at once
+#: (settings' JOBS_PER_CHILD; the worker sets it for each exec child).
+JOBS_PER_CHILD = "WORKERPOOL_JOBS_PER_CHILD"
+
 
 @dataclass(frozen=True)
 class JobContext:
-    """The job a task runs: what the worker handed over."""
+    """The job a task runs: what the worker handed over.
+
+    `cancelled` turns True when the worker cancels the job (its attempt passed
+    `--job-timeout`; multiplexed protocol only). An `async def` task sees
+    `asyncio.CancelledError` instead; a plain `def` task running on a thread
+    cannot be stopped, and may poll `job.cancelled` to give up early.
+    """
 
     id: Optional[str]
     attempt: int
     task: str
     data: Any
     raw: dict = field(repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False,
+                                     compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker has cancelled this job."""
+        return self._cancel.is_set()
 
 
 @dataclass
 class _Task:
     fn: Callable[..., Any]
     wants_job: bool
+    is_async: bool = False
+
+    def call(self, job: JobContext) -> Any:
+        return self.fn(job.data, job) if self.wants_job else self.fn(job.data)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    # An async def, or an object whose __call__ is one (not whether it is callable).
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004
 
 
 def _wants_job(fn: Callable[..., Any], name: str) -> bool:
@@ -79,14 +112,51 @@ def _detach_trace(token: Any) -> None:
         context.detach(token)
 
 
-def _answer(ok: bool, error: str = "", retry: bool = True) -> bytes:
-    if ok:
-        return b'{"ok":true}\n'
+def _failed(error: str, retry: bool = True) -> dict:
     out: dict = {"ok": False, "error": error}
     if not retry:
         out["retry"] = False
+    return out
+
+
+def _outcome(job: JobContext, error: Optional[BaseException]) -> dict:
+    """The answer (without its id) to a task that returned (`error` None) or
+    raised `error`: Permanent is dead-lettered, anything else retried with
+    its traceback."""
+    if error is None:
+        return {"ok": True}
+    if isinstance(error, Permanent):
+        return _failed(str(error) or "permanent failure", retry=False)
+    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    log.warning("task %s (job %s, attempt %s) failed: %s", job.task, job.id, job.attempt,
+                message)
+    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return _failed(f"{message}\n{trace}".rstrip())
+
+
+def _encode(out: dict) -> bytes:
+    """An answer as its line."""
+    if out == {"ok": True}:
+        return b'{"ok":true}\n'
     # ensure_ascii: the line holds no raw newline or odd byte, whatever the error says.
     return (json.dumps(out, ensure_ascii=True) + "\n").encode("ascii")
+
+
+def _jobs_per_child() -> int:
+    """WORKERPOOL_JOBS_PER_CHILD: 1 when unset; a bad value is warned about and
+    taken as 1."""
+    value = os.environ.get(JOBS_PER_CHILD)
+    if value is None:
+        return 1
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        log.warning("%s=%r is not a positive integer; taking one job at a time",
+                    JOBS_PER_CHILD, value)
+        return 1
+    return k
 
 
 class App:
@@ -131,47 +201,51 @@ class App:
                 raise ConfigError("give the task a name: @app.task(\"name\")")
             if task_name in self._tasks:
                 raise ConfigError(f"task {task_name!r} is defined twice")
-            self._tasks[task_name] = _Task(fn, _wants_job(fn, task_name))
+            self._tasks[task_name] = _Task(fn, _wants_job(fn, task_name), _is_async(fn))
             return fn
 
         return register
 
     def handle(self, line: bytes) -> bytes:
-        """The answer line to one job line (what `run()` does with each line)."""
+        """The answer line to one job line (what `run()` does with each line
+        when the process takes one job at a time)."""
         try:
             raw = json.loads(line)
         except (ValueError, UnicodeDecodeError) as e:
-            return _answer(False, f"malformed job line, not JSON ({e}): {line[:200]!r}",
-                           retry=False)
+            return _encode(_failed(f"malformed job line, not JSON ({e}): {line[:200]!r}",
+                                   retry=False))
         if not isinstance(raw, dict):
-            return _answer(False, f"malformed job line: a job is a JSON object, got "
-                                  f"{type(raw).__name__}", retry=False)
+            return _encode(_failed(f"malformed job line: a job is a JSON object, got "
+                                   f"{type(raw).__name__}", retry=False))
+        prepared = self._prepare(raw)
+        if isinstance(prepared, dict):
+            return _encode(prepared)
+        job, task = prepared
+        token = _attach_trace(raw)
+        try:
+            result = task.call(job)
+            if inspect.isawaitable(result):
+                self._run_coroutine(result)
+        except Exception as e:
+            return _encode(_outcome(job, e))
+        finally:
+            _detach_trace(token)
+        return _encode(_outcome(job, None))
+
+    def _prepare(self, raw: dict) -> Union[dict, tuple[JobContext, _Task]]:
+        """The job and its task, or the answer to a job no task takes."""
         name = raw.get("task")
         task = self._tasks.get(name) if isinstance(name, str) else None
         if task is None:
             known = ", ".join(self._tasks) or "none"
             what = f"unknown task {name!r}" if name is not None else "job has no task"
-            return _answer(False, f"{what}; this handler runs: {known}", retry=False)
+            return _failed(f"{what}; this handler runs: {known}", retry=False)
         attempt = raw.get("attempt")
         job_id = raw.get("id")
         job = JobContext(id=job_id if isinstance(job_id, str) else None,
                          attempt=attempt if isinstance(attempt, int) else 1,
                          task=name, data=raw.get("data"), raw=raw)
-        token = _attach_trace(raw)
-        try:
-            result = task.fn(job.data, job) if task.wants_job else task.fn(job.data)
-            if inspect.isawaitable(result):
-                self._run_coroutine(result)
-        except Permanent as e:
-            return _answer(False, str(e) or "permanent failure", retry=False)
-        except Exception as e:
-            message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            log.warning("task %s (job %s, attempt %s) failed: %s", name, job.id, job.attempt,
-                        message)
-            return _answer(False, f"{message}\n{traceback.format_exc()}".rstrip())
-        finally:
-            _detach_trace(token)
-        return _answer(True)
+        return job, task
 
     def _run_coroutine(self, awaitable: Any) -> Any:
         # One event loop for the whole process, so clients made in one job
@@ -193,6 +267,20 @@ class App:
         extension or a subprocess cannot write into it. stdin likewise: jobs
         are read from a private copy and fd 0 is /dev/null, so a subprocess
         cannot swallow the next job.
+
+        With `WORKERPOOL_JOBS_PER_CHILD` unset or 1, one job at a time, in
+        turn. Above 1 (k), k jobs at once on an asyncio event loop in this
+        thread: `async def` tasks run concurrently on the loop, and plain
+        `def` tasks on a pool of k threads. Threads suit blocking I/O (a
+        socket wait or a `time.sleep` releases the GIL); CPU-bound Python
+        holds the GIL, so it wants one child per core and one job each, the
+        worker's default. Each answer names its job's id and is written as
+        its task ends, so a quick job never waits behind a slow one. A
+        cancel line from the worker cancels an `async def` task
+        (`asyncio.CancelledError`); a thread cannot be stopped, so a `def`
+        task runs to its end (it may poll `job.cancelled`). When stdin
+        closes, the jobs in hand are finished and answered before `run()`
+        returns.
         """
         if not self._tasks:
             raise ConfigError("the App has no tasks: add some with @app.task(\"name\")")
@@ -211,13 +299,22 @@ class App:
             handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
             log.addHandler(handler)
             log.setLevel(logging.INFO)
-        log.info("handler ready: pid %d, tasks %s", os.getpid(), ", ".join(self._tasks))
+        k = _jobs_per_child()
+        log.info("handler ready: pid %d, tasks %s%s", os.getpid(), ", ".join(self._tasks),
+                 f", {k} jobs at once" if k > 1 else "")
         try:
-            with os.fdopen(in_fd, "rb", buffering=1 << 16) as jobs:
-                for line in jobs:
-                    answer = self.handle(line)
-                    sys.stderr.flush()
-                    _write_all(out_fd, answer)
+            if k > 1:
+                from ._mux import serve
+
+                self._loop = asyncio.new_event_loop()
+                asyncio.set_event_loop(self._loop)
+                serve(self, self._loop, in_fd, out_fd, k)
+            else:
+                with os.fdopen(in_fd, "rb", buffering=1 << 16) as jobs:
+                    for line in jobs:
+                        answer = self.handle(line)
+                        sys.stderr.flush()
+                        _write_all(out_fd, answer)
         finally:
             if self._loop is not None:
                 self._loop.close()
