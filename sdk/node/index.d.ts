@@ -55,6 +55,12 @@ export class Job<D = unknown> {
   readonly data: D;
   /** The whole object the worker sent, stamp included. */
   readonly raw: Record<string, unknown>;
+  /**
+   * Aborted (with an Error saying so) when the worker cancels the job
+   * because its attempt passed `--job-timeout`; only with several jobs per
+   * process (`--children` below `--concurrency`), never aborted otherwise.
+   */
+  readonly signal: AbortSignal;
 }
 
 export type TaskHandler<D = any> = (data: D, job: Job<D>) => unknown | Promise<unknown>;
@@ -70,7 +76,12 @@ export class App {
   readonly tasks: string[];
   /** The answer to one line of the exec protocol (what `run` writes for it). */
   handle(line: string): Promise<Answer>;
-  /** Serves jobs from stdin until it closes; stdout is then the protocol's alone. */
+  /**
+   * Serves jobs from stdin until it closes, then waits for the jobs in hand
+   * to be answered; stdout is then the protocol's alone. With
+   * `WORKERPOOL_JOBS_PER_CHILD` above 1 (set by the worker) the tasks run
+   * concurrently and each answer names its job.
+   */
   run(): Promise<void>;
 }
 

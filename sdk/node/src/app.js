@@ -1,8 +1,11 @@
 'use strict';
 
 // The exec handler protocol (workerpool-worker --handler exec): one job per
-// line of JSON on stdin, one answer per line on stdout, one job at a time.
-// The worker runs `--concurrency` copies of the process for parallelism.
+// line of JSON on stdin, one answer per line on stdout. With a share of one
+// job per child (WORKERPOOL_JOBS_PER_CHILD unset or 1) the jobs run one at a
+// time; with a larger share their promises run concurrently, each answer
+// names its job, and `{"cancel":"<id>"}` aborts that job's `job.signal`
+// (docs/worker.md, "Many jobs in one child").
 
 const readline = require('node:readline');
 const { Permanent, WorkerpoolError } = require('./errors');
@@ -15,6 +18,10 @@ const QUOTE = 200;
  * answer lines up to 1 MiB and replaces a process that writes a longer one.
  */
 const ERROR_CHARS = 64 * 1024;
+/** How many jobs the worker hands this process at once (settings::JOBS_PER_CHILD). */
+const JOBS_PER_CHILD = 'WORKERPOOL_JOBS_PER_CHILD';
+/** The reason `job.signal` is aborted with when a cancel line names the job. */
+const CANCELLED = 'the worker cancelled the job: its attempt passed the timeout (--job-timeout)';
 
 function cap(text) {
   return text.length > ERROR_CHARS ? `${text.slice(0, ERROR_CHARS)}… (cut at ${ERROR_CHARS} characters)` : text;
@@ -41,9 +48,45 @@ function quote(line) {
   return JSON.stringify(line.length > QUOTE ? `${line.slice(0, QUOTE)}…` : line);
 }
 
+/** Writes one line to the handler's log (stderr). */
+function log(text) {
+  process.stderr.write(`workerpool: ${text}\n`);
+}
+
+/**
+ * The share of jobs the worker gives this process: 1 when the variable is
+ * unset or empty, and (with a warning) when it is not a whole number of at
+ * least 1.
+ */
+function jobsPerChild(value) {
+  if (value === undefined || value.trim() === '') {
+    return 1;
+  }
+  const n = /^[+-]?\d+$/.test(value.trim()) ? Number(value) : NaN;
+  if (!Number.isSafeInteger(n) || n < 1) {
+    log(`${JOBS_PER_CHILD}=${quote(value)} is not a whole number of at least 1; serving one job at a time`);
+    return 1;
+  }
+  return n;
+}
+
+/** The job object a line holds, or why it holds none (`refusal`). */
+function parseJob(line) {
+  let raw;
+  try {
+    raw = JSON.parse(line);
+  } catch (e) {
+    return { refusal: `the handler got a line that is not JSON (${e.message}): ${quote(line)}` };
+  }
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
+    return { refusal: `the handler got JSON that is not a job object: ${quote(line)}` };
+  }
+  return { raw };
+}
+
 /** The job as a handler sees it. */
 class Job {
-  constructor(raw) {
+  constructor(raw, signal) {
     /** The whole object the worker sent, stamp included. */
     this.raw = raw;
     /** Idempotency key, kept across retries. */
@@ -52,6 +95,12 @@ class Job {
     this.attempt = raw.attempt;
     this.task = raw.task;
     this.data = raw.data;
+    /**
+     * Aborted when the worker cancels the job (its attempt passed
+     * `--job-timeout`; only with several jobs per process). Hand it to
+     * `fetch`, timers and the like to stop the work.
+     */
+    this.signal = signal;
   }
 }
 
@@ -84,15 +133,15 @@ class App {
 
   /** The answer to one line from the worker. */
   async handle(line) {
-    let raw;
-    try {
-      raw = JSON.parse(line);
-    } catch (e) {
-      return { ok: false, error: `the handler got a line that is not JSON (${e.message}): ${quote(line)}`, retry: false };
+    const { raw, refusal } = parseJob(line);
+    if (refusal !== undefined) {
+      return { ok: false, error: refusal, retry: false };
     }
-    if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
-      return { ok: false, error: `the handler got JSON that is not a job object: ${quote(line)}`, retry: false };
-    }
+    return this._run(raw, new AbortController().signal);
+  }
+
+  /** Runs the job's task; its outcome as an answer. Never rejects. */
+  async _run(raw, signal) {
     const known = this.tasks.map((t) => JSON.stringify(t)).join(', ') || 'none';
     if (typeof raw.task !== 'string') {
       return {
@@ -110,7 +159,7 @@ class App {
       };
     }
     try {
-      await withJobTrace(raw, () => fn(raw.data, new Job(raw)));
+      await withJobTrace(raw, () => fn(raw.data, new Job(raw, signal)));
       return { ok: true };
     } catch (e) {
       if (e instanceof Permanent) {
@@ -121,17 +170,18 @@ class App {
   }
 
   /**
-   * Serves jobs from stdin until it closes. stdout carries only answers:
-   * from here on `console.log` and `process.stdout.write` go to stderr, the
-   * handler's log.
+   * Serves jobs from stdin until it closes, then waits for the jobs in hand
+   * to be answered. stdout carries only answers: from here on `console.log`
+   * and `process.stdout.write` go to stderr, the handler's log.
    */
   async run() {
     if (this._running) {
       throw new WorkerpoolError('run() was called twice');
     }
     this._running = true;
+    const share = jobsPerChild(process.env[JOBS_PER_CHILD]);
     const stdout = process.stdout;
-    const answer = stdout.write.bind(stdout);
+    const write = stdout.write.bind(stdout);
     const stderr = process.stderr;
     stdout.write = (chunk, encoding, callback) => stderr.write(chunk, encoding, callback);
     stdout.on('error', (e) => {
@@ -141,13 +191,61 @@ class App {
       }
       throw e;
     });
+    // One write call per answer line: Node queues writes in order, so
+    // concurrent answers never interleave. Resolves once it is written.
+    const send = (answer) => new Promise((resolve) => {
+      write(`${JSON.stringify(answer)}\n`, () => resolve());
+    });
     const lines = readline.createInterface({ input: process.stdin, crlfDelay: Infinity, terminal: false });
-    for await (const line of lines) {
-      const reply = await this.handle(line);
-      await new Promise((resolve) => {
-        answer(`${JSON.stringify(reply)}\n`, () => resolve());
-      });
+    if (share > 1) {
+      await this._serveConcurrently(lines, send);
+    } else {
+      await this._serveInTurn(lines, send);
     }
+  }
+
+  /** One job at a time: read a line, answer it, read the next. */
+  async _serveInTurn(lines, send) {
+    for await (const line of lines) {
+      await send(await this.handle(line));
+    }
+  }
+
+  /**
+   * Every job line starts its task at once; each answer names its job and
+   * is written when the task settles. The worker sends no more jobs than
+   * the share, so nothing here waits for a slot.
+   */
+  async _serveConcurrently(lines, send) {
+    /** Job id → the AbortController behind its `job.signal`. */
+    const inHand = new Map();
+    /** Jobs started and not yet answered. */
+    const answering = new Set();
+    for await (const line of lines) {
+      const { raw } = parseJob(line);
+      if (raw !== undefined && raw.id === undefined && typeof raw.cancel === 'string') {
+        // A cancel for a job answered already (or never given) is moot.
+        inHand.get(raw.cancel)?.abort(new Error(CANCELLED));
+        continue;
+      }
+      if (raw === undefined || typeof raw.id !== 'string') {
+        log(`dropped a line that is not a job with a string "id", so no answer can name it: ${quote(line)}`);
+        continue;
+      }
+      const { id } = raw;
+      const controller = new AbortController();
+      inHand.set(id, controller);
+      const done = this._run(raw, controller.signal).then((answer) => {
+        if (inHand.get(id) === controller) {
+          inHand.delete(id);
+        }
+        return send({ id, ...answer });
+      });
+      answering.add(done);
+      done.then(() => answering.delete(done));
+    }
+    // stdin closed (the worker drains or is gone): answer what is in hand.
+    await Promise.all(answering);
   }
 }
 
