@@ -466,12 +466,25 @@ pub struct SecretKeyRef {
 /// Settings of each worker process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("!has(self.rateLimit) || self.rateLimit.matches('^[1-9][0-9]*/([1-9][0-9]*)?(ms|s|m|h)$')").message("spec.worker.rateLimit must be N/PERIOD: a positive whole number of jobs per unit (ms, s, m, h), optionally after a whole number, such as 20/s, 600/1m or 5/30s"))]
+#[x_kube(validation = Rule::new("!has(self.children) || self.children <= (has(self.concurrency) ? self.concurrency : 1)").message("spec.worker.children must be at most spec.worker.concurrency: the slots are spread over the children, each holding at least one. Lower children or raise concurrency"))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerSettings {
     /// Jobs each worker runs at once. Defaults to 1.
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub concurrency: i32,
+
+    /// How many handler processes share the concurrency's slots (exec
+    /// handlers, `--children`): 1 for I/O-bound work whose handler runs
+    /// many jobs at once (`async def` tasks on one event loop), the default
+    /// one per slot for CPU-bound work. The slots are shared as evenly as
+    /// they go, and each process is told its share in
+    /// `WORKERPOOL_JOBS_PER_CHILD`; with more than one job at a time it
+    /// speaks the multiplexed protocol (the client libraries' `App.run()`
+    /// does). At most `concurrency`. Unset: one per slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub children: Option<i32>,
 
     /// Attempts per job before it is dead-lettered. Defaults to 5.
     #[serde(default = "five")]
@@ -504,6 +517,7 @@ impl Default for WorkerSettings {
     fn default() -> Self {
         Self {
             concurrency: one(),
+            children: None,
             max_attempts: five(),
             job_timeout_seconds: six_hundred(),
             rate_limit: None,
@@ -990,6 +1004,10 @@ mod tests {
             (json!(-2147483648.0), json!(2147483647.0))
         );
         assert_eq!(
+            bounds(&spec["worker"]["properties"]["children"]),
+            (json!(1.0), json!(2147483647.0))
+        );
+        assert_eq!(
             bounds(&spec["tracing"]["properties"]["samplePercent"]),
             (json!(0.0), json!(100.0))
         );
@@ -1024,7 +1042,7 @@ mod tests {
                 "livenessProbe": {"httpGet": {"port": 65535}}}],
                 "terminationGracePeriodSeconds": LARGEST_INTEGER}},
             "replicas": i32::MAX,
-            "worker": {"concurrency": i32::MAX, "maxAttempts": i32::MAX, "jobTimeoutSeconds": i32::MAX},
+            "worker": {"concurrency": i32::MAX, "children": i32::MAX, "maxAttempts": i32::MAX, "jobTimeoutSeconds": i32::MAX},
             "shutdown": {"gracePeriodSeconds": i32::MAX},
             "schedules": [{"name": "a", "schedule": "@hourly", "startingDeadlineSeconds": LARGEST_INTEGER}],
             "disruption": {"maxUnavailable": i32::MAX, "protectAfterSeconds": 86400},
@@ -1094,6 +1112,37 @@ mod tests {
         }
         assert_eq!(p.spec.shutdown.grace_period_seconds, 30);
         assert_eq!(p.spec.scaling.map(|s| s.min_replicas), Some(0));
+    }
+
+    #[test]
+    fn children_up_to_the_concurrency_pass_and_unset_is_one_per_slot() {
+        for children in [1, 3, 50] {
+            let spec = json!({
+                "queue": {"redis": {"url": "redis://redis:6379", "key": "fetch"}},
+                "template": template(),
+                "replicas": 1,
+                "worker": {"concurrency": 50, "children": children},
+            });
+            assert_eq!(cel_errors(spec.clone()), "", "{children}");
+            assert_eq!(pool(spec).spec.worker.children, Some(children));
+        }
+        let crd = serde_json::to_value(crd()).expect("json");
+        let worker = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["worker"];
+        assert!(worker["properties"]["children"].get("default").is_none());
+        assert!(
+            !worker["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("children")))
+        );
+        assert_eq!(WorkerSettings::default().children, None);
+        assert!(
+            serde_json::to_value(WorkerSettings::default())
+                .expect("json")
+                .get("children")
+                .is_none(),
+            "unset is left out"
+        );
     }
 
     #[test]
@@ -1183,6 +1232,16 @@ mod tests {
                 json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
                        "worker": {"rateLimit": "0/s"}}),
                 "spec.worker.rateLimit must be N/PERIOD",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "worker": {"concurrency": 4, "children": 5}}),
+                "spec.worker.children must be at most spec.worker.concurrency",
+            ),
+            (
+                json!({"queue": {"redis": redis}, "template": template(), "replicas": 1,
+                       "worker": {"children": 2}}),
+                "spec.worker.children must be at most spec.worker.concurrency",
             ),
         ] {
             let errors = cel_errors(spec.clone());

@@ -105,7 +105,7 @@ pub fn worker_settings(
         tls,
         queues: spec.queue.redis.queue_names(),
         concurrency: positive(worker.concurrency),
-        children: None,
+        children: worker.children.map(positive),
         max_attempts: positive(worker.max_attempts),
         max_payload_bytes: worker
             .max_payload_bytes
@@ -750,6 +750,39 @@ pub(crate) mod tests {
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
             ("WorkerPool", "u-1", Some(true))
         );
+    }
+
+    #[test]
+    fn children_in_the_spec_reach_the_worker_and_unset_leaves_one_per_slot() {
+        let with = |worker: serde_json::Value| {
+            let p = pool(json!({
+                "queue": {"redis": {"url": "redis://r:6379", "key": "fetch"}},
+                "template": {"spec": {"containers": [{"name": "worker", "image": "x"}]}},
+                "worker": worker,
+                "replicas": 1
+            }));
+            let env = env_of(&build(&p, 1).expect("build"));
+            let value = |name: &str| {
+                env.as_array()
+                    .expect("env")
+                    .iter()
+                    .find(|v| v["name"] == name)
+                    .map(|v| v["value"].clone())
+            };
+            (
+                value("WORKERPOOL_CONCURRENCY"),
+                value("WORKERPOOL_CHILDREN"),
+            )
+        };
+        assert_eq!(
+            with(json!({"concurrency": 50, "children": 1})),
+            (Some(json!("50")), Some(json!("1")))
+        );
+        assert_eq!(
+            with(json!({"concurrency": 10, "children": 3})),
+            (Some(json!("10")), Some(json!("3")))
+        );
+        assert_eq!(with(json!({"concurrency": 4})), (Some(json!("4")), None));
     }
 
     #[test]

@@ -756,6 +756,13 @@ fn a_spec_refused_by_cel_names_the_field_to_fix(e2e: &E2e) {
     pool["spec"]["queue"]["redis"]["keys"] = json!(["a", "b"]);
     let error = refused(&pool);
     assert!(error.contains("spec.queue.redis.key"), "{error}");
+    pool["spec"]["queue"]["redis"]["keys"] = Value::Null;
+    pool["spec"]["worker"] = json!({"concurrency": 4, "children": 5});
+    let error = refused(&pool);
+    assert!(
+        error.contains("spec.worker.children must be at most spec.worker.concurrency"),
+        "{error}"
+    );
     assert!(
         k.get(&["wp", "-n", &ns.name, "bad"]).is_none(),
         "nothing was created"

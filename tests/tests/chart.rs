@@ -995,9 +995,12 @@ fn every_cel_rule_or_schema_mistake_in_a_pool_is_caught() {
     let text = read("manifests/examples/exec-pool.yaml");
     let valid = documents(&text).remove(0);
     check_object(&valid).expect("the exec example is valid");
-    let broken: [(&str, Breaking); 6] = [
+    let broken: [(&str, Breaking); 7] = [
         ("unknown field", |p| {
             p["spec"]["worker"]["concurency"] = json!(4)
+        }),
+        ("children above the concurrency", |p| {
+            p["spec"]["worker"]["children"] = json!(5)
         }),
         ("below the minimum", |p| {
             p["spec"]["worker"]["concurrency"] = json!(0)
@@ -1035,6 +1038,14 @@ fn the_video_platform_sizes_its_two_pools_for_their_work() {
 
     assert_eq!(transcode["spec"]["worker"]["concurrency"], 1);
     assert_eq!(upload["spec"]["worker"]["concurrency"], 50);
+    assert_eq!(
+        upload["spec"]["worker"]["children"], 1,
+        "I/O-bound: the 50 slots in one async handler process"
+    );
+    assert!(
+        transcode["spec"]["worker"].get("children").is_none(),
+        "CPU-bound: one process per slot"
+    );
     let cpu = &transcode["spec"]["template"]["spec"]["containers"][0]["resources"];
     assert!(cpu["requests"]["cpu"].is_string());
     assert_eq!(

@@ -327,11 +327,38 @@ spec:
                 "spec.template.spec.containers",
             ),
             ("kind: WorkerPool", "kind: Deployment", "kind"),
+            (
+                "concurrency: 2",
+                "concurrency: 2, children: 3",
+                "spec.worker.children must be at most spec.worker.concurrency",
+            ),
+            (
+                "concurrency: 2",
+                "children: 2",
+                "spec.worker.children must be at most spec.worker.concurrency",
+            ),
+            (
+                "concurrency: 2",
+                "concurrency: 2, children: 0",
+                "spec.worker.children",
+            ),
         ] {
             assert!(VALID.contains(from), "{from}");
             let message = error(&VALID.replace(from, to));
             assert!(message.contains(named), "{to}: {message:?}");
             assert!(!message.contains('\n'), "one line: {message:?}");
+        }
+    }
+
+    #[test]
+    fn children_up_to_the_concurrency_parse() {
+        for (to, children) in [
+            ("concurrency: 2, children: 1", Some(1)),
+            ("concurrency: 2, children: 2", Some(2)),
+            ("concurrency: 2", None),
+        ] {
+            let pool = parse(&VALID.replace("concurrency: 2", to), None).expect(to);
+            assert_eq!(pool.spec.worker.children, children, "{to}");
         }
     }
 
