@@ -90,7 +90,31 @@ async function handle() {
   app.task('permanent', (data) => {
     throw new Permanent(data.message);
   });
-  app.task('crash', (data) => {
+  // Recorded only once data.n jobs of data.group are in this process at the
+  // same time: one process running them one by one never gets there.
+  const met = new Map();
+  app.task('meet', async (data, job) => {
+    let group = met.get(data.group);
+    if (!group) {
+      let release;
+      group = { arrived: 0, all: new Promise((resolve) => { release = resolve; }) };
+      group.release = release;
+      met.set(data.group, group);
+    }
+    group.arrived += 1;
+    if (group.arrived >= data.n) group.release(true);
+    let timer;
+    const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve(false), data.within_ms ?? 5000); });
+    const all = await Promise.race([group.all, timeout]);
+    clearTimeout(timer);
+    if (!all) throw new Error(`only ${group.arrived} of ${data.n} jobs met in one process`);
+    record(job);
+  });
+  app.task('crash', (data, job) => {
+    if (data.attempts !== undefined && job.attempt > data.attempts) {
+      record(job);
+      return;
+    }
     fs.writeSync(2, data.message);
     process.exit(3);
   });

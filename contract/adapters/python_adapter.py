@@ -111,8 +111,29 @@ def permanent_task(data, job):
     raise Permanent(data["message"])
 
 
+_met: dict = {}
+
+
+@app.task("meet")
+async def meet_task(data, job):
+    # Recorded only once data["n"] jobs of data["group"] are in this process
+    # at the same time: one process running them one by one never gets there.
+    group = _met.setdefault(data["group"], {"arrived": 0, "all": asyncio.Event()})
+    group["arrived"] += 1
+    if group["arrived"] >= data["n"]:
+        group["all"].set()
+    try:
+        await asyncio.wait_for(group["all"].wait(), data.get("within_ms", 5000) / 1000)
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"only {group['arrived']} of {data['n']} jobs met in one process") from None
+    record(job)
+
+
 @app.task("crash")
 def crash_task(data, job):
+    if "attempts" in data and job.attempt > data["attempts"]:
+        record(job)
+        return
     sys.stderr.write(data["message"] + "\n")
     sys.stderr.flush()
     os._exit(3)

@@ -619,6 +619,25 @@ mod tests {
                 "--concurrency",
             ),
             (
+                vec![url, "--queue=q", "--handler=noop", "--children=1"],
+                "--children is for --handler exec",
+            ),
+            (
+                vec![
+                    url,
+                    "--queue=q",
+                    "--concurrency=4",
+                    "--children=5",
+                    "--",
+                    "x",
+                ],
+                "--children must be between 1 and --concurrency (4)",
+            ),
+            (
+                vec![url, "--queue=q", "--children=0", "--", "x"],
+                "--children must be between 1",
+            ),
+            (
                 vec![url, "--queue=q", "--handler=noop", "--max-attempts=0"],
                 "--max-attempts",
             ),
@@ -680,7 +699,7 @@ mod tests {
             },
             queues: vec!["{mail}:high".into(), "{mail}:low".into()],
             concurrency: 7,
-            children: None,
+            children: Some(3),
             max_attempts: 3,
             max_payload_bytes: Some(1_048_576),
             job_timeout: Duration::from_secs(120),
@@ -690,7 +709,7 @@ mod tests {
             instance_file: Some("/run/workerpool/instance".into()),
         };
         let command = Args::command();
-        let mut argv = vec!["workerpool-worker".to_string(), "--handler=noop".into()];
+        let mut argv = vec!["workerpool-worker".to_string()];
         for (name, value) in settings.to_env() {
             let arg = command
                 .get_arguments()
@@ -706,6 +725,7 @@ mod tests {
                 argv.push(format!("--{long}"));
             }
         }
+        argv.extend(["--".into(), "handler".into()]);
         let (config, _) = Args::try_parse_from(&argv)
             .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
             .into_config()
@@ -715,6 +735,7 @@ mod tests {
         assert_eq!(config.tls, settings.tls);
         assert_eq!(config.queues, settings.queues);
         assert_eq!(config.concurrency, 7);
+        assert_eq!(config.children, Some(3));
         assert_eq!(config.max_attempts, settings.max_attempts);
         assert_eq!(Some(config.max_payload_bytes), settings.max_payload_bytes);
         assert_eq!(config.job_timeout, settings.job_timeout);
@@ -755,6 +776,6 @@ mod tests {
             assert_eq!(env.to_str(), Some(expected.as_str()), "--{long}");
             named += 1;
         }
-        assert_eq!(named, 23, "every flag but the command has its variable");
+        assert_eq!(named, 24, "every flag but the command has its variable");
     }
 }

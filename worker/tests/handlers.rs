@@ -378,3 +378,72 @@ async fn the_rust_handler_example_runs_jobs_and_drains_on_its_shutdown_future() 
     let workers: u64 = c.zcard(q.workers()).await.expect("zcard");
     assert_eq!(workers, 0, "a drained worker leaves the registry");
 }
+
+/// A multiplexed child that answers some jobs twice and writes lines that
+/// answer nothing: through the whole worker, each job is settled once, by
+/// its first answer, and the rest is logged.
+#[tokio::test]
+async fn a_child_holding_many_jobs_is_settled_once_per_job_whatever_else_it_writes() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("many");
+    let mut c = redis.conn().await;
+    let jobs: Vec<Value> = (0..20)
+        .map(|i| json!({"id": format!("j{i}"), "data": {"twice": i % 2 == 0}}))
+        .collect();
+    push(&mut c, q.name(), &jobs).await;
+    let child = r#"
+import json, os, sys
+assert os.environ["WORKERPOOL_JOBS_PER_CHILD"] == "8", os.environ.get("WORKERPOOL_JOBS_PER_CHILD")
+def say(line):
+    sys.stdout.write(line + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    job = json.loads(line)
+    jid = job["id"]
+    if job["data"]["twice"]:
+        say(json.dumps({"id": jid, "ok": False, "error": "first answer", "retry": False}))
+        say(json.dumps({"id": jid, "ok": True}))
+    else:
+        say("not json at all \x1b[31m")
+        say(json.dumps({"id": "never-given", "ok": True}))
+        say(json.dumps({"ok": True}))
+        say(json.dumps({"id": jid, "ok": True}))
+"#;
+    let log = tempfile::NamedTempFile::new().expect("log file");
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_workerpool-worker"))
+        .args(["--redis-url", &redis.url(), "--queue", q.name()])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args([
+            "--max-attempts",
+            "1",
+            "--concurrency",
+            "8",
+            "--children",
+            "1",
+        ])
+        .args(["--", "python3", "-c", child])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log.reopen().expect("log"))
+        .spawn()
+        .expect("spawn worker");
+    settled(&c, &q, 10, 10).await;
+    // Nothing more is settled later by the extra answers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 10);
+    assert_eq!(counter(&mut c, q.stats_dead()).await, 10);
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let dead = dead_by_id(&mut c, &q).await;
+    let ids: BTreeSet<_> = dead.iter().map(|(id, _)| id.clone()).collect();
+    let even: BTreeSet<_> = (0..20).step_by(2).map(|i| format!("j{i}")).collect();
+    assert_eq!(ids, even);
+    assert!(
+        dead.iter().all(|(_, d)| d["error"] == "first answer"),
+        "{dead:?}"
+    );
+    let said = std::fs::read_to_string(log.path()).expect("log");
+    assert!(said.contains("which the child does not hold"), "{said}");
+    assert!(said.contains("names no job"), "{said}");
+    assert!(said.contains("not json at all"), "{said}");
+    assert!(!said.contains('\x1b'), "control bytes are escaped: {said}");
+}

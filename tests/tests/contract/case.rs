@@ -77,6 +77,9 @@ pub(crate) struct WorkerStep {
     pub(crate) queues: Vec<String>,
     #[serde(default = "one")]
     pub(crate) concurrency: usize,
+    /// Handler processes sharing the slots; `None`: one per slot.
+    #[serde(default)]
+    pub(crate) children: Option<usize>,
     #[serde(default = "three")]
     pub(crate) max_attempts: u32,
     #[serde(default = "backoff_base")]
@@ -204,6 +207,11 @@ pub(crate) fn load_case(path: &Path) -> Result<Case, String> {
                 if w.queues.is_empty() || w.concurrency == 0 || w.max_attempts == 0 {
                     return bad(format!(
                         "step {n}: a worker needs queues, concurrency and max_attempts above 0"
+                    ));
+                }
+                if w.children.is_some_and(|c| c == 0 || c > w.concurrency) {
+                    return bad(format!(
+                        "step {n}: children must be between 1 and the concurrency"
                     ));
                 }
                 worker = true;

@@ -542,6 +542,9 @@ impl Run<'_> {
         for q in &w.queues {
             cmd.arg("--queue").arg(q);
         }
+        if let Some(children) = w.children {
+            cmd.args(["--children", &children.to_string()]);
+        }
         cmd.args(["--concurrency", &w.concurrency.to_string()])
             .args(["--max-attempts", &w.max_attempts.to_string()])
             .args([
