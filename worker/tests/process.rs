@@ -1040,3 +1040,43 @@ async fn sigusr1_logs_the_jobs_in_flight_and_the_worker_keeps_running() {
     assert_eq!(counter(&mut c, q.stats_processed()).await, 1);
     assert_eq!(processing_total(&mut c, &q).await, 0);
 }
+
+/// A child holding all of a worker's slots: SIGTERM lets every job it holds
+/// finish, then the worker exits 0 with nothing left in processing.
+#[tokio::test]
+async fn sigterm_drains_every_job_a_child_holding_many_has_in_hand() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("drain-many");
+    let jobs: Vec<Value> = (0..8).map(|i| json!({"id": format!("d{i}")})).collect();
+    push(&mut c, q.name(), jobs).await;
+    // Answers each job 1.5 s after it arrived, with its id, from a thread.
+    let child = r#"
+import json, sys, threading, time
+lock = threading.Lock()
+def run(jid):
+    time.sleep(1.5)
+    with lock:
+        sys.stdout.write(json.dumps({"id": jid, "ok": True}) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    threading.Thread(target=run, args=(json.loads(line)["id"],)).start()
+"#;
+    let mut args = vec!["--queue", q.name(), "--concurrency", "8", "--children", "1"];
+    args.extend(FAST);
+    args.extend(["--shutdown-timeout", "10s", "--", "python3", "-c", child]);
+    let mut worker = Worker::start(&redis, &args, &[]);
+    let gauge = format!("workerpool_jobs_in_flight{{queue=\"{}\"}} 8", q.name());
+    eventually(WAIT, "all 8 jobs in the child", || {
+        let running = worker
+            .get("/metrics")
+            .is_some_and(|(_, body)| body.lines().any(|l| l == gauge));
+        async move { running.then_some(()) }
+    })
+    .await;
+    worker.signal("TERM");
+    let status = worker.wait_exit(WAIT).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(counter(&mut c, q.stats_processed()).await, 8);
+    assert_eq!(processing_total(&mut c, &q).await, 0);
+    assert_eq!(common::len(&mut c, q.name()).await, 0);
+}

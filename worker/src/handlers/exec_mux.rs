@@ -686,6 +686,8 @@ def run(job):
     if act == "twice": say({"id": jid, "ok": False, "error": "second answer"})
 for line in sys.stdin:
     msg = json.loads(line)
+    if (msg.get("data") or {}).get("do") == "stall":
+        time.sleep(3600)
     if "cancel" in msg:
         ev = cancels.get(msg["cancel"])
         if ev: ev.set()
@@ -882,6 +884,43 @@ for line in sys.stdin:
         let seen: HashSet<_> = jobs.iter().map(|(_, j)| j.id().to_string()).collect();
         assert!(seen.len() > 1);
         assert_eq!(pool.inner.restarts.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_child_that_stops_reading_holds_up_only_the_jobs_sent_to_it() {
+        let pool = mux(4, 2, Duration::from_millis(300));
+        // The first child stops reading stdin at its first job.
+        let stall = job("stall", serde_json::json!({"do": "stall"}));
+        let stalled = tokio::time::timeout(Duration::from_millis(200), pool.handle(&stall)).await;
+        assert!(stalled.is_err());
+        // Jobs far larger than a pipe holds: the one sent to the stalled
+        // child blocks its writer, never the other child's.
+        let big = "x".repeat(2 << 20);
+        let jobs: Vec<_> = (0..6)
+            .map(|i| job(&format!("big{i}"), serde_json::json!({"pad": big})))
+            .collect();
+        let outcomes =
+            futures::future::join_all(jobs.iter().map(|j| async {
+                tokio::time::timeout(Duration::from_secs(1), pool.handle(j)).await
+            }))
+            .await;
+        let done = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(Outcome::Done)))
+            .count();
+        assert!(done >= 4, "{outcomes:?}");
+        // The stalled child is killed as hung once its cancels go
+        // unanswered; the pool is whole again.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while pool.inner.restarts.get() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the stalled child was never replaced"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let next = job("next", serde_json::json!({}));
+        assert_eq!(pool.handle(&next).await, Outcome::Done);
     }
 
     #[tokio::test]
