@@ -12,10 +12,16 @@ use crate::E2e;
 use crate::cluster::{Cluster, Namespace, eventually};
 use crate::scenarios::{IMAGE_TAG, Pool, Redis, ready_workers};
 
-pub const ALL: &[crate::Scenario] = &[(
-    "a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cluster",
-    a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cluster,
-)];
+pub const ALL: &[crate::Scenario] = &[
+    (
+        "a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cluster",
+        a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cluster,
+    ),
+    (
+        "with_children_1_one_python_process_runs_all_three_slots_of_the_mini_project",
+        with_children_1_one_python_process_runs_all_three_slots_of_the_mini_project,
+    ),
+];
 
 pub fn python_example_image() -> String {
     format!("local/workerpool-python-example:{IMAGE_TAG}")
@@ -57,9 +63,22 @@ fn at(record: &Value) -> f64 {
 }
 
 fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cluster(e2e: &E2e) {
+    mini_project(e2e, "e2e-python", None);
+}
+
+/// `spec.worker.children: 1` reaches the worker, which starts one handler
+/// process holding all three slots; the App runs its three `def` tasks at
+/// once on its threads.
+fn with_children_1_one_python_process_runs_all_three_slots_of_the_mini_project(e2e: &E2e) {
+    mini_project(e2e, "e2e-python-one", Some(1));
+}
+
+fn mini_project(e2e: &E2e, namespace: &str, children: Option<i64>) {
     let k = &e2e.cluster;
-    let ns = Namespace::create(k, "e2e-python");
+    let ns = Namespace::create(k, namespace);
     let redis = Redis::start(k, &ns.name);
+    let processes = children.unwrap_or(3);
+    let handlers = usize::try_from(processes).unwrap_or(3);
     // Three slots, as the mini project runs; the image's own CMD
     // (`--handler exec -- python3 -m mini.worker`) starts the handler, so
     // the container has no args.
@@ -67,6 +86,9 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
         .manual(1)
         .concurrency(3)
         .with(|spec| {
+            if let Some(children) = children {
+                spec["worker"]["children"] = children.into();
+            }
             let container = &mut spec["template"]["spec"]["containers"][0];
             container["image"] = python_example_image().into();
             if let Some(c) = container.as_object_mut() {
@@ -76,11 +98,11 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
         });
     k.apply(&ns.name, &pool.manifest());
     let pod = ready_workers(k, &ns.name, QUEUE, 1).remove(0);
-    // The three handler processes are up before the jobs come, so slots,
-    // not start-up, set the pace.
+    // The handler processes are up before the jobs come, so slots, not
+    // start-up, set the pace.
     eventually(
         Duration::from_secs(60),
-        "three Python handlers ready",
+        "the Python handlers ready",
         |last| {
             let logs = k
                 .try_kubectl(&["logs", "-n", &ns.name, &pod, "-c", "worker"])
@@ -93,7 +115,7 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
                 .chars()
                 .rev()
                 .collect();
-            (logs.matches("handler ready").count() >= 3).then_some(())
+            (logs.matches("handler ready").count() >= handlers).then_some(())
         },
     );
 
@@ -134,7 +156,8 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
         wanted,
         "{seen:#?}"
     );
-    // Three slots: at most three at once, all three used, in three processes.
+    // Three slots: at most three at once, all three used, in as many
+    // processes as the pool says.
     let overlap = ids
         .iter()
         .map(|i| {
@@ -146,7 +169,11 @@ fn a_python_handler_built_from_the_client_readme_runs_the_mini_project_on_the_cl
         .unwrap_or(0);
     assert_eq!(overlap, 3, "three jobs at once at the most: {seen:#?}");
     let pids: BTreeSet<i64> = seen.iter().filter_map(|r| r["pid"].as_i64()).collect();
-    assert_eq!(pids.len(), 3, "three handler processes: {seen:#?}");
+    assert_eq!(
+        pids.len(),
+        handlers,
+        "{handlers} handler processes: {seen:#?}"
+    );
     // FIFO: the first three enqueued all started before any of the last three.
     let first = ids[..3]
         .iter()

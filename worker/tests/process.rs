@@ -956,15 +956,20 @@ async fn one_sleeping_job(
         None => Worker::start(redis, &args, &[]),
     };
     // Running, not only taken: the signal must not come between the two.
-    let gauge = format!("workerpool_jobs_in_flight{{queue=\"{queue}\"}} 1");
-    eventually(WAIT, "the job running", || {
+    running(&worker, queue, 1).await;
+    (worker, c, q)
+}
+
+/// Waits until `n` jobs of `queue` run in `worker` (its metrics say so).
+async fn running(worker: &Worker, queue: &str, n: usize) {
+    let gauge = format!("workerpool_jobs_in_flight{{queue=\"{queue}\"}} {n}");
+    eventually(WAIT, &format!("{n} jobs running"), || {
         let running = worker
             .get("/metrics")
             .is_some_and(|(_, body)| body.lines().any(|l| l == gauge));
         async move { running.then_some(()) }
     })
     .await;
-    (worker, c, q)
 }
 
 /// `signal` drains like SIGTERM: the running job finishes, then exit 0.
@@ -1065,14 +1070,7 @@ for line in sys.stdin:
     args.extend(FAST);
     args.extend(["--shutdown-timeout", "10s", "--", "python3", "-c", child]);
     let mut worker = Worker::start(&redis, &args, &[]);
-    let gauge = format!("workerpool_jobs_in_flight{{queue=\"{}\"}} 8", q.name());
-    eventually(WAIT, "all 8 jobs in the child", || {
-        let running = worker
-            .get("/metrics")
-            .is_some_and(|(_, body)| body.lines().any(|l| l == gauge));
-        async move { running.then_some(()) }
-    })
-    .await;
+    running(&worker, q.name(), 8).await;
     worker.signal("TERM");
     let status = worker.wait_exit(WAIT).await;
     assert!(status.success(), "{status:?}");

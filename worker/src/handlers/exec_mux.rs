@@ -677,6 +677,9 @@ def run(job):
         cancels[jid].wait(); say({"id": jid, "ok": False, "error": "cancelled"}); return
     if act == "ignore":
         time.sleep(3600)
+    if act == "flood":
+        with lock: sys.stdout.write("x" * (3 << 20)); sys.stdout.flush()
+        time.sleep(3600)
     time.sleep(d.get("ms", 0) / 1000)
     if act == "garbage": say("not an answer"); sys.stdout.write("{bad json\n"); sys.stdout.flush()
     if act == "unknown": say({"id": "never-given", "ok": True})
@@ -805,6 +808,37 @@ for line in sys.stdin:
             let error = failed(outcome);
             assert!(error.contains("exited"), "{error}");
             assert!(error.contains("dying on purpose"), "{error}");
+        }
+        assert_eq!(pool.inner.restarts.get(), 1);
+        let next = job("next", serde_json::json!({}));
+        assert_eq!(pool.handle(&next).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn a_line_past_the_limit_ends_the_child_and_fails_every_job_it_held() {
+        let pool = mux(3, 1, CANCEL_GRACE);
+        let jobs = [
+            job("a", serde_json::json!({"ms": 60_000})),
+            job("b", serde_json::json!({"ms": 60_000})),
+            job("flood", serde_json::json!({"do": "flood"})),
+        ];
+        let outcomes = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::future::join_all(jobs.iter().map(|j| pool.handle(j))),
+        )
+        .await
+        .expect("the flood ends the child");
+        for outcome in &outcomes {
+            let error = failed(outcome);
+            assert!(
+                error.contains("more than 1048576 bytes without a newline"),
+                "{error}"
+            );
+            assert!(
+                error.len() < 2000,
+                "the line is quoted cut: {} bytes",
+                error.len()
+            );
         }
         assert_eq!(pool.inner.restarts.get(), 1);
         let next = job("next", serde_json::json!({}));
