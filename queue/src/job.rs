@@ -57,6 +57,10 @@ pub mod field {
     /// The `traceparent` of the span of the attempt that failed last, set
     /// by a worker that traces: the next attempt's span links to it.
     pub const PREVIOUS_TRACEPARENT: &str = "previous_traceparent";
+    /// Seconds to keep the job's outcome after it ends (a number above 0;
+    /// at most [`crate::ops::MAX_KEEP`]): its state, result or error stay
+    /// readable by id (docs/queue-contract.md, "Outcomes").
+    pub const KEEP: &str = "keep";
 }
 
 /// How long a job holds its unique key at most, when it does not say.
@@ -187,6 +191,32 @@ impl Job {
         match &self.repr {
             Repr::Fields(fields) => release_token(fields),
             Repr::Held(held) => Some(token_of(self.id(), &held.text[held.unique_key.clone()?])),
+        }
+    }
+
+    /// How long to keep the job's outcome after it ends, when it asks
+    /// (`keep`): `Ok(None)` when it does not, `Err` saying what is wrong
+    /// with a `keep` that is not a number of seconds above 0. Longer than
+    /// [`crate::ops::MAX_KEEP`] is cut to it. Costs nothing for a held job
+    /// whose text does not name the field.
+    pub fn keep(&self) -> Result<Option<std::time::Duration>, String> {
+        if let Repr::Held(held) = &self.repr
+            && !held.text.contains("\"keep\"")
+        {
+            return Ok(None);
+        }
+        let Some(value) = self.get(field::KEEP) else {
+            return Ok(None);
+        };
+        match value.as_f64() {
+            Some(secs) if secs > 0.0 && secs.is_finite() => Ok(Some(
+                std::time::Duration::from_secs_f64(secs.min(crate::ops::MAX_KEEP.as_secs_f64())),
+            )),
+            _ => Err(format!(
+                "{:?} must be a number of seconds above 0, got {}",
+                field::KEEP,
+                crate::text::escaped(value.to_string().as_bytes(), 80)
+            )),
         }
     }
 

@@ -133,6 +133,21 @@ impl QueueKeys {
     pub fn wait_probe(&self) -> String {
         format!("{}:wait-probe", self.name)
     }
+
+    /// Hash of one kept job's outcome (`state`, `attempt`, `worker`,
+    /// `result`, `error`, …; see `ops::Outcome`), for a job that asked for
+    /// it (`keep`) or a worker that keeps every one: written with each
+    /// settlement, expiring `keep` after the job ends.
+    pub fn outcome(&self, id: &str) -> String {
+        format!("{}:job:{id}", self.name)
+    }
+
+    /// List holding one element once the job's outcome is final: what a
+    /// waiter blocks on (`BLMOVE` onto itself, so every waiter wakes).
+    /// Expires with [`QueueKeys::outcome`].
+    pub fn outcome_end(&self, id: &str) -> String {
+        format!("{}:job:{id}:end", self.name)
+    }
 }
 
 /// The words that follow a queue's name, after a colon, in the names of
@@ -140,7 +155,7 @@ impl QueueKeys {
 /// A queue name with one of them as a colon-separated part after its first
 /// is refused ([`check_name`]): it would be, or could become, a key of
 /// another queue.
-pub const KEY_PARTS: [&str; 11] = [
+pub const KEY_PARTS: [&str; 12] = [
     "processing",
     "retry",
     "scheduled",
@@ -152,6 +167,7 @@ pub const KEY_PARTS: [&str; 11] = [
     "stats",
     "fires",
     "wait-probe",
+    "job",
 ];
 
 /// Why `name` cannot be a queue's name, if it cannot. Besides being

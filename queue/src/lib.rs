@@ -21,6 +21,7 @@ pub mod job;
 pub mod keys;
 pub mod memory;
 pub mod ops;
+pub mod outcome;
 pub mod rate;
 pub mod schedule;
 pub mod scripts;

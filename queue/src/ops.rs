@@ -557,7 +557,34 @@ pub struct Finished<'a> {
     /// The token that frees its unique key once it is done or dead
     /// ([`crate::job::release_token`]); `None` without one.
     pub release: Option<&'a str>,
+    /// Its outcome to keep, written by the same script (`None`: the job
+    /// did not ask, and nothing is written).
+    pub kept: Option<Kept<'a>>,
 }
+
+/// A job's outcome, kept with its settlement in `<q>:job:<id>`
+/// (docs/queue-contract.md, "Outcomes").
+#[derive(Debug, Clone, Copy)]
+pub struct Kept<'a> {
+    /// The job's id.
+    pub id: &'a str,
+    /// How long a final outcome (done, dead) is kept.
+    pub keep: Duration,
+    /// The attempt that ended.
+    pub attempt: u32,
+    /// The worker (instance) it ran on.
+    pub worker: &'a str,
+    /// The result of a job done (JSON text; empty for none), or the error
+    /// of one retried or dead-lettered.
+    pub value: &'a str,
+    /// Why a done job's result is not kept (too large, not JSON); empty
+    /// when it is.
+    pub note: &'a str,
+}
+
+/// The longest a job's outcome may be kept: a week. A job asking for more
+/// is kept this long.
+pub const MAX_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Settles `finished` jobs and takes up to `take` new ones from `queues`
 /// (priority order) into the instance's processing lists, in one round
@@ -588,10 +615,26 @@ pub async fn settle(
             q.rate(),
         ]);
     }
+    let queue_keys = keys.len();
+    // Each kept outcome's two keys, after the queues' (their position is
+    // the script's, 1-based).
+    let mut at = Vec::with_capacity(finished.len());
+    for f in finished {
+        match (&f.kept, queues.get(f.queue)) {
+            (Some(kept), Some(q)) => {
+                at.push(keys.len() + 1);
+                keys.push(q.outcome(kept.id));
+                keys.push(q.outcome_end(kept.id));
+            }
+            _ => at.push(0),
+        }
+    }
     // The payloads go straight into the command (see `Eval`).
     let mut invocation = Eval::new(&scripts::SETTLE, &keys);
     taking_args(&mut invocation, take, limits.into(), rate, instance);
-    for f in finished {
+    invocation.arg(queue_keys);
+    for (f, at) in finished.iter().zip(at) {
+        let kept = if at > 0 { "+" } else { "" };
         let index = f.queue + 1;
         // A large payload is named by its length and digest rather than
         // sent back whole (settle.lua finds it by them): the command would
@@ -603,27 +646,38 @@ pub async fn settle(
         };
         let payload = payload.as_ref();
         match (f.settlement, f.release) {
-            (Settlement::Done, None) => invocation.arg(format!("{named}A{index}")).arg(payload),
+            (Settlement::Done, None) => invocation
+                .arg(format!("{kept}{named}A{index}"))
+                .arg(payload),
             (Settlement::Done, Some(release)) => invocation
-                .arg(format!("{named}U{index}"))
+                .arg(format!("{kept}{named}U{index}"))
                 .arg(payload)
                 .arg(release),
             (Settlement::Retry { next, delay }, _) => invocation
-                .arg(format!("{named}T{index}"))
+                .arg(format!("{kept}{named}T{index}"))
                 .arg(payload)
                 .arg(next.as_str())
                 .arg(delay.as_millis() as u64),
             (Settlement::NotRun { next, delay }, _) => invocation
-                .arg(format!("{named}R{index}"))
+                .arg(format!("{kept}{named}R{index}"))
                 .arg(payload)
                 .arg(next.as_str())
                 .arg(delay.as_millis() as u64),
             (Settlement::Dead { envelope }, release) => invocation
-                .arg(format!("{named}B{index}"))
+                .arg(format!("{kept}{named}B{index}"))
                 .arg(payload)
                 .arg(envelope.as_str())
                 .arg(release.unwrap_or_default()),
         };
+        if let (Some(k), true) = (&f.kept, at > 0) {
+            invocation
+                .arg(at)
+                .arg(k.keep.min(MAX_KEEP).as_millis().max(1) as u64)
+                .arg(k.attempt)
+                .arg(k.worker)
+                .arg(k.value)
+                .arg(k.note);
+        }
     }
     let mut reply: Vec<redis::Value> = invocation.invoke(conn).await?;
     let lost = reply

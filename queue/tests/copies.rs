@@ -121,6 +121,7 @@ fn a_large_job_is_read_handed_on_and_settled_without_a_copy() {
             payload: text.as_bytes(),
             settlement: &done,
             release: None,
+            kept: None,
         }];
         let before = LARGE_ALLOCATIONS.load(Ordering::Relaxed);
         let settled = ops::settle(&mut c, std::slice::from_ref(&q), w, &finished, 0, 10, None)

@@ -30,6 +30,9 @@ fn keys_of(q: &QueueKeys, instances: &[String]) -> Vec<String> {
     for instance in instances {
         keys.push(q.processing(instance));
         keys.push(q.worker(instance));
+        // Job ids are as free as instances.
+        keys.push(q.outcome(instance));
+        keys.push(q.outcome_end(instance));
     }
     keys
 }

@@ -102,6 +102,7 @@ async fn the_keys_with_a_ttl_are_exactly_those_the_volatile_warning_names() {
             payload: &job.payload,
             settlement,
             release: None,
+            kept: None,
         })
         .collect();
     ops::settle(

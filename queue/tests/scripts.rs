@@ -679,6 +679,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                     payload: p.as_bytes(),
                     settlement,
                     release: Some(token),
+                    kept: None,
                 })
                 .collect();
             format!(
@@ -764,6 +765,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                     payload: p.as_bytes(),
                     settlement,
                     release: None,
+                    kept: None,
                 })
                 .collect();
             let limits = ops::Limits {
@@ -829,6 +831,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                     payload: p.as_bytes(),
                     settlement,
                     release: None,
+                    kept: None,
                 })
                 .collect();
             let reply = ops::settle(
@@ -863,6 +866,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                     payload: p.as_bytes(),
                     settlement,
                     release: None,
+                    kept: None,
                 })
                 .collect();
             format!(
@@ -1325,6 +1329,7 @@ async fn settle_done(
         payload: payload.as_bytes(),
         settlement: &done,
         release: None,
+        kept: None,
     }];
     ops::settle(
         c,

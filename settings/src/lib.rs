@@ -74,6 +74,9 @@ pub const INSTANCE_FILE: &str = "WORKERPOOL_INSTANCE_FILE";
 /// How many exec handler processes share the concurrency's slots (unset:
 /// one per slot).
 pub const CHILDREN: &str = "WORKERPOOL_CHILDREN";
+/// How long the outcome of every job the worker settles is kept, for jobs
+/// that do not say (`keep`); unset: only jobs that ask are kept.
+pub const KEEP_OUTCOMES: &str = "WORKERPOOL_KEEP_OUTCOMES";
 /// Set by the worker in each exec handler process's environment: how many
 /// jobs that process holds at once (its share of the slots). Above 1, the
 /// process speaks the multiplexed protocol (docs/worker.md).
@@ -348,6 +351,7 @@ mod tests {
             INSTANCE_FILE,
             CHILDREN,
             JOBS_PER_CHILD,
+            KEEP_OUTCOMES,
         ];
         let distinct: std::collections::BTreeSet<_> = names.iter().collect();
         assert_eq!(distinct.len(), names.len());

@@ -28,6 +28,9 @@ pub struct Config {
     pub concurrency: usize,
     /// How many exec children share the slots; `None`: one per slot.
     pub children: Option<usize>,
+    /// How long every settled job's outcome is kept when the job does not
+    /// say (`keep`); `None`: only jobs that ask are kept.
+    pub keep_outcomes: Option<Duration>,
     /// Attempts before a job is dead-lettered.
     pub max_attempts: u32,
     /// Payloads longer than this many bytes are dead-lettered as
@@ -78,6 +81,7 @@ impl Config {
             queues,
             concurrency: 1,
             children: None,
+            keep_outcomes: None,
             max_attempts: 5,
             max_payload_bytes: workerpool_queue::ops::DEFAULT_MAX_PAYLOAD_BYTES,
             backoff_base: Duration::from_secs(1),
@@ -111,6 +115,15 @@ impl Config {
         self.endpoint()?;
         if self.concurrency == 0 {
             return fail("--concurrency must be at least 1".into());
+        }
+        if let Some(keep) = self.keep_outcomes
+            && (keep.is_zero() || keep > workerpool_queue::ops::MAX_KEEP)
+        {
+            return fail(format!(
+                "--keep-outcomes must be above 0 and at most {} (a week), got {}",
+                humantime::format_duration(workerpool_queue::ops::MAX_KEEP),
+                humantime::format_duration(keep)
+            ));
         }
         if self.max_attempts == 0 {
             return fail("--max-attempts must be at least 1".into());
@@ -250,6 +263,13 @@ pub struct Args {
     /// handlers (docs/worker.md, "Many jobs in one child").
     #[arg(long, env = settings::CHILDREN, value_name = "N")]
     pub children: Option<usize>,
+
+    /// Keep the outcome of every job this worker settles for DUR after it
+    /// ends (state, result or error, readable by id: `workerpool job
+    /// show`), for jobs that do not say themselves (`keep`). Unset: only
+    /// jobs that ask are kept. At most 7d.
+    #[arg(long, env = settings::KEEP_OUTCOMES, value_name = "DUR", value_parser = humantime::parse_duration)]
+    pub keep_outcomes: Option<Duration>,
 
     /// Handler: exec (the default when a command follows `--`),
     /// exec-per-job, http, noop or sleep.
@@ -442,6 +462,7 @@ impl Args {
             queues: self.queues,
             concurrency: self.concurrency,
             children: self.children,
+            keep_outcomes: self.keep_outcomes,
             max_attempts: self.max_attempts,
             max_payload_bytes: self.max_payload_bytes,
             backoff_base: self.backoff_base,
@@ -776,6 +797,6 @@ mod tests {
             assert_eq!(env.to_str(), Some(expected.as_str()), "--{long}");
             named += 1;
         }
-        assert_eq!(named, 24, "every flag but the command has its variable");
+        assert_eq!(named, 25, "every flag but the command has its variable");
     }
 }

@@ -12,6 +12,9 @@ use workerpool_queue::job::Job;
 pub enum Outcome {
     /// The job is done.
     Done,
+    /// The job is done and returned this result: JSON text, kept as the
+    /// job's outcome when it asked for one (see [`Outcome::returning`]).
+    Returned(String),
     /// The attempt failed. With `retry`, the job runs again after a backoff
     /// until its attempts run out; without, it goes straight to the dead list.
     Failed { error: String, retry: bool },
@@ -40,6 +43,25 @@ impl Outcome {
             error: error.into(),
             retry: false,
         }
+    }
+
+    /// Done, returning `value` as the job's result. A value that cannot be
+    /// written as JSON (a map with keys that are not strings, a float that
+    /// is not finite in some serializers) leaves the job done without a
+    /// result, and the handler's log says why.
+    pub fn returning(value: &impl serde::Serialize) -> Self {
+        match serde_json::to_string(value) {
+            Ok(json) => Outcome::Returned(json),
+            Err(e) => {
+                tracing::error!(error = %e, "the job's result cannot be written as JSON; the job is done without one");
+                Outcome::Done
+            }
+        }
+    }
+
+    /// Whether the job is done (with a result or without).
+    pub fn is_done(&self) -> bool {
+        matches!(self, Outcome::Done | Outcome::Returned(_))
     }
 }
 

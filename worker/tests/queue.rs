@@ -588,6 +588,7 @@ async fn completing_a_job_takes_the_next_from_the_highest_priority_queue_in_the_
         payload: payload.as_bytes(),
         settlement: &done,
         release: None,
+        kept: None,
     };
     // Payloads that are no JSON objects are taken untouched.
     let fetched = |queue: usize, payload: &str| ops::Fetched::untouched(queue, payload.into());

@@ -5,16 +5,23 @@
 -- worker settles: there is no single-job form.
 -- KEYS: ten per queue, highest priority first: queue, processing,
 -- stats:processed, retry, stats:failed, dead, stats:dead, unique,
--- unique:expiry, rate.
+-- unique:expiry, rate; then, for each settlement that keeps its outcome,
+-- the job's outcome hash and end list (`<q>:job:<id>`, `<q>:job:<id>:end`).
 -- ARGV: how many jobs to take, the pool's attempt limit, one 32-digit
 -- hex id per job to take, concatenated, and the rate limit's interval and
 -- tolerance in ms, the payload size limit in bytes (0: none) and the
--- worker instance (as for fetch.lua), then per settlement a head, the
+-- worker instance (as for fetch.lua), how many KEYS are the queues' (ten
+-- per queue), then per settlement a head, the
 -- kind followed by the queue's index (1-based, e.g. `A1`), the payload as
 -- the processing list holds it, and what the kind needs. A head led by `#`
 -- (e.g. `#A1`) names the payload instead by its length and SHA-1, as
 -- `<length>:<40 hex digits>`: a worker does not send a large payload back
--- whole to settle it.
+-- whole to settle it. A head led by `+` (before any `#`: `+A1`, `+#A1`)
+-- keeps the job's outcome: after what the kind needs come the position in
+-- KEYS of its outcome hash (the end list follows it), how long to keep a
+-- final outcome in ms, the attempt, the worker, and the value: the result
+-- (JSON text, '' for none) of a job done, the error of one retried or dead;
+-- then a note: why a done job's result was not kept ('' when it was).
 --   `A` done: nothing more;
 --   `U` done, freeing its unique key: the release token (unique.lua);
 --   `T` retry later: the next attempt's payload, the delay in ms;
@@ -33,6 +40,7 @@ local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_bytes, worker = tonumber(ARGV[6]), ARGV[7]
+local queue_keys = tonumber(ARGV[8])
 local out = {0, -1, 0}
 local settlement = 0
 -- Counters add up per key and are written once per script, not per job.
@@ -48,15 +56,23 @@ end
 -- A head's kind and its queue's first key, read once per distinct head.
 -- Every key a settlement or the taking may write is checked before the
 -- first write (guard.lua): a batch is settled whole or not at all.
-local kinds, bases, by_name = {}, {}, {}
-local i = 8
+local kinds, bases, by_name, keeps = {}, {}, {}, {}
+-- How many arguments follow a head of `kind`, and a kept outcome's.
+local function args_of(kind)
+  return kind == 65 and 1 or kind == 85 and 2 or 3
+end
+local KEPT = 6
+local i = 9
 while i <= #ARGV do
   local head = ARGV[i]
   local kind, base = kinds[head], bases[head]
   if not kind then
-    local at = byte(head, 1) == 35 and 2 or 1 -- #
+    local at = byte(head, 1) == 43 and 2 or 1 -- +
+    local kept = at == 2
+    local named = byte(head, at) == 35 -- #
+    if named then at = at + 1 end
     kind, base = byte(head, at), (tonumber(sub(head, at + 1)) - 1) * 10
-    kinds[head], bases[head], by_name[head] = kind, base, at == 2
+    kinds[head], bases[head], by_name[head], keeps[head] = kind, base, named, kept
     expect(KEYS[base + 2], 'list')
     if kind == 65 or kind == 85 then -- A, U
       expect_counter(KEYS[base + 3])
@@ -71,15 +87,21 @@ while i <= #ARGV do
       expect_counter(KEYS[base + 7])
     end
   end
-  local step = kind == 65 and 2 or kind == 85 and 3 or 4
+  local step = 1 + args_of(kind)
   if (kind == 85 or kind == 66) and ARGV[i + step - 1] ~= '' then
     expect(KEYS[base + 8], 'hash')
     expect(KEYS[base + 9], 'zset')
   end
+  if keeps[head] then
+    local at = tonumber(ARGV[i + step])
+    expect(KEYS[at], 'hash')
+    expect(KEYS[at + 1], 'list')
+    step = step + KEPT
+  end
   i = i + step
 end
 if take > 0 then
-  for base = 0, #KEYS - 10, 10 do
+  for base = 0, queue_keys - 10, 10 do
     expect(KEYS[base + 1], 'list')
     expect(KEYS[base + 2], 'list')
     if interval > 0 then
@@ -91,12 +113,50 @@ if take > 0 then
     end
   end
 end
-i = 8
+-- A kept outcome, written with the settlement that found its job: `o` is
+-- the position in ARGV of its first argument, `value` the kind's.
+local function keep(kind, o, delay)
+  local hash, ending = KEYS[tonumber(ARGV[o])], KEYS[tonumber(ARGV[o]) + 1]
+  local ttl, attempt, by, value, note = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4], ARGV[o + 5]
+  local t = now()
+  local state
+  if kind == 65 or kind == 85 then -- A, U
+    state = 'done'
+    redis.call('HDEL', hash, 'error', 'next_at', 'result', 'result_error')
+    if value ~= '' then
+      redis.call('HSET', hash, 'result', value)
+    end
+    if note ~= '' then
+      redis.call('HSET', hash, 'result_error', note)
+    end
+  elseif kind == 84 or kind == 82 then -- T, R
+    state = 'retrying'
+    redis.call('HSET', hash, 'error', value, 'next_at', t + tonumber(delay))
+  else -- B
+    state = 'dead'
+    redis.call('HDEL', hash, 'next_at', 'result', 'result_error')
+    redis.call('HSET', hash, 'error', value)
+  end
+  redis.call('HSET', hash, 'state', state, 'attempt', attempt, 'worker', by, 'updated_at', t)
+  if state == 'retrying' then
+    redis.call('PERSIST', hash)
+    redis.call('DEL', ending)
+  else
+    redis.call('HSET', hash, 'ended_at', t)
+    redis.call('PEXPIRE', hash, ttl)
+    -- One element, whatever ran before: what waiters block on.
+    redis.call('DEL', ending)
+    redis.call('LPUSH', ending, state)
+    redis.call('PEXPIRE', ending, ttl)
+  end
+end
+i = 9
 while i <= #ARGV do
   local head, payload = ARGV[i], ARGV[i + 1]
   local kind, base = kinds[head], bases[head]
   local extra = ARGV[i + 2]
-  i = i + (kind == 65 and 2 or kind == 85 and 3 or 4)
+  local own = i + 1 + args_of(kind) -- the first argument after the kind's
+  i = own + (keeps[head] and KEPT or 0)
   -- From the tail: the list is newest first, and the jobs that finish
   -- first are mostly the oldest, so the match is found within a few
   -- entries instead of after every job still running.
@@ -120,7 +180,7 @@ while i <= #ARGV do
         release(KEYS[base + 8], KEYS[base + 9], extra)
       end
     elseif kind == 84 or kind == 82 then -- T, R
-      redis.call('ZADD', KEYS[base + 4], now() + tonumber(ARGV[i - 1]), extra)
+      redis.call('ZADD', KEYS[base + 4], now() + tonumber(ARGV[own - 1]), extra)
       if kind == 84 then
         count(KEYS[base + 5])
       end
@@ -128,7 +188,10 @@ while i <= #ARGV do
       redis.call('LPUSH', KEYS[base + 6], extra)
       count(KEYS[base + 5])
       count(KEYS[base + 7])
-      release(KEYS[base + 8], KEYS[base + 9], ARGV[i - 1])
+      release(KEYS[base + 8], KEYS[base + 9], ARGV[own - 1])
+    end
+    if keeps[head] then
+      keep(kind, own, ARGV[own - 1])
     end
   end
 end
@@ -136,7 +199,7 @@ for _, key in ipairs(counted) do
   redis.call('INCRBY', key, counts[key])
 end
 local taken = 0
-for base = 0, #KEYS - 10, 10 do
+for base = 0, queue_keys - 10, 10 do
   if take == 0 then break end
   local index = base / 10 + 1
   local started, next_in = take_jobs(KEYS[base + 1], KEYS[base + 2], KEYS[base + 10],

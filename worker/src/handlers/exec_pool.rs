@@ -2,8 +2,9 @@
 //! speaking JSON lines.
 //!
 //! Each job is one line of JSON on a child's stdin; the child answers one
-//! line on stdout, `{"ok":true}` or `{"ok":false,"error":"…","retry":false}`
-//! (`retry` defaults to true). The child's stderr is its log and goes to the
+//! line on stdout, `{"ok":true}` (with `"result"`, any JSON, for a job that
+//! returns one) or `{"ok":false,"error":"…","retry":false}` (`retry`
+//! defaults to true). The child's stderr is its log and goes to the
 //! worker's stderr; its last lines are kept for the error of an attempt it
 //! dies in. A child that exits or breaks the protocol mid-job fails that
 //! attempt and is replaced at once; a child whose attempt is abandoned
@@ -219,6 +220,9 @@ struct Reply {
     #[serde(default)]
     id: Option<String>,
     ok: bool,
+    /// What the job returned (any JSON), kept as its outcome's result.
+    #[serde(default)]
+    result: Option<Box<serde_json::value::RawValue>>,
     #[serde(default)]
     error: Option<String>,
     #[serde(default = "yes")]
@@ -464,12 +468,21 @@ pub fn parse_reply(line: &[u8]) -> Result<(Option<String>, Outcome), String> {
         ));
     };
     match serde_json::from_str::<Reply>(answer) {
-        Ok(Reply { id, ok: true, .. }) => Ok((id, Outcome::Done)),
+        Ok(Reply {
+            id,
+            ok: true,
+            result,
+            ..
+        }) => Ok((
+            id,
+            result.map_or(Outcome::Done, |r| Outcome::Returned(r.get().to_string())),
+        )),
         Ok(Reply {
             id,
             ok: false,
             error,
             retry,
+            ..
         }) => Ok((
             id,
             Outcome::Failed {

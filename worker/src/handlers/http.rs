@@ -120,7 +120,12 @@ impl Handler for HttpHandler {
 /// The outcome of an answer with `status` and `body`.
 pub fn classify(status: StatusCode, body: &[u8]) -> Outcome {
     if status.is_success() {
-        return Outcome::Done;
+        // A body that is JSON is what the job returned.
+        let json = std::str::from_utf8(body.trim_ascii())
+            .ok()
+            .filter(|text| !text.is_empty())
+            .filter(|text| serde_json::from_str::<&serde_json::value::RawValue>(text).is_ok());
+        return json.map_or(Outcome::Done, |text| Outcome::Returned(text.to_string()));
     }
     // Any bytes at all: what is not UTF-8 shows escaped (`\xff`), not as
     // replacement characters that would hide what the receiver sent.
@@ -193,7 +198,7 @@ mod tests {
             let status = StatusCode::from_u16(code).expect("valid code");
             let outcome = classify(status, b"details");
             let got = match &outcome {
-                Outcome::Done => Some(None),
+                Outcome::Done | Outcome::Returned(_) => Some(None),
                 Outcome::Failed { retry, .. } => Some(Some(*retry)),
                 Outcome::NotRun { .. } => None,
             };

@@ -50,6 +50,7 @@ impl InHand {
             payload: self.held.as_bytes(),
             settlement,
             release,
+            kept: None,
         }
     }
 }

@@ -31,6 +31,10 @@ impl Worker {
         permit: OwnedSemaphorePermit,
     ) {
         let (qi, job) = (in_hand.queue, &in_hand.job);
+        let keep = self.keep_of(qi, job);
+        if keep.is_some() {
+            self.note_running(qi, job).await;
+        }
         self.job_metrics[qi].in_flight.inc();
         let started = Instant::now();
         // Traced: the handler gets the attempt span's traceparent.
@@ -74,11 +78,13 @@ impl Worker {
         }
         self.job_metrics[qi].timed(started.elapsed().as_secs_f64());
         // The job as handed carries the attempt's trace: a retry links to it.
+        let kept = keep.map(|keep| KeptValue::of(keep, &outcome));
         let settlement = self.settlement(qi, traced.as_ref().unwrap_or(job), outcome);
         let finished = Settling {
             entry,
             in_hand,
             settlement,
+            kept,
             slot: permit,
             _tracked: self.tracker.token(),
         };
@@ -88,11 +94,52 @@ impl Worker {
         let _ = self.settler.send(finished);
     }
 
+    /// How long to keep the job's outcome, if at all: its own `keep`, else
+    /// the worker's `--keep-outcomes`. A `keep` that is not a number of
+    /// seconds is ignored with a warning, as a malformed `traceparent` is.
+    fn keep_of(&self, qi: usize, job: &Job) -> Option<std::time::Duration> {
+        match job.keep() {
+            Ok(Some(keep)) => Some(keep),
+            Ok(None) => self.config.keep_outcomes,
+            Err(problem) => {
+                tracing::warn!(
+                    queue = self.queues[qi].name(),
+                    id = ?shown(job.id()),
+                    "{problem}; the worker's --keep-outcomes applies"
+                );
+                self.config.keep_outcomes
+            }
+        }
+    }
+
+    /// Notes a kept job as running before its handler starts: at most a
+    /// second's wait, and the job runs whatever Redis answers (the
+    /// settlement writes its outcome all the same).
+    async fn note_running(&self, qi: usize, job: &Job) {
+        let write = async {
+            let mut conn = self.redis.conn().await?;
+            workerpool_queue::outcome::running(
+                &mut conn,
+                &self.queues[qi],
+                job.id(),
+                job.attempt(),
+                &self.instance,
+                self.now_ms(),
+            )
+            .await
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(1), write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not note a kept job as running"),
+            Err(_) => tracing::debug!("noting a kept job as running took over a second"),
+        }
+    }
+
     /// What a job's outcome becomes in Redis.
     pub(super) fn settlement(&self, qi: usize, job: &Job, outcome: Outcome) -> Settlement {
         let queue = self.queues[qi].name();
         match outcome {
-            Outcome::Done => Settlement::Done,
+            Outcome::Done | Outcome::Returned(_) => Settlement::Done,
             Outcome::NotRun { error, delay } => {
                 tracing::warn!(
                     queue,
@@ -215,7 +262,18 @@ impl Worker {
         let finished: Vec<ops::Finished<'_>> = batch
             .iter()
             .zip(&releases)
-            .map(|(s, release)| s.in_hand.finished(&s.settlement, release.as_deref()))
+            .map(|(s, release)| {
+                let mut f = s.in_hand.finished(&s.settlement, release.as_deref());
+                f.kept = s.kept.as_ref().map(|k| ops::Kept {
+                    id: s.in_hand.job.id(),
+                    keep: k.keep,
+                    attempt: s.in_hand.job.attempt(),
+                    worker: &self.instance,
+                    value: &k.value,
+                    note: &k.note,
+                });
+                f
+            })
             .collect();
         let stop = self.give_up.clone();
         let reply = self
@@ -352,11 +410,43 @@ fn settle_shares(concurrency: usize) -> (usize, usize) {
 
 /// A finished job on its way to the settle loop, with the slot it keeps
 /// until its settlement is recorded in Redis.
+/// What a kept job's outcome holds besides its state.
+pub(super) struct KeptValue {
+    keep: std::time::Duration,
+    /// The result of a job done (JSON text, empty for none), or the error.
+    value: String,
+    /// Why a returned result is not kept.
+    note: String,
+}
+
+impl KeptValue {
+    fn of(keep: std::time::Duration, outcome: &Outcome) -> Self {
+        let limit = workerpool_queue::outcome::MAX_RESULT_BYTES;
+        let (value, note) = match outcome {
+            Outcome::Done => (String::new(), String::new()),
+            Outcome::Returned(result) if result.len() > limit => (
+                String::new(),
+                format!(
+                    "the result was not kept: {} bytes of JSON, over the limit of {limit}",
+                    result.len()
+                ),
+            ),
+            Outcome::Returned(result) => (result.clone(), String::new()),
+            Outcome::Failed { error, .. } | Outcome::NotRun { error, .. } => {
+                (error.clone(), String::new())
+            }
+        };
+        Self { keep, value, note }
+    }
+}
+
 pub(super) struct Settling {
     /// The job's entry in the ledger.
     entry: u64,
     in_hand: InHand,
     settlement: Settlement,
+    /// Its outcome to keep, when it is kept.
+    kept: Option<KeptValue>,
     slot: OwnedSemaphorePermit,
     /// Keeps the drain waiting until the settlement is recorded.
     _tracked: tokio_util::task::task_tracker::TaskTrackerToken,
