@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use workerpool_queue::admin::{self, WorkerInfo};
 use workerpool_queue::connection::{Connection, describe};
 use workerpool_queue::keys::QueueKeys;
+use workerpool_queue::outcome;
 use workerpool_queue::snapshot::{self, Counts};
 use workerpool_queue::text::{self, CELL_CHARS, LINE_CHARS};
 
@@ -95,6 +96,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A kept job's outcome: where it is (running, retrying, done, dead)
+    /// and its result or error, by id. Kept for jobs enqueued with `keep`
+    /// (seconds) or run by workers with --keep-outcomes.
+    Job {
+        /// What to do.
+        #[command(subcommand)]
+        action: JobAction,
+    },
     /// Serve a web UI of the queues (counts, a live chart of the last hour,
     /// workers, waiting, scheduled and retrying jobs, dead letters with
     /// retry and purge) and the JSON it is drawn from, until Ctrl-C.
@@ -139,6 +148,37 @@ pub struct DashboardFlags {
     /// and keeps a cookie.
     #[arg(long, env = "WORKERPOOL_DASHBOARD_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+}
+
+/// `job` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobAction {
+    /// Print the job's outcome as it is now.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        /// The job's id.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait until the job is done or dead and print its outcome; exits 1
+    /// when it is dead or the time runs out.
+    Wait {
+        #[command(flatten)]
+        target: Target,
+        /// The job's id.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// How long to wait.
+        #[arg(long, value_name = "DUR", default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `dead` subcommands.
@@ -256,6 +296,19 @@ pub enum CliError {
     /// Serving the dashboard failed.
     #[error(transparent)]
     Dashboard(#[from] workerpool_dashboard::Error),
+    /// No outcome is kept for the job.
+    #[error(
+        "job {id:?} of queue {queue:?}: no outcome is kept (the job was not enqueued with keep and its workers have no --keep-outcomes, no worker has taken it yet, or its outcome expired)"
+    )]
+    NoOutcome {
+        /// The queue.
+        queue: String,
+        /// The job's id.
+        id: String,
+    },
+    /// `job wait` ended without the job done: the outcome so far, printed.
+    #[error("{0}")]
+    NotDone(String),
 }
 
 /// Runs a command; returns what to print on stdout.
@@ -318,6 +371,44 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
             Ok(render_workers(&workers, json))
         }
         Command::Dashboard(args) => dashboard(args).await,
+        Command::Job { action } => match action {
+            JobAction::Show { target, id, json } => {
+                let (mut c, q) = connect(&target, false).await?;
+                match outcome::read(&mut c, &q, &id).await? {
+                    Some(o) => Ok(render_outcome(&o, json)),
+                    None => Err(CliError::NoOutcome {
+                        queue: target.queue,
+                        id,
+                    }),
+                }
+            }
+            JobAction::Wait {
+                target,
+                id,
+                timeout,
+                json,
+            } => {
+                let (mut c, q) = connect(&target, false).await?;
+                match outcome::wait(&mut c, &q, &id, timeout).await? {
+                    outcome::Waited::Final(o) if o.state == outcome::State::Done => {
+                        Ok(render_outcome(&o, json))
+                    }
+                    outcome::Waited::Final(o) => Err(CliError::NotDone(format!(
+                        "job {id:?} is dead:\n{}",
+                        render_outcome(&o, json).trim_end()
+                    ))),
+                    outcome::Waited::TimedOut(Some(o)) => Err(CliError::NotDone(format!(
+                        "job {id:?} did not end within {}:\n{}",
+                        humantime::format_duration(timeout),
+                        render_outcome(&o, json).trim_end()
+                    ))),
+                    outcome::Waited::TimedOut(None) => Err(CliError::NotDone(format!(
+                        "job {id:?} did not end within {}, and no outcome is kept for it yet",
+                        humantime::format_duration(timeout)
+                    ))),
+                }
+            }
+        },
         Command::Dead { action } => match action {
             DeadAction::List {
                 target,
@@ -379,6 +470,46 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
             }
         },
     }
+}
+
+/// An outcome as lines (`state: done`, …) or as one JSON object.
+fn render_outcome(o: &outcome::Outcome, json: bool) -> String {
+    if json {
+        return format!(
+            "{}\n",
+            serde_json::to_string(o).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
+    }
+    let mut out = format!(
+        "id: {}\nstate: {}\n",
+        text::safe_line(&o.id, LINE_CHARS),
+        o.state.as_str()
+    );
+    let mut line = |name: &str, value: String| {
+        out.push_str(&format!("{name}: {}\n", text::safe_line(&value, 4000)));
+    };
+    if let Some(a) = o.attempt {
+        line("attempt", a.to_string());
+    }
+    if let Some(w) = &o.worker {
+        line("worker", w.clone());
+    }
+    if let Some(r) = &o.result {
+        line("result", r.to_string());
+    }
+    if let Some(e) = &o.result_error {
+        line("result_error", e.clone());
+    }
+    if let Some(e) = &o.error {
+        line("error", e.clone());
+    }
+    if let Some(t) = o.next_at_ms {
+        line("next_at_ms", t.to_string());
+    }
+    if let Some(t) = o.ended_at_ms {
+        line("ended_at_ms", t.to_string());
+    }
+    out
 }
 
 /// Connects to the Redis of `redis` (a line on stderr when its certificate

@@ -913,3 +913,113 @@ async fn dead_list_reads_a_huge_dead_letter_as_its_start_and_size_and_retry_and_
         "the job back on the queue, byte for byte"
     );
 }
+
+/// A job enqueued with `keep`: `job wait` blocks until it is done and
+/// prints what the handler returned, `job show` prints it as JSON, a dead
+/// one makes `job wait` fail with its error, and a job that did not ask
+/// has none.
+#[tokio::test]
+async fn job_wait_prints_a_kept_jobs_result_and_job_show_its_state() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let handler = handler_fn(|job: Job| async move {
+        match job.task() {
+            Some("double") => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let n = job.data().get("n").and_then(Value::as_i64).unwrap_or(0);
+                Outcome::returning(&json!({"doubled": n * 2}))
+            }
+            _ => Outcome::permanent("no such file: input.mp4"),
+        }
+    });
+    let mut config = Config::new(url.clone(), vec!["{media}".into()]);
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.worker_id = "cli-test".into();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(run_until(config, handler, async {
+        stopped.await.ok();
+    }));
+    ok(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "{media}",
+            r#"{"id":"kept","task":"double","data":{"n":21},"keep":60}"#,
+            r#"{"id":"broken","task":"transcode","keep":60}"#,
+            r#"{"id":"forgotten","task":"double","data":{"n":1}}"#,
+        ],
+        None,
+    ));
+    let waited = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            workerpool(
+                &url,
+                &[
+                    "job",
+                    "wait",
+                    "--queue",
+                    "{media}",
+                    "kept",
+                    "--timeout",
+                    "10s",
+                ],
+                None,
+            )
+        }
+    })
+    .await
+    .expect("job wait");
+    let said = ok(waited);
+    assert!(said.contains("state: done\n"), "{said}");
+    assert!(said.contains(r#"result: {"doubled":42}"#), "{said}");
+    let shown = json_of(workerpool(
+        &url,
+        &["job", "show", "--queue", "{media}", "kept", "--json"],
+        None,
+    ));
+    assert_eq!(shown["state"], "done");
+    assert_eq!(shown["result"], json!({"doubled": 42}));
+    assert_eq!(shown["attempt"], 1);
+    let dead = failed(workerpool(
+        &url,
+        &[
+            "job",
+            "wait",
+            "--queue",
+            "{media}",
+            "broken",
+            "--timeout",
+            "10s",
+        ],
+        None,
+    ));
+    assert!(dead.contains("is dead"), "{dead}");
+    assert!(dead.contains("error: no such file: input.mp4"), "{dead}");
+    let none = failed(workerpool(
+        &url,
+        &["job", "show", "--queue", "{media}", "forgotten"],
+        None,
+    ));
+    assert!(none.contains("no outcome is kept"), "{none}");
+    let timed_out = failed(workerpool(
+        &url,
+        &[
+            "job",
+            "wait",
+            "--queue",
+            "{media}",
+            "never-enqueued",
+            "--timeout",
+            "200ms",
+        ],
+        None,
+    ));
+    assert!(
+        timed_out.contains("did not end within 200ms"),
+        "{timed_out}"
+    );
+    let _ = stop.send(());
+    worker.await.expect("worker task").expect("worker");
+}

@@ -142,9 +142,9 @@ impl QueueKeys {
         format!("{}:job:{id}", self.name)
     }
 
-    /// List holding one element once the job's outcome is final: what a
-    /// waiter blocks on (`BLMOVE` onto itself, so every waiter wakes).
-    /// Expires with [`QueueKeys::outcome`].
+    /// Stream holding one entry once the job's outcome is final: what a
+    /// waiter blocks on (`XREAD BLOCK`, a read: every waiter wakes, and a
+    /// read-only user may wait). Expires with [`QueueKeys::outcome`].
     pub fn outcome_end(&self, id: &str) -> String {
         format!("{}:job:{id}:end", self.name)
     }

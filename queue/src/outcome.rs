@@ -24,7 +24,7 @@ pub const MAX_RESULT_BYTES: usize = 1 << 20;
 
 /// The longest a waiter blocks in one command: a connection whose response
 /// timeout is longer than this can wait any time.
-pub const WAIT_SLICE: Duration = Duration::from_secs(30);
+pub const WAIT_SLICE: Duration = Duration::from_secs(5);
 
 /// Where a kept job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -117,9 +117,9 @@ impl Outcome {
             worker: fields.remove("worker"),
             // Written by the worker from JSON it checked: text that does
             // not parse is shown as a string rather than lost.
-            result: fields.remove("result").map(|text| {
-                serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
-            }),
+            result: fields
+                .remove("result")
+                .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))),
             result_error: fields.remove("result_error"),
             error: fields.remove("error"),
         })
@@ -128,7 +128,11 @@ impl Outcome {
 
 /// The outcome of job `id` of `queue`: `None` when none is kept (the job
 /// did not ask, has not been taken yet, or its outcome expired).
-pub async fn read(conn: &mut impl Conn, queue: &QueueKeys, id: &str) -> RedisResult<Option<Outcome>> {
+pub async fn read(
+    conn: &mut impl Conn,
+    queue: &QueueKeys,
+    id: &str,
+) -> RedisResult<Option<Outcome>> {
     let fields: HashMap<String, String> = conn.hgetall(queue.outcome(id)).await?;
     Ok(Outcome::from_fields(id, fields))
 }
@@ -143,11 +147,12 @@ pub enum Waited {
 }
 
 /// Waits up to `timeout` for job `id` of `queue` to end. Blocks on the
-/// job's end list (`BLMOVE` onto itself: the element stays, so every
-/// waiter wakes) in slices of at most [`WAIT_SLICE`], reading the outcome
-/// after each: no polling while nothing happens. `conn` must allow a
-/// reply to take a slice plus a margin (its response timeout), and is
-/// blocked meanwhile: use a connection of its own.
+/// job's end stream (`XREAD BLOCK` from its start: a read, so the entry
+/// stays and every waiter wakes, and a read-only user may wait) in slices
+/// of at most [`WAIT_SLICE`], reading the outcome after each: an idle
+/// waiter costs Redis two commands per slice. `conn` must allow a reply to
+/// take a slice plus a margin (its response timeout), and is blocked
+/// meanwhile: use a connection of its own.
 pub async fn wait(
     conn: &mut impl Conn,
     queue: &QueueKeys,
@@ -165,15 +170,16 @@ pub async fn wait(
         if left.is_zero() {
             return Ok(Waited::TimedOut(seen));
         }
-        // BLMOVE's timeout is in seconds with a fraction; 0 would block
-        // for ever, so at least a millisecond.
-        let slice = left.min(WAIT_SLICE).max(Duration::from_millis(1));
-        let _: Option<String> = redis::cmd("BLMOVE")
+        // XREAD's BLOCK is in milliseconds; 0 would block for ever.
+        let slice = left.min(WAIT_SLICE).as_millis().max(1) as u64;
+        let _: redis::Value = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(slice)
+            .arg("STREAMS")
             .arg(&end)
-            .arg(&end)
-            .arg("RIGHT")
-            .arg("LEFT")
-            .arg(slice.as_secs_f64())
+            .arg("0-0")
             .query_async(conn)
             .await?;
     }

@@ -156,6 +156,28 @@ async fn a_worker_and_the_cli_on_a_cluster_through_a_node_that_does_not_own_the_
     let stats: Value = serde_json::from_str(&stats).expect("json");
     assert!(stats["processed_total"].as_u64() >= Some(200), "{stats}");
     assert_eq!(stats["backlog"], Value::from(0), "{stats}");
+
+    // A kept job's outcome, written by the settle script on the queue's
+    // node and waited for through another node.
+    ok(&cli(
+        &url,
+        &["enqueue", "--queue", q.name(), r#"{"id":"kept","keep":60}"#],
+        None,
+    ));
+    let waited = ok(&cli(
+        &url,
+        &[
+            "job",
+            "wait",
+            "--queue",
+            q.name(),
+            "kept",
+            "--timeout",
+            "10s",
+        ],
+        None,
+    ));
+    assert!(waited.contains("state: done\n"), "{waited}");
     let log = stop(second);
     assert!(!log.contains("ERROR"), "{log}");
 }

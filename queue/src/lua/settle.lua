@@ -6,7 +6,7 @@
 -- KEYS: ten per queue, highest priority first: queue, processing,
 -- stats:processed, retry, stats:failed, dead, stats:dead, unique,
 -- unique:expiry, rate; then, for each settlement that keeps its outcome,
--- the job's outcome hash and end list (`<q>:job:<id>`, `<q>:job:<id>:end`).
+-- the job's outcome hash and end stream (`<q>:job:<id>`, `<q>:job:<id>:end`).
 -- ARGV: how many jobs to take, the pool's attempt limit, one 32-digit
 -- hex id per job to take, concatenated, and the rate limit's interval and
 -- tolerance in ms, the payload size limit in bytes (0: none) and the
@@ -18,7 +18,7 @@
 -- `<length>:<40 hex digits>`: a worker does not send a large payload back
 -- whole to settle it. A head led by `+` (before any `#`: `+A1`, `+#A1`)
 -- keeps the job's outcome: after what the kind needs come the position in
--- KEYS of its outcome hash (the end list follows it), how long to keep a
+-- KEYS of its outcome hash (the end stream follows it), how long to keep a
 -- final outcome in ms, the attempt, the worker, and the value: the result
 -- (JSON text, '' for none) of a job done, the error of one retried or dead;
 -- then a note: why a done job's result was not kept ('' when it was).
@@ -95,7 +95,7 @@ while i <= #ARGV do
   if keeps[head] then
     local at = tonumber(ARGV[i + step])
     expect(KEYS[at], 'hash')
-    expect(KEYS[at + 1], 'list')
+    expect(KEYS[at + 1], 'stream')
     step = step + KEPT
   end
   i = i + step
@@ -144,9 +144,10 @@ local function keep(kind, o, delay)
   else
     redis.call('HSET', hash, 'ended_at', t)
     redis.call('PEXPIRE', hash, ttl)
-    -- One element, whatever ran before: what waiters block on.
+    -- One entry, whatever ran before: what waiters block on (XREAD, a
+    -- read: every waiter wakes, and read-only users may wait).
     redis.call('DEL', ending)
-    redis.call('LPUSH', ending, state)
+    redis.call('XADD', ending, '*', 'state', state)
     redis.call('PEXPIRE', ending, ttl)
   end
 end

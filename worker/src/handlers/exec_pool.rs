@@ -612,6 +612,7 @@ mod tests {
     const ECHO_HANDLER: &str = r#"while read -r line; do
       case "$line" in
         *'"fail"'*) echo '{"ok":false,"error":"asked to fail","retry":false}' ;;
+        *'"returns"'*) echo '{"ok":true,"result":{"n":1.10, "s":"x"}}' ;;
         *'"soft"'*) echo '{"ok":false,"error":"try again"}' ;;
         *'"die"'*) exit 3 ;;
         *'"garbage"'*) echo 'not json' ;;
@@ -632,6 +633,11 @@ mod tests {
         assert_eq!(
             p.handle(&job(r#"{"task":"soft"}"#)).await,
             Outcome::retry("try again")
+        );
+        // A result is kept as the child wrote it, numbers and spacing too.
+        assert_eq!(
+            p.handle(&job(r#"{"task":"returns"}"#)).await,
+            Outcome::Returned(r#"{"n":1.10, "s":"x"}"#.into())
         );
         assert_eq!(
             p.restarts.get(),

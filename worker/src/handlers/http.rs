@@ -247,4 +247,19 @@ mod tests {
             assert!(e.contains("--http-url"), "{e}");
         }
     }
+
+    #[test]
+    fn a_json_body_of_a_success_is_the_jobs_result_and_any_other_body_is_not() {
+        assert_eq!(
+            classify(StatusCode::OK, b" {\"url\": \"/out/1.mp4\"}\n"),
+            Outcome::Returned(r#"{"url": "/out/1.mp4"}"#.into())
+        );
+        assert_eq!(
+            classify(StatusCode::OK, b"42"),
+            Outcome::Returned("42".into())
+        );
+        for body in [&b""[..], b"OK", b"<html></html>", b"\xff{}"] {
+            assert_eq!(classify(StatusCode::NO_CONTENT, body), Outcome::Done);
+        }
+    }
 }
