@@ -218,3 +218,24 @@ pub async fn running(
         .query_async(conn)
         .await
 }
+
+/// The facts of outcomes a client library needs, as one JSON object: the
+/// client libraries read the copy generated from this
+/// (`contract.json` in each package; `tests/tests/contract_facts.rs`
+/// fails when a copy differs), so no library types them again.
+pub fn facts() -> serde_json::Value {
+    let q = QueueKeys::new("{queue}");
+    let words = |states: &[State]| states.iter().map(|s| s.as_str()).collect::<Vec<_>>();
+    let states = words(&[State::Running, State::Retrying, State::Done, State::Dead]);
+    let final_states = words(&[State::Done, State::Dead]);
+    serde_json::json!({
+        "outcome_key": q.outcome("{id}"),
+        "outcome_end_key": q.outcome_end("{id}"),
+        "keep_field": crate::job::field::KEEP,
+        "max_keep_seconds": crate::ops::MAX_KEEP.as_secs(),
+        "max_result_bytes": MAX_RESULT_BYTES,
+        "wait_slice_ms": u64::try_from(WAIT_SLICE.as_millis()).unwrap_or(u64::MAX),
+        "states": states,
+        "final_states": final_states,
+    })
+}
