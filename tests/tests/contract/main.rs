@@ -247,6 +247,40 @@ for line in sys.stdin:
     print(json.dumps({"ok": True}), flush=True)
 "#;
 
+/// A multiplexed handler that runs the tasks of `handler_many_at_once` on
+/// threads and misbehaves around each answer: a line that is not JSON, an
+/// answer for a job it never got, and every answer twice (the second a
+/// failure). The worker must settle each job once, by its first answer.
+const ROGUE_MULTIPLEXED_HANDLER: &str = r#"
+import json, os, sys, threading, time
+lock = threading.Lock()
+met = {}
+cond = threading.Condition(lock)
+def say(line):
+    with lock:
+        sys.stdout.write(line + "\n"); sys.stdout.flush()
+def record(job):
+    with lock:
+        with open(os.environ["CONTRACT_RECORD"], "a") as f:
+            f.write(json.dumps({"id": job["id"], "attempt": job["attempt"], "task": job["task"], "data": job.get("data")}) + "\n")
+def run(job):
+    data = job.get("data") or {}
+    if job["task"] == "sleep":
+        time.sleep(data["ms"] / 1000)
+    if job["task"] == "meet":
+        with cond:
+            met[data["group"]] = met.get(data["group"], 0) + 1
+            cond.notify_all()
+            cond.wait_for(lambda: met[data["group"]] >= data["n"], timeout=5)
+    record(job)
+    say("this is not an answer")
+    say(json.dumps({"id": "never-given-" + job["id"], "ok": True}))
+    say(json.dumps({"id": job["id"], "ok": True}))
+    say(json.dumps({"id": job["id"], "ok": False, "error": "a second answer", "retry": False}))
+for line in sys.stdin:
+    threading.Thread(target=run, args=(json.loads(line),), daemon=True).start()
+"#;
+
 fn fake(dir: &Path, name: &str, script: &str, mode: &str) -> Program {
     let path = dir.join(format!("{name}.py"));
     std::fs::write(&path, script).expect("write the fake adapter");
@@ -301,6 +335,17 @@ fn a_handler_that_mangles_data_is_caught() {
         err.contains("job \"floats\": the data differs from what was enqueued: at data.pi: 3.141593 instead of 3.141592653589793"),
         "{err}"
     );
+}
+
+#[test]
+fn a_multiplexed_handler_that_answers_twice_or_names_jobs_it_never_got_settles_each_job_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let handler = fake(dir.path(), "rogue", ROGUE_MULTIPLEXED_HANDLER, "");
+    let cases = cases_by_name();
+    // Every job recorded once, 12 processed and nothing dead: the second
+    // answers (failures) and the stray lines settled nothing.
+    run_case(&cases["handler_many_at_once"], &Producer::Cli, &handler)
+        .unwrap_or_else(|e| panic!("extra answers must change nothing: {e}"));
 }
 
 #[test]
