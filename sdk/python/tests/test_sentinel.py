@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import pytest
 from support import RedisServer, eventually
@@ -55,3 +57,29 @@ def test_a_primary_the_sentinels_do_not_know_is_a_connection_error(sentinel, que
         with pytest.raises(wp.ConnectionError, match="othermaster") as e:
             client.enqueue(queue, "t")
     assert "pw@" not in str(e.value) and "spw" not in str(e.value)
+
+
+def test_status_and_wait_through_the_sentinel(sentinel, queue):
+    primary, s = sentinel
+    url = f"redis+sentinel://:pw@127.0.0.1:{s.port}/mymaster/0?sentinel_password=spw"
+    r = primary.client(password="pw")
+    r.hset(f"{queue}:job:j", mapping={"state": "running", "attempt": "1"})
+
+    def end() -> None:
+        # What the settle script does as the job ends.
+        time.sleep(0.3)
+        r.hset(f"{queue}:job:j", mapping={"state": "done", "result": '{"a":1}'})
+        r.xadd(f"{queue}:job:j:end", {"state": "done"})
+
+    with Client(url, timeout=2) as client:
+        assert client.status(queue, "j").state == "running"
+        threading.Thread(target=end).start()
+        started = time.monotonic()
+        assert client.wait(queue, "j", timeout=20).result == {"a": 1}
+        assert time.monotonic() - started < 3
+
+    async def main():
+        async with AsyncClient(url) as client:
+            return await client.wait(queue, "j", timeout=1)
+
+    assert asyncio.run(main()).state == "done"

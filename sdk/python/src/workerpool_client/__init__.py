@@ -5,7 +5,8 @@ Producer::
     from workerpool_client import Client
 
     with Client("redis://localhost:6379") as client:
-        job_id = client.enqueue("emails", "send_email", {"to": "a@example.com"})
+        job_id = client.enqueue("emails", "send_email", {"to": "a@example.com"}, keep=3600)
+        status = client.wait("emails", job_id, timeout=30)  # state "done" or "dead"
 
 Handler (run by ``workerpool-worker --handler exec -- python3 -m myapp.worker``)::
 
@@ -21,6 +22,7 @@ Handler (run by ``workerpool-worker --handler exec -- python3 -m myapp.worker``)
 """
 
 from ._job import Job
+from ._outcomes import JobStatus
 from ._version import __version__
 from .aio import AsyncClient
 from .app import App, JobContext
@@ -32,6 +34,7 @@ from .errors import (
     InvalidQueue,
     Permanent,
     RedisError,
+    WaitTimeout,
     WorkerpoolError,
 )
 
@@ -45,8 +48,10 @@ __all__ = [
     "InvalidQueue",
     "Job",
     "JobContext",
+    "JobStatus",
     "Permanent",
     "RedisError",
+    "WaitTimeout",
     "WorkerpoolError",
     "__version__",
 ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional, Union
 
+from ._outcomes import Keep, keep_field, keep_seconds
 from .errors import InvalidJob, InvalidQueue
 
 #: How long a job holds its unique key at most when it does not say (seconds).
@@ -73,9 +74,10 @@ class Job:
     run_at: Optional[datetime] = None
     unique_key: Optional[str] = None
     unique_for: Optional[Hold] = None
+    keep: Optional[Keep] = None
 
 
-_JOB_FIELDS = ("task", "data", "id", "delay", "run_at", "unique_key", "unique_for")
+_JOB_FIELDS = ("task", "data", "id", "delay", "run_at", "unique_key", "unique_for", "keep")
 
 
 def check_queue(name: Any) -> str:
@@ -230,7 +232,7 @@ def _hold_ms(unique_for: Any, where: str) -> tuple[int, int]:
 
 def prepare(task: Any, data: Any = None, *, id: Any = None, delay: Any = None,
             run_at: Any = None, unique_key: Any = None, unique_for: Any = None,
-            where: str = "") -> Prepared:
+            keep: Any = None, where: str = "") -> Prepared:
     """Checks one job's arguments; InvalidJob says what to fix."""
     if not isinstance(task, str) or not task:
         raise InvalidJob(f"{where}task must be a non-empty string naming the handler's task, "
@@ -246,6 +248,7 @@ def prepare(task: Any, data: Any = None, *, id: Any = None, delay: Any = None,
         raise InvalidJob(f"{where}unique_key must be a non-empty string, got {unique_key!r}")
     if unique_for is not None and unique_key is None:
         raise InvalidJob(f"{where}unique_for is set without unique_key")
+    keep_secs = None if keep is None else keep_seconds(keep, where)
     _check_data(data, where)
     fields: dict = {"task": task}
     if data is not None:
@@ -256,6 +259,8 @@ def prepare(task: Any, data: Any = None, *, id: Any = None, delay: Any = None,
         if unique_for is not None:
             secs, hold_ms = _hold_ms(unique_for, where)
             fields["unique_for"] = secs
+    if keep_secs is not None:
+        fields[keep_field()] = keep_secs
     fields.update(current_trace())
     return Prepared(id=id if id is not None else new_id(), fields=fields, delay_ms=delay_ms,
                     run_at_ms=run_at_ms, unique_key=unique_key, hold_ms=hold_ms)

@@ -177,10 +177,10 @@ class _Mux:
                     finally:
                         entry.in_thread = False
                     if inspect.isawaitable(result):  # a def that returns a coroutine
-                        await self._await_traced(job, result)
+                        result = await self._await_traced(job, result)
             except Exception as e:
                 return _outcome(job, e)
-            return _outcome(job, None)
+            return _outcome(job, None, result)
 
     @staticmethod
     async def _await_traced(job: JobContext, result: Any) -> Any:

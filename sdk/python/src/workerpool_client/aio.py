@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, Optional
+from datetime import datetime, timedelta
+from typing import Any, Optional, Union
 
 import redis.asyncio as aredis
 import redis.exceptions as rex
@@ -13,11 +14,12 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 
-from . import _plan
+from . import _outcomes, _plan
 from ._conn import primary_kwargs
 from ._job import Delay, Hold, check_cluster_queue, check_queue, prepare, prepare_many
 from ._lua import enqueue_script
-from .client import JobSpec, _Settings
+from ._outcomes import JobStatus, Keep
+from .client import JobSpec, _Settings, _timed_out
 
 
 async def _close(r: Any) -> None:
@@ -39,6 +41,7 @@ class AsyncClient(_Settings):
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self._redis: Any = None
+        self._waiter: Any = None
         self._lock: Optional[asyncio.Lock] = None
 
     async def __aenter__(self) -> AsyncClient:
@@ -51,8 +54,10 @@ class AsyncClient(_Settings):
         """Closes the connections; the client cannot be used after it."""
         self._closed = True
         r, self._redis = self._redis, None
-        if r is not None:
-            await _close(r)
+        w, self._waiter = self._waiter, None
+        for c in (r, w):
+            if c is not None:
+                await _close(c)
 
     async def _connect(self) -> Any:
         self._check_open()
@@ -65,20 +70,31 @@ class AsyncClient(_Settings):
                 await self._open()
         return self._redis
 
+    async def _connect_waiter(self) -> Any:
+        """As `Client._connect_waiter`: the connections that block on XREAD."""
+        await self._connect()
+        assert self._lock is not None
+        async with self._lock:
+            if self._waiter is None:
+                self._waiter = (await self._build(self._waiting, self._cluster))[0]
+        return self._waiter
+
     async def _open(self) -> None:
+        self._redis, self._cluster = await self._build(self._common, self._endpoint.cluster)
+
+    async def _build(self, common: dict, cluster: Optional[bool]) -> tuple[Any, bool]:
         ep = self._endpoint
         with _plan.translated(ep):
             if ep.sentinel:
                 sentinel = Sentinel(ep.sentinels, sentinel_kwargs={**ep.sentinel_kwargs,
                                                                    **self._common})
-                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **self._common,
+                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **common,
                                         **_plan.no_resend(Retry, cluster=False))
                 cluster = False
             else:
-                kwargs = {**ep.tls_kwargs, **self._common}
+                kwargs = {**ep.tls_kwargs, **common}
                 single = {**kwargs, **_plan.no_resend(Retry, cluster=False)}
                 many = {**kwargs, **_plan.no_resend(Retry, cluster=True)}
-                cluster = ep.cluster
                 if cluster is None:
                     probe = aredis.Redis.from_url(ep.url, **single)
                     try:
@@ -101,16 +117,17 @@ class AsyncClient(_Settings):
                     await r.initialize()
                 else:
                     r = aredis.Redis.from_url(ep.url, **single)
-        self._redis, self._cluster = r, cluster
+        return r, bool(cluster)
 
     async def enqueue(self, queue: str, task: str, data: Any = None, *,
                       id: Optional[str] = None, delay: Optional[Delay] = None,
                       run_at: Optional[datetime] = None, unique_key: Optional[str] = None,
-                      unique_for: Optional[Hold] = None) -> Optional[str]:
+                      unique_for: Optional[Hold] = None,
+                      keep: Optional[Keep] = None) -> Optional[str]:
         """As `Client.enqueue`."""
         check_queue(queue)
         job = prepare(task, data, id=id, delay=delay, run_at=run_at, unique_key=unique_key,
-                      unique_for=unique_for)
+                      unique_for=unique_for, keep=keep)
         return (await self._send(queue, [job]))[0]
 
     async def enqueue_many(self, queue: str, jobs: Sequence[JobSpec]) -> list[Optional[str]]:
@@ -120,6 +137,39 @@ class AsyncClient(_Settings):
         if not prepared:
             return []
         return await self._send(queue, prepared)
+
+    async def status(self, queue: str, id: str) -> Optional[JobStatus]:
+        """As `Client.status`."""
+        check_queue(queue)
+        _outcomes.check_id(id)
+        r = await self._connect()
+        if self._cluster:
+            check_cluster_queue(queue)
+        with _plan.translated(self._endpoint):
+            return _outcomes.from_fields(id, await r.hgetall(_outcomes.outcome_key(queue, id)))
+
+    async def wait(self, queue: str, id: str, timeout: Union[float, timedelta]) -> JobStatus:
+        """As `Client.wait`: the final status (done or dead), or WaitTimeout."""
+        check_queue(queue)
+        _outcomes.check_id(id)
+        seconds = _outcomes.wait_timeout(timeout)
+        deadline = time.monotonic() + seconds
+        r = await self._connect_waiter()
+        if self._cluster:
+            check_cluster_queue(queue)
+        key, end = _outcomes.outcome_key(queue, id), _outcomes.end_key(queue, id)
+        seen_entry = "0-0"
+        with _plan.translated(self._endpoint):
+            while True:
+                status = _outcomes.from_fields(id, await r.hgetall(key))
+                if status is not None and status.final:
+                    return status
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _timed_out(queue, id, seconds, status)
+                entry = _outcomes.last_entry(await r.xread({end: seen_entry}, count=1,
+                                                           block=_outcomes.block_ms(left)))
+                seen_entry = entry if entry is not None else seen_entry
 
     async def _send(self, queue: str, jobs: list) -> list[Optional[str]]:
         r = await self._connect()

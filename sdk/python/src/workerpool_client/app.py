@@ -1,8 +1,9 @@
 """The exec handler: `App` runs tasks for `workerpool-worker --handler exec`.
 
 The worker writes one job per line on the process's stdin and reads one
-answer per line on its stdout: `{"ok":true}`, `{"ok":false,"error":…}`
-(retried) or `{"ok":false,"error":…,"retry":false}` (dead-lettered).
+answer per line on its stdout: `{"ok":true}` (with `"result":…` when the task
+returned something other than None), `{"ok":false,"error":…}` (retried) or
+`{"ok":false,"error":…,"retry":false}` (dead-lettered).
 
 With `WORKERPOOL_JOBS_PER_CHILD` above 1 (`--children` below the
 concurrency), the process holds that many jobs at once and speaks the
@@ -119,12 +120,35 @@ def _failed(error: str, retry: bool = True) -> dict:
     return out
 
 
-def _outcome(job: JobContext, error: Optional[BaseException]) -> dict:
-    """The answer (without its id) to a task that returned (`error` None) or
-    raised `error`: Permanent is dead-lettered, anything else retried with
-    its traceback."""
+class _Result(str):
+    """A task's result as JSON text (ASCII), checked: `_encode` writes it as is."""
+
+
+def _result_text(job: JobContext, result: Any) -> Optional[_Result]:
+    """The JSON text of what a task returned; None, with a warning in the log, when
+    it cannot be written as JSON (the job is still done, without a result)."""
+    try:
+        # UTF-8 first: a lone surrogate, which ensure_ascii would escape into
+        # JSON the worker refuses, fails here.
+        json.dumps(result, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return _Result(json.dumps(result, ensure_ascii=True, allow_nan=False,
+                                  separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
+        reason = (f"a string that is not valid Unicode ({e.reason})"
+                  if isinstance(e, UnicodeEncodeError) else f"{type(e).__name__}: {e}")
+        log.warning("task %s (job %s, attempt %s) returned a result that cannot be written "
+                    "as JSON (%s); the job is done without a result", job.task, job.id,
+                    job.attempt, reason)
+        return None
+
+
+def _outcome(job: JobContext, error: Optional[BaseException], result: Any = None) -> dict:
+    """The answer (without its id) to a task that returned `result` (`error`
+    None) or raised `error`: Permanent is dead-lettered, anything else retried
+    with its traceback. A result other than None is the answer's `result`."""
     if error is None:
-        return {"ok": True}
+        text = None if result is None else _result_text(job, result)
+        return {"ok": True} if text is None else {"ok": True, "result": text}
     if isinstance(error, Permanent):
         return _failed(str(error) or "permanent failure", retry=False)
     message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
@@ -138,6 +162,11 @@ def _encode(out: dict) -> bytes:
     """An answer as its line."""
     if out == {"ok": True}:
         return b'{"ok":true}\n'
+    result = out.get("result")
+    if isinstance(result, _Result):
+        # The result's text as checked, after the other fields (never empty: "ok").
+        head = json.dumps({k: v for k, v in out.items() if k != "result"}, ensure_ascii=True)
+        return (head[:-1] + ', "result": ' + result + "}\n").encode("ascii")
     # ensure_ascii: the line holds no raw newline or odd byte, whatever the error says.
     return (json.dumps(out, ensure_ascii=True) + "\n").encode("ascii")
 
@@ -186,7 +215,10 @@ class App:
     def task(self, name: Any = None) -> Any:
         """Decorator naming a task: `@app.task("send_email")`, or `@app.task()` /
         `@app.task` for the function's own name. The function takes `(data)` or
-        `(data, job)`; it may be `async def`.
+        `(data, job)`; it may be `async def`. What it returns, unless None, is
+        the job's result (any JSON value), kept for a job enqueued with `keep`;
+        a value JSON cannot hold leaves the job done without one, with a
+        warning in the log.
         """
         if callable(name):
             return self.task(None)(name)
@@ -225,12 +257,12 @@ class App:
         try:
             result = task.call(job)
             if inspect.isawaitable(result):
-                self._run_coroutine(result)
+                result = self._run_coroutine(result)
         except Exception as e:
             return _encode(_outcome(job, e))
         finally:
             _detach_trace(token)
-        return _encode(_outcome(job, None))
+        return _encode(_outcome(job, None, result))
 
     def _prepare(self, raw: dict) -> Union[dict, tuple[JobContext, _Task]]:
         """The job and its task, or the answer to a job no task takes."""

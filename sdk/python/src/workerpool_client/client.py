@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Optional, Union
 
 import redis
@@ -14,11 +15,12 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from . import _plan
+from . import _outcomes, _plan
 from ._conn import Endpoint, parse, primary_kwargs
 from ._job import Delay, Hold, Job, check_cluster_queue, check_queue, prepare, prepare_many
 from ._lua import enqueue_script
-from .errors import ConfigError, WorkerpoolError
+from ._outcomes import JobStatus, Keep
+from .errors import ConfigError, WaitTimeout, WorkerpoolError
 
 JobSpec = Union[Job, dict]
 
@@ -42,6 +44,10 @@ class _Settings:
                                          cluster=cluster)
         t = _timeout(timeout)
         self._common = {"socket_connect_timeout": t, "socket_timeout": t}
+        # The waiting connections' reply may take a whole slice of XREAD BLOCK:
+        # their socket timeout is the slice plus the usual one.
+        self._waiting = {"socket_connect_timeout": t,
+                         "socket_timeout": t + _outcomes.wait_slice_s()}
         self._clock = _plan.Clock()
         self._cluster: Optional[bool] = None
         self._closed = False
@@ -68,6 +74,7 @@ class Client(_Settings):
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self._redis: Any = None
+        self._waiter: Any = None
         # One connection set-up when threads share the client.
         self._lock = threading.Lock()
 
@@ -81,11 +88,13 @@ class Client(_Settings):
         """Closes the connections; the client cannot be used after it."""
         self._closed = True
         r, self._redis = self._redis, None
-        if r is not None:
-            try:
-                r.close()
-            except (rex.RedisError, OSError):
-                pass
+        w, self._waiter = self._waiter, None
+        for c in (r, w):
+            if c is not None:
+                try:
+                    c.close()
+                except (rex.RedisError, OSError):
+                    pass
 
     def _connect(self) -> Any:
         self._check_open()
@@ -94,20 +103,31 @@ class Client(_Settings):
                 self._open()
         return self._redis
 
+    def _connect_waiter(self) -> Any:
+        """The connections that block on XREAD: apart from the enqueueing ones,
+        with a socket timeout longer than a slice."""
+        self._connect()
+        with self._lock:
+            if self._waiter is None:
+                self._waiter = self._build(self._waiting, self._cluster)[0]
+        return self._waiter
+
     def _open(self) -> None:
+        self._redis, self._cluster = self._build(self._common, self._endpoint.cluster)
+
+    def _build(self, common: dict, cluster: Optional[bool]) -> tuple[Any, bool]:
         ep = self._endpoint
         with _plan.translated(ep):
             if ep.sentinel:
                 sentinel = Sentinel(ep.sentinels, sentinel_kwargs={**ep.sentinel_kwargs,
                                                                    **self._common})
-                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **self._common,
+                r = sentinel.master_for(ep.primary, **primary_kwargs(ep), **common,
                                         **_plan.no_resend(Retry, cluster=False))
                 cluster = False
             else:
-                kwargs = {**ep.tls_kwargs, **self._common}
+                kwargs = {**ep.tls_kwargs, **common}
                 single = {**kwargs, **_plan.no_resend(Retry, cluster=False)}
                 many = {**kwargs, **_plan.no_resend(Retry, cluster=True)}
-                cluster = ep.cluster
                 if cluster is None:
                     probe = redis.Redis.from_url(ep.url, **single)
                     try:
@@ -125,22 +145,25 @@ class Client(_Settings):
                     r = RedisCluster.from_url(ep.url, **many)
                 else:
                     r = redis.Redis.from_url(ep.url, **single)
-        self._redis, self._cluster = r, cluster
+        return r, bool(cluster)
 
     def enqueue(self, queue: str, task: str, data: Any = None, *, id: Optional[str] = None,
                 delay: Optional[Delay] = None, run_at: Optional[datetime] = None,
                 unique_key: Optional[str] = None,
-                unique_for: Optional[Hold] = None) -> Optional[str]:
+                unique_for: Optional[Hold] = None,
+                keep: Optional[Keep] = None) -> Optional[str]:
         """Enqueues one job; returns its id, or None when a job holding `unique_key` is
         already in the queue (the new one was refused).
 
         `delay` is seconds (int or float) or a timedelta; `run_at` an aware
         datetime (a naive one is refused); not both. `unique_for` is whole
-        seconds (default 3600) and needs `unique_key`.
+        seconds (default 3600) and needs `unique_key`. `keep` (seconds or a
+        timedelta, above 0 and at most a week) keeps the job's outcome
+        readable with `status()` and `wait()` for that long after it ends.
         """
         check_queue(queue)
         job = prepare(task, data, id=id, delay=delay, run_at=run_at, unique_key=unique_key,
-                      unique_for=unique_for)
+                      unique_for=unique_for, keep=keep)
         return self._send(queue, [job])[0]
 
     def enqueue_many(self, queue: str, jobs: Sequence[JobSpec]) -> list[Optional[str]]:
@@ -153,6 +176,55 @@ class Client(_Settings):
         if not prepared:
             return []
         return self._send(queue, prepared)
+
+    def status(self, queue: str, id: str) -> Optional[JobStatus]:
+        """The kept outcome of job `id` of `queue` (one HGETALL), or None when none
+        is kept: the job was not enqueued with `keep` (and its workers do not
+        run with --keep-outcomes), no worker has taken it yet, or its outcome
+        expired."""
+        check_queue(queue)
+        _outcomes.check_id(id)
+        r = self._connect()
+        if self._cluster:
+            check_cluster_queue(queue)
+        with _plan.translated(self._endpoint):
+            return _outcomes.from_fields(id, r.hgetall(_outcomes.outcome_key(queue, id)))
+
+    def wait(self, queue: str, id: str, timeout: Union[float, timedelta]) -> JobStatus:
+        """Waits up to `timeout` (seconds or a timedelta) for job `id` of `queue` to
+        end, and returns its final status: `done`, or `dead` (a dead job is
+        returned, not raised: look at `state` and `error`). Raises WaitTimeout,
+        holding the status as last read (or None), when the time runs out;
+        a job with no kept outcome (None from `status()`) is waited for
+        until then too, since no worker may have taken it yet.
+
+        It blocks on the job's end stream (XREAD BLOCK, in slices of a few
+        seconds), so it wakes as the job ends, and an idle wait costs Redis
+        two commands per slice. The blocking reads use connections of their
+        own, whose socket timeout is the client's `timeout` plus a slice.
+        """
+        check_queue(queue)
+        _outcomes.check_id(id)
+        seconds = _outcomes.wait_timeout(timeout)
+        deadline = time.monotonic() + seconds
+        r = self._connect_waiter()
+        if self._cluster:
+            check_cluster_queue(queue)
+        key, end = _outcomes.outcome_key(queue, id), _outcomes.end_key(queue, id)
+        seen_entry = "0-0"
+        with _plan.translated(self._endpoint):
+            while True:
+                status = _outcomes.from_fields(id, r.hgetall(key))
+                if status is not None and status.final:
+                    return status
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _timed_out(queue, id, seconds, status)
+                entry = _outcomes.last_entry(r.xread({end: seen_entry}, count=1,
+                                                     block=_outcomes.block_ms(left)))
+                # An entry with the outcome not final (the job runs again
+                # under its id): wait for a newer one rather than spin.
+                seen_entry = entry if entry is not None else seen_entry
 
     def _send(self, queue: str, jobs: list) -> list[Optional[str]]:
         r = self._connect()
@@ -193,3 +265,14 @@ class Client(_Settings):
             # EVALSHA and SCRIPT LOAD, as for `workerpool enqueue`.
             r.script_load(source)
             return r.evalsha(sha, len(keys), *keys, *args)
+
+
+def _timed_out(queue: str, id: str, timeout: float,
+               status: Optional[JobStatus]) -> WaitTimeout:
+    if status is None:
+        why = ("no outcome is kept for it (it was not enqueued with keep and its workers have "
+               "no --keep-outcomes, no worker has taken it yet, or its outcome expired)")
+    else:
+        why = f"it is {status.state}"
+    return WaitTimeout(f"job {id!r} of queue {queue!r} did not end within {timeout:g} s: "
+                       f"{why}", status)

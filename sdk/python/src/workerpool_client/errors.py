@@ -29,6 +29,17 @@ class RedisError(WorkerpoolError):
     """Redis refused a command (a key of the wrong type, an ACL, out of memory)."""
 
 
+class WaitTimeout(WorkerpoolError, TimeoutError):
+    """`wait()` ran out of time before the job ended. `status` is the job's
+    outcome as last read (a JobStatus), or None when none is kept: the job
+    was not enqueued with `keep`, no worker has taken it yet, or its outcome
+    expired."""
+
+    def __init__(self, message: str, status: object = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Permanent(Exception):
     """Raise in a task to dead-letter the job at once, without further attempts."""
 

@@ -67,5 +67,27 @@ async def async_sleep(data, job):
     record(job, slept=time.time() - started, loop=id(asyncio.get_running_loop()))
 
 
+@app.task("double")
+def double(data):
+    return {"doubled": data["n"] * 2}
+
+
+@app.task("async_double")
+async def async_double(data):
+    await asyncio.sleep(data.get("ms", 0) / 1000)
+    return {"doubled": data["n"] * 2}
+
+
+@app.task("sleep_then_done")
+def sleep_then_done(data):
+    time.sleep(data["ms"] / 1000)
+    return "slept"
+
+
+@app.task("unencodable")
+def unencodable(data):
+    return {"when": object()}
+
+
 if __name__ == "__main__":
     app.run()
