@@ -26,6 +26,46 @@ export interface EnqueueOptions {
   uniqueKey?: string;
   /** How long the job holds `uniqueKey` at most, in whole seconds (default 3600). */
   uniqueFor?: number;
+  /**
+   * Keep the job's outcome (state, result or error) for this many seconds
+   * after it ends, for `status` and `wait`: a number above 0, at most
+   * contract.json's `max_keep_seconds` (604800, a week). Sent as `keep`.
+   */
+  keepResultFor?: number;
+}
+
+/** Where a kept job is: running, retrying (another attempt is due), done or dead (dead-lettered). */
+export type JobState = 'running' | 'retrying' | 'done' | 'dead';
+
+/** A job's kept outcome, as `status` and `wait` read it. Fields the outcome lacks are null. */
+export interface JobStatus<R = unknown> {
+  id: string;
+  state: JobState;
+  /** The attempt running or last ended. */
+  attempt: number | null;
+  /** The worker instance it runs or last ran on. */
+  worker: string | null;
+  /**
+   * A done job's result, as its task returned it (parsed JSON; text that is
+   * not JSON is kept as a string); undefined when none is kept.
+   */
+  result?: R;
+  /** Why a done job has no result though its task returned one (too large). */
+  resultError: string | null;
+  /** The last attempt's error (retrying, dead). */
+  error: string | null;
+  /** When a retrying job's next attempt is due (unix ms, Redis's clock). */
+  nextAtMs: number | null;
+  /** When the outcome last changed (unix ms, Redis's clock). */
+  updatedAtMs: number | null;
+  /** When the job ended (done, dead; unix ms, Redis's clock). */
+  endedAtMs: number | null;
+}
+
+/** Options of `wait`. */
+export interface WaitOptions {
+  /** How long to wait, in milliseconds (default 60000); then WaitTimeout. */
+  timeoutMs?: number;
 }
 
 /** One job of `enqueueMany`. */
@@ -42,6 +82,20 @@ export class Client {
   enqueue(queue: string, task: string, data?: unknown, options?: EnqueueOptions): Promise<string | null>;
   /** All jobs in one round trip, in order: their ids, null for each refused duplicate. */
   enqueueMany(queue: string, jobs: readonly JobSpec[]): Promise<Array<string | null>>;
+  /**
+   * The job's kept outcome (one HGETALL), or null when none is kept: the job
+   * was enqueued without `keepResultFor` (and its workers have no
+   * --keep-outcomes), no worker has taken it yet, or the outcome expired.
+   */
+  status<R = unknown>(queue: string, id: string): Promise<JobStatus<R> | null>;
+  /**
+   * Resolves with the job's final status once it ends: `done` with its
+   * result, or `dead` with its error (a dead job resolves; check `state`).
+   * Rejects with WaitTimeout when `timeoutMs` passes first. Blocks on the
+   * job's end stream on a connection of its own, closed afterwards.
+   */
+  wait<R = unknown>(queue: string, id: string, options?: WaitOptions): Promise<JobStatus<R>>;
+  /** Closes the connection(s), ending any wait under way with ConnectionError. */
   close(): Promise<void>;
 }
 
@@ -65,12 +119,20 @@ export class Job<D = unknown> {
 
 export type TaskHandler<D = any> = (data: D, job: Job<D>) => unknown | Promise<unknown>;
 
-/** The answer the handler process writes for one job. */
-export type Answer = { ok: true } | { ok: false; error: string; retry?: false };
+/**
+ * The answer the handler process writes for one job: `result` is the value
+ * the task resolved to, when it is not undefined and can be written as JSON.
+ */
+export type Answer = { ok: true; result?: unknown } | { ok: false; error: string; retry?: false };
 
 export class App {
   constructor();
-  /** Registers a task; resolving (or returning) means done, throwing means retry. */
+  /**
+   * Registers a task; resolving (or returning) means done, throwing means
+   * retry. A value other than undefined is the job's result (kept for a job
+   * enqueued with `keepResultFor`); one that cannot be written as JSON
+   * (a BigInt, a cycle) leaves the job done without it, logged on stderr.
+   */
   task<D = any>(name: string, handler: TaskHandler<D>): this;
   /** The names of the registered tasks. */
   readonly tasks: string[];
@@ -102,6 +164,12 @@ export class InvalidJobError extends WorkerpoolError {}
 export class ConnectionError extends WorkerpoolError {}
 /** Redis answered with an error. */
 export class RedisError extends WorkerpoolError {}
+/** `wait` ran out of time before the job ended. */
+export class WaitTimeout extends WorkerpoolError {
+  constructor(message: string, last: JobStatus | null, options?: { cause?: unknown });
+  /** The job's status as last read, or null when no outcome is kept for it. */
+  readonly last: JobStatus | null;
+}
 
 /** The package's version. */
 export const version: string;
@@ -117,6 +185,7 @@ declare const _default: {
   InvalidJobError: typeof InvalidJobError;
   ConnectionError: typeof ConnectionError;
   RedisError: typeof RedisError;
+  WaitTimeout: typeof WaitTimeout;
   version: string;
 };
 export default _default;

@@ -13,6 +13,7 @@ export const {
   InvalidJobError,
   ConnectionError,
   RedisError,
+  WaitTimeout,
   version,
 } = lib;
 export default lib;

@@ -1,6 +1,16 @@
 // Compiled with `tsc --noEmit` only: checks that index.d.ts describes a
 // typical producer and handler.
-import { App, Client, ConfigError, InvalidJobError, Permanent, WorkerpoolError, type Job } from './index';
+import {
+  App,
+  Client,
+  ConfigError,
+  InvalidJobError,
+  Permanent,
+  WaitTimeout,
+  WorkerpoolError,
+  type Job,
+  type JobStatus,
+} from './index';
 
 async function produce(): Promise<void> {
   const client = new Client('rediss://redis.example:6380', { ca: 'ca.pem', cert: 'c.pem', key: 'k.pem' });
@@ -12,6 +22,30 @@ async function produce(): Promise<void> {
     { task: 'report', runAt: Date.now() + 1000 },
   ]);
   console.log(id, ids.length, client.isCluster);
+  const kept = await client.enqueue('reports', 'render', { n: 1 }, { keepResultFor: 3600 });
+  await client.enqueueMany('reports', [{ task: 'render', keepResultFor: 60 }]);
+  const now: JobStatus | null = await client.status('reports', kept!);
+  if (now !== null) {
+    const state: 'running' | 'retrying' | 'done' | 'dead' = now.state;
+    const due: number | null = now.nextAtMs;
+    console.log(state, due, now.attempt, now.worker, now.error, now.resultError, now.updatedAtMs, now.endedAtMs);
+  }
+  try {
+    const end = await client.wait<{ url: string }>('reports', kept!, { timeoutMs: 30_000 });
+    if (end.state === 'done' && end.result !== undefined) {
+      const url: string = end.result.url;
+      console.log(url);
+    }
+  } catch (e) {
+    if (e instanceof WaitTimeout) {
+      const last: JobStatus | null = e.last;
+      console.log(last?.state);
+    }
+  }
+  // @ts-expect-error: keepResultFor is seconds, a number
+  await client.enqueue('reports', 'render', null, { keepResultFor: '1h' });
+  // @ts-expect-error: no such wait option
+  await client.wait('reports', 'x', { timeout: 5 });
   await client.close();
   // @ts-expect-error: the task is required
   await client.enqueueMany('emails', [{ data: 1 }]);
@@ -34,6 +68,7 @@ app
       throw new Permanent(`no address in job ${job.id} (attempt ${attempt})`);
     }
   })
+  .task('double', (data: { n: number }) => ({ doubled: data.n * 2 }))
   .task('report', async (data, job) => {
     const signal: AbortSignal = job.signal;
     signal.throwIfAborted();
@@ -41,7 +76,7 @@ app
   });
 const names: string[] = app.tasks;
 void app.run();
-void app.handle('{"task":"report"}').then((a) => (a.ok ? 1 : a.error.length));
+void app.handle('{"task":"report"}').then((a) => (a.ok ? a.result : a.error.length));
 
 const e: WorkerpoolError = new ConfigError('x');
 const f: Error = new InvalidJobError('y');

@@ -10,6 +10,7 @@
 const readline = require('node:readline');
 const { Permanent, WorkerpoolError } = require('./errors');
 const { withJobTrace } = require('./trace');
+const { MAX_RESULT_BYTES } = require('./outcome');
 
 /** How much of a line that is not a job an answer quotes. */
 const QUOTE = 200;
@@ -18,6 +19,11 @@ const QUOTE = 200;
  * answer lines up to 1 MiB and replaces a process that writes a longer one.
  */
 const ERROR_CHARS = 64 * 1024;
+/**
+ * The longest answer line the worker reads, newline included
+ * (handlers::exec_pool::MAX_ANSWER_BYTES); a longer one ends the process.
+ */
+const ANSWER_LINE_BYTES = 1024 * 1024;
 /** How many jobs the worker hands this process at once (settings::JOBS_PER_CHILD). */
 const JOBS_PER_CHILD = 'WORKERPOOL_JOBS_PER_CHILD';
 /** The reason `job.signal` is aborted with when a cancel line names the job. */
@@ -51,6 +57,59 @@ function quote(line) {
 /** Writes one line to the handler's log (stderr). */
 function log(text) {
   process.stderr.write(`workerpool: ${text}\n`);
+}
+
+/** The JSON text of an answer's result, kept apart so the answer line is encoded once. */
+const RESULT_TEXT = Symbol('workerpool.resultText');
+
+/**
+ * The answer for a task that resolved to `value`: `{ ok: true }` when it is
+ * undefined, else with `result`. A value that cannot be encoded as JSON
+ * (a BigInt, a cycle, a function) or whose JSON is over the longest result
+ * a worker keeps leaves the job done without it, and the log says why.
+ */
+function done(task, value) {
+  if (value === undefined) {
+    return { ok: true };
+  }
+  let text;
+  try {
+    text = JSON.stringify(value);
+  } catch (e) {
+    const why = e.message.replace(/\s*\n\s*/g, ' ');
+    log(`task ${JSON.stringify(task)}: its result cannot be written as JSON (${why}); the job is done without it`);
+    return { ok: true };
+  }
+  if (text === undefined) {
+    log(`task ${JSON.stringify(task)}: its result (a ${typeof value}) cannot be written as JSON; ` +
+      'the job is done without it');
+    return { ok: true };
+  }
+  const bytes = Buffer.byteLength(text);
+  if (bytes > MAX_RESULT_BYTES) {
+    log(`task ${JSON.stringify(task)}: its result is ${bytes} bytes of JSON, over the ${MAX_RESULT_BYTES} a worker keeps ` +
+      '(and an answer line may hold); the job is done without it');
+    return { ok: true };
+  }
+  const answer = { ok: true, result: value };
+  Object.defineProperty(answer, RESULT_TEXT, { value: { text, task } });
+  return answer;
+}
+
+/** An answer as one line of the protocol, naming job `id` when given (the multiplexed protocol). */
+function answerLine(answer, id) {
+  const held = answer[RESULT_TEXT];
+  if (held === undefined) {
+    return JSON.stringify(id === undefined ? answer : { id, ...answer });
+  }
+  const head = id === undefined ? '{"ok":true' : `{"id":${JSON.stringify(id)},"ok":true`;
+  const line = `${head},"result":${held.text}}`;
+  if (Buffer.byteLength(line) + 1 > ANSWER_LINE_BYTES) {
+    log(`task ${JSON.stringify(held.task)}: its answer with the result would be over the ${ANSWER_LINE_BYTES} bytes ` +
+      'a worker reads; the job is done without it');
+    return `${head}}`;
+  }
+  return line;
 }
 
 /**
@@ -159,8 +218,8 @@ class App {
       };
     }
     try {
-      await withJobTrace(raw, () => fn(raw.data, new Job(raw, signal)));
-      return { ok: true };
+      const value = await withJobTrace(raw, () => fn(raw.data, new Job(raw, signal)));
+      return done(raw.task, value);
     } catch (e) {
       if (e instanceof Permanent) {
         return { ok: false, error: cap(e.message), retry: false };
@@ -193,8 +252,8 @@ class App {
     });
     // One write call per answer line: Node queues writes in order, so
     // concurrent answers never interleave. Resolves once it is written.
-    const send = (answer) => new Promise((resolve) => {
-      write(`${JSON.stringify(answer)}\n`, () => resolve());
+    const send = (answer, id) => new Promise((resolve) => {
+      write(`${answerLine(answer, id)}\n`, () => resolve());
     });
     const lines = readline.createInterface({ input: process.stdin, crlfDelay: Infinity, terminal: false });
     if (share > 1) {
@@ -239,7 +298,7 @@ class App {
         if (inHand.get(id) === controller) {
           inHand.delete(id);
         }
-        return send({ id, ...answer });
+        return send(answer, id);
       });
       answering.add(done);
       done.then(() => answering.delete(done));
@@ -249,4 +308,4 @@ class App {
   }
 }
 
-module.exports = { App, Job, errorText };
+module.exports = { App, Job, errorText, answerLine };

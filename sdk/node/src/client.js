@@ -11,8 +11,10 @@ const {
   InvalidJobError,
   InvalidQueueError,
   RedisError,
+  WaitTimeout,
   WorkerpoolError,
 } = require('./errors');
+const outcome = require('./outcome');
 const { checkQueueName, clusterProblem } = require('./queue');
 const { serialize } = require('./json');
 
@@ -22,8 +24,16 @@ const DEFAULT_UNIQUE_FOR = 3600;
 const BATCH = 500;
 /** How long a measured offset to the Redis clock is trusted (ms). */
 const CLOCK_TTL = 10 * 60 * 1000;
+/** How long `wait` waits when no timeoutMs is given (ms), as `workerpool job wait`. */
+const DEFAULT_WAIT_MS = 60 * 1000;
+/**
+ * How long `wait` pauses when the end stream has its entry but the outcome
+ * is not final yet (a job run again after it ended), so it never spins.
+ */
+const RECHECK_MS = 100;
 
-const JOB_OPTIONS = ['id', 'delay', 'runAt', 'uniqueKey', 'uniqueFor'];
+const JOB_OPTIONS = ['id', 'delay', 'runAt', 'uniqueKey', 'uniqueFor', 'keepResultFor'];
+const WAIT_OPTIONS = ['timeoutMs'];
 const MANY_FIELDS = ['task', 'data', ...JOB_OPTIONS];
 const CLIENT_OPTIONS = ['ca', 'cert', 'key', 'cluster', 'insecureSkipVerify'];
 
@@ -263,7 +273,7 @@ function prepare(at, task, data, opts) {
   if (data !== undefined) {
     dataText = serialize(data, 'data', (m) => new InvalidJobError(`${at}${m}`));
   }
-  const { id, delay, runAt, uniqueKey, uniqueFor } = opts;
+  const { id, delay, runAt, uniqueKey, uniqueFor, keepResultFor } = opts;
   if (present(id) && (typeof id !== 'string' || id === '')) {
     throw new InvalidJobError(`${at}id must be a non-empty string (or left out for a fresh one), got ${describe(id)}`);
   }
@@ -302,6 +312,16 @@ function prepare(at, task, data, opts) {
       );
     }
   }
+  if (present(keepResultFor)) {
+    const max = outcome.MAX_KEEP_SECONDS;
+    const k = keepResultFor;
+    if (!(typeof k === 'number' && Number.isFinite(k) && k > 0 && k <= max)) {
+      throw new InvalidJobError(
+        `${at}keepResultFor must be a number of seconds above 0 and at most ${max} (the longest an outcome is kept), ` +
+          `got ${describe(keepResultFor)}`,
+      );
+    }
+  }
   return {
     task,
     dataText,
@@ -310,6 +330,7 @@ function prepare(at, task, data, opts) {
     runAtMs,
     uniqueKey: present(uniqueKey) ? uniqueKey : undefined,
     uniqueFor: present(uniqueFor) ? uniqueFor : undefined,
+    keep: present(keepResultFor) ? keepResultFor : undefined,
     trace: currentTrace(),
   };
 }
@@ -348,6 +369,9 @@ function payload(job, now) {
   }
   if (job.uniqueFor !== undefined) {
     text += `,"unique_for":${job.uniqueFor}`;
+  }
+  if (job.keep !== undefined) {
+    text += `,${JSON.stringify(outcome.KEEP_FIELD)}:${JSON.stringify(job.keep)}`;
   }
   if (job.trace !== undefined) {
     text += `,"traceparent":${JSON.stringify(job.trace.traceparent)}`;
@@ -396,6 +420,8 @@ class Client {
     this._lastError = null;
     this._clock = null;
     this._closed = false;
+    /** The connections of the waits under way, each blocked on its own. */
+    this._blockers = new Set();
   }
 
   /** Whether the client talks to a Redis Cluster (known once connected). */
@@ -633,7 +659,9 @@ class Client {
   async enqueueMany(queue, jobs) {
     this._checkQueue(queue);
     if (!Array.isArray(jobs)) {
-      throw new InvalidJobError('jobs must be an array of { task, data, id, delay, runAt, uniqueKey, uniqueFor }');
+      throw new InvalidJobError(
+        'jobs must be an array of { task, data, id, delay, runAt, uniqueKey, uniqueFor, keepResultFor }',
+      );
     }
     const prepared = jobs.map((j, i) => {
       const at = `job ${i + 1}: `;
@@ -731,6 +759,113 @@ class Client {
     return jobs.map((j) => j.id);
   }
 
+  _checkId(id) {
+    if (typeof id !== 'string' || id === '') {
+      throw new InvalidJobError(`the job id must be a non-empty string, got ${describe(id)}`);
+    }
+  }
+
+  /**
+   * The kept outcome of job `id` (one HGETALL): null when none is kept (the
+   * job was enqueued without keepResultFor and its workers keep no
+   * outcomes, no worker has taken it yet, or its outcome expired).
+   */
+  async status(queue, id) {
+    this._checkQueue(queue);
+    this._checkId(id);
+    const redis = await this._connection();
+    this._checkQueue(queue);
+    const fields = await this._run(() => redis.hgetall(outcome.outcomeKey(queue, id)), 'HGETALL');
+    return outcome.fromFields(id, fields);
+  }
+
+  /**
+   * Waits until job `id` ends and resolves to its final status: state
+   * 'done' (with its result) or 'dead' (with its error; a dead job
+   * resolves, it does not reject). Rejects with WaitTimeout (its `last`
+   * the status as last read, or null) when `timeoutMs` (default 60 s)
+   * passes first. Blocks on the job's end stream (XREAD BLOCK) on a
+   * connection of its own, in slices, never polling.
+   */
+  async wait(queue, id, options) {
+    const given = checkOptions(options, WAIT_OPTIONS, 'wait options').timeoutMs;
+    const timeoutMs = present(given) ? given : DEFAULT_WAIT_MS;
+    if (!(typeof timeoutMs === 'number' && Number.isFinite(timeoutMs) && timeoutMs >= 0)) {
+      throw new InvalidJobError(`timeoutMs must be a number of milliseconds, 0 or more, got ${describe(timeoutMs)}`);
+    }
+    this._checkQueue(queue);
+    this._checkId(id);
+    const deadline = Date.now() + timeoutMs;
+    const end = outcome.outcomeEndKey(queue, id);
+    let blocker = null;
+    let woke = false;
+    try {
+      for (;;) {
+        const seen = await this.status(queue, id);
+        if (outcome.isFinal(seen)) {
+          return seen;
+        }
+        let left = deadline - Date.now();
+        if (woke && left > 0) {
+          // The stream has its entry, yet the outcome is not final: the job
+          // runs again. Pause rather than spin on a read that returns at once.
+          await new Promise((r) => setTimeout(r, Math.min(left, RECHECK_MS)));
+          left = deadline - Date.now();
+        }
+        if (left <= 0) {
+          throw new WaitTimeout(
+            seen === null
+              ? `job ${JSON.stringify(id)} of queue ${JSON.stringify(queue)} did not end within ${timeoutMs} ms, ` +
+                  'and no outcome is kept for it (was it enqueued with keepResultFor?)'
+              : `job ${JSON.stringify(id)} of queue ${JSON.stringify(queue)} did not end within ${timeoutMs} ms; ` +
+                  `it is ${seen.state}`,
+            seen,
+          );
+        }
+        if (blocker === null) {
+          blocker = await this._blocker();
+        }
+        // XREAD's BLOCK is in whole milliseconds; 0 would block for ever.
+        const slice = Math.max(1, Math.ceil(Math.min(left, outcome.WAIT_SLICE_MS)));
+        const b = blocker;
+        let got;
+        try {
+          got = await b.xread('COUNT', 1, 'BLOCK', slice, 'STREAMS', end, '0-0');
+        } catch (e) {
+          if (this._closed) {
+            throw new ConnectionError(`the client was closed while waiting for job ${JSON.stringify(id)}`, { cause: e });
+          }
+          throw this._wrap(e, 'XREAD');
+        }
+        woke = got !== null;
+      }
+    } finally {
+      if (blocker !== null) {
+        this._blockers.delete(blocker);
+        blocker.disconnect();
+      }
+    }
+  }
+
+  /** A connection of its own for one wait (a blocking read blocks its connection). */
+  async _blocker() {
+    const redis = await this._connection();
+    const b = this._watch(redis.duplicate());
+    this._blockers.add(b);
+    try {
+      await this._connect(b);
+    } catch (e) {
+      this._blockers.delete(b);
+      throw e;
+    }
+    if (this._closed) {
+      this._blockers.delete(b);
+      b.disconnect();
+      throw new WorkerpoolError('the client is closed');
+    }
+    return b;
+  }
+
   async _exec(pipeline) {
     const results = await this._run(() => pipeline.exec(), 'the pipeline');
     if (!results) {
@@ -747,6 +882,11 @@ class Client {
   /** Closes the connection(s); the client cannot be used afterwards. */
   async close() {
     this._closed = true;
+    for (const b of this._blockers) {
+      // A wait under way rejects with ConnectionError.
+      b.disconnect();
+    }
+    this._blockers.clear();
     if (this._connecting) {
       try {
         await this._connecting;

@@ -24,6 +24,17 @@ class ConnectionError extends WorkerpoolError {}
 class RedisError extends WorkerpoolError {}
 
 /**
+ * A wait ran out of time before the job ended (done or dead). `last` is the
+ * job's status as last read, or null when no outcome was kept for it.
+ */
+class WaitTimeout extends WorkerpoolError {
+  constructor(message, last, options) {
+    super(message, options);
+    this.last = last;
+  }
+}
+
+/**
  * Thrown by a task handler: the job fails for good and is dead-lettered at
  * once, without the retries an ordinary error gets.
  */
@@ -41,5 +52,6 @@ module.exports = {
   InvalidJobError,
   ConnectionError,
   RedisError,
+  WaitTimeout,
   Permanent,
 };

@@ -16,5 +16,6 @@ module.exports = {
   InvalidJobError: errors.InvalidJobError,
   ConnectionError: errors.ConnectionError,
   RedisError: errors.RedisError,
+  WaitTimeout: errors.WaitTimeout,
   version,
 };

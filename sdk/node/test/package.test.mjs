@@ -28,10 +28,10 @@ test('CommonJS require and ESM import by package name give the same classes', ()
   const dir = project();
   const cjs = node(dir, 'a.cjs', `
     const lib = require('@workerpool-dev/client');
-    const { Client, App, Permanent, InvalidJobError, WorkerpoolError, version } = lib;
+    const { Client, App, Permanent, InvalidJobError, WaitTimeout, WorkerpoolError, version } = lib;
     console.log(JSON.stringify({ version, client: typeof Client, app: typeof new App().task,
       permanent: new Permanent('x') instanceof Error,
-      hierarchy: new InvalidJobError('x') instanceof WorkerpoolError }));
+      hierarchy: new InvalidJobError('x') instanceof WorkerpoolError && new WaitTimeout('x', null) instanceof WorkerpoolError }));
   `);
   assert.deepEqual(JSON.parse(cjs), { version: pkg.version, client: 'function', app: 'function', permanent: true, hierarchy: true });
   const esm = node(dir, 'b.mjs', `
@@ -47,11 +47,11 @@ test('CommonJS require and ESM import by package name give the same classes', ()
   assert.deepEqual(JSON.parse(esm), { version: pkg.version, same: true, instance: true });
 });
 
-test('npm pack ships the Lua files, the types and both entry points, and no tests', () => {
+test('npm pack ships the Lua files, contract.json, the types and both entry points, and no tests', () => {
   const out = execFileSync('npm', ['pack', '--dry-run', '--json'], { cwd: SDK, encoding: 'utf8' });
   const files = JSON.parse(out)[0].files.map((f) => f.path);
-  for (const f of ['package.json', 'README.md', 'index.mjs', 'index.d.ts', 'src/index.js', 'src/client.js', 'src/app.js',
-    'lua/guard.lua', 'lua/now.lua', 'lua/enqueue.lua']) {
+  for (const f of ['package.json', 'README.md', 'index.mjs', 'index.d.ts', 'contract.json', 'src/index.js', 'src/client.js',
+    'src/app.js', 'src/outcome.js', 'lua/guard.lua', 'lua/now.lua', 'lua/enqueue.lua']) {
     assert.ok(files.includes(f), `${f} is not in the package: ${files.join(', ')}`);
   }
   for (const f of files) {

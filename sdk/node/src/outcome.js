@@ -1,0 +1,81 @@
+'use strict';
+
+// Kept outcomes (docs/queue-contract.md, "Outcomes"): the facts come from
+// contract.json, generated from the queue crate, and are never typed here.
+
+const contract = require('../contract.json');
+
+const facts = contract.outcomes;
+const STATES = facts.states;
+const FINAL_STATES = facts.final_states;
+
+/** `form` (a key form of contract.json) with `{queue}` and `{id}` filled in, in one pass. */
+function fill(form, queue, id) {
+  return form.replace(/\{(queue|id)\}/g, (_, name) => (name === 'queue' ? queue : id));
+}
+
+/** The hash holding job `id`'s outcome. */
+function outcomeKey(queue, id) {
+  return fill(facts.outcome_key, queue, id);
+}
+
+/** The stream that gets one entry when job `id`'s outcome becomes final. */
+function outcomeEndKey(queue, id) {
+  return fill(facts.outcome_end_key, queue, id);
+}
+
+function number(fields, name) {
+  const text = fields[name];
+  if (text === undefined || !/^\d+$/.test(text)) {
+    return null;
+  }
+  return Number(text);
+}
+
+/**
+ * The status in `fields` (a HGETALL of the outcome hash), or null when none
+ * is kept or it names no state this library knows.
+ */
+function fromFields(id, fields) {
+  if (!fields || !STATES.includes(fields.state)) {
+    return null;
+  }
+  let result;
+  if (fields.result !== undefined) {
+    try {
+      result = JSON.parse(fields.result);
+    } catch {
+      // The worker writes JSON it checked; text that does not parse is
+      // shown as it is rather than lost.
+      result = fields.result;
+    }
+  }
+  return {
+    id,
+    state: fields.state,
+    attempt: number(fields, 'attempt'),
+    worker: fields.worker ?? null,
+    result,
+    resultError: fields.result_error ?? null,
+    error: fields.error ?? null,
+    nextAtMs: number(fields, 'next_at'),
+    updatedAtMs: number(fields, 'updated_at'),
+    endedAtMs: number(fields, 'ended_at'),
+  };
+}
+
+function isFinal(status) {
+  return status !== null && FINAL_STATES.includes(status.state);
+}
+
+module.exports = {
+  KEEP_FIELD: facts.keep_field,
+  MAX_KEEP_SECONDS: facts.max_keep_seconds,
+  MAX_RESULT_BYTES: facts.max_result_bytes,
+  WAIT_SLICE_MS: facts.wait_slice_ms,
+  FINAL_STATES,
+  outcomeKey,
+  outcomeEndKey,
+  fromFields,
+  isFinal,
+};
