@@ -170,6 +170,28 @@ pub const KEY_PARTS: [&str; 12] = [
     "job",
 ];
 
+/// The queue's own keys with what each is, as an error names a queue name
+/// that would be one of them.
+pub fn described_keys(keys: &QueueKeys) -> Vec<(String, &'static str)> {
+    vec![
+        (keys.retry(), "the retry set"),
+        (keys.scheduled(), "the set of delayed jobs"),
+        (keys.dead(), "the dead-letter list"),
+        (keys.workers(), "the set of live workers"),
+        (keys.unique(), "the hash of unique keys"),
+        (keys.unique_expiry(), "the expiry set of unique keys"),
+        (keys.rate(), "the rate-limit bucket"),
+        (keys.fires(), "the hash of schedule fires"),
+        (keys.wait_probe(), "the probe list of blocking waits"),
+        (keys.stats_processed(), "a counter"),
+        (keys.stats_failed(), "a counter"),
+        (keys.stats_dead(), "a counter"),
+        (keys.stats_recovered(), "a counter"),
+        (keys.stats_duration(), "the mean job duration"),
+        (keys.stats_duration_sq(), "the mean squared job duration"),
+    ]
+}
+
 /// Why `name` cannot be a queue's name, if it cannot. Besides being
 /// non-empty and without white space, no part of it after a colon may be
 /// one of [`KEY_PARTS`]. That is enough for no two distinct valid names to
@@ -191,26 +213,10 @@ pub fn check_name(name: &str) -> Result<(), String> {
     };
     let owner = parts[..at].join(":");
     let keys = QueueKeys::new(owner.clone());
-    let what = [
-        (keys.retry(), "the retry set"),
-        (keys.scheduled(), "the set of delayed jobs"),
-        (keys.dead(), "the dead-letter list"),
-        (keys.workers(), "the set of live workers"),
-        (keys.unique(), "the hash of unique keys"),
-        (keys.unique_expiry(), "the expiry set of unique keys"),
-        (keys.rate(), "the rate-limit bucket"),
-        (keys.fires(), "the hash of schedule fires"),
-        (keys.wait_probe(), "the probe list of blocking waits"),
-        (keys.stats_processed(), "a counter"),
-        (keys.stats_failed(), "a counter"),
-        (keys.stats_dead(), "a counter"),
-        (keys.stats_recovered(), "a counter"),
-        (keys.stats_duration(), "the mean job duration"),
-        (keys.stats_duration_sq(), "the mean squared job duration"),
-    ]
-    .into_iter()
-    .find(|(key, _)| key == name)
-    .map(|(_, what)| what);
+    let what = described_keys(&keys)
+        .into_iter()
+        .find(|(key, _)| key == name)
+        .map(|(_, what)| what);
     let how = match what {
         Some(what) => format!("is {what} of the queue {owner:?}"),
         None => format!(
@@ -359,6 +365,22 @@ pub fn host_name() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "worker".to_string())
+}
+
+/// The facts of queue names a client library needs to refuse the same
+/// names with the same words: [`KEY_PARTS`], and each of a queue's own
+/// keys by its suffix with what it is (generated into each client
+/// package's `contract.json` with [`crate::outcome::facts`]).
+pub fn facts() -> serde_json::Value {
+    let q = QueueKeys::new("q");
+    let named: serde_json::Map<String, serde_json::Value> = described_keys(&q)
+        .into_iter()
+        .filter_map(|(key, what)| Some((key.strip_prefix("q:")?.to_string(), what.into())))
+        .collect();
+    serde_json::json!({
+        "key_parts": KEY_PARTS,
+        "key_names": named,
+    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ const COPIES: [&str; 2] = [
 fn each_client_librarys_contract_json_is_the_one_the_queue_crate_generates() {
     let facts = serde_json::json!({
         "outcomes": workerpool_queue::outcome::facts(),
+        "queue_names": workerpool_queue::keys::facts(),
     });
     let generated = format!(
         "{}\n",

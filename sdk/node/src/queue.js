@@ -3,20 +3,15 @@
 // Queue names, checked as the worker checks them (queue/src/keys.rs), so a
 // job is never pushed where no worker would take it.
 
-/** The words after a colon that name a queue's other keys. */
-const KEY_PARTS = [
-  'processing',
-  'retry',
-  'scheduled',
-  'dead',
-  'workers',
-  'worker',
-  'unique',
-  'rate',
-  'stats',
-  'fires',
-  'wait-probe',
-];
+const contract = require('../contract.json');
+
+/**
+ * The words after a colon that name a queue's other keys, and a queue's own
+ * keys by their suffix with what each is: from contract.json, generated
+ * from the queue crate.
+ */
+const KEY_PARTS = contract.queue_names.key_parts;
+const KEY_NAMES = contract.queue_names.key_names;
 
 /** Why `name` cannot be a queue's name, or null. */
 function checkQueueName(name) {
@@ -38,21 +33,7 @@ function checkQueueName(name) {
     return null;
   }
   const owner = parts.slice(0, at).join(':');
-  const what = {
-    retry: 'the retry set',
-    scheduled: 'the set of delayed jobs',
-    dead: 'the dead-letter list',
-    workers: 'the set of live workers',
-    unique: 'the hash of unique keys',
-    'unique:expiry': 'the expiry set of unique keys',
-    rate: 'the rate-limit bucket',
-    fires: 'the hash of schedule fires',
-    'wait-probe': 'the probe list of blocking waits',
-    'stats:processed': 'a counter',
-    'stats:failed': 'a counter',
-    'stats:dead': 'a counter',
-    'stats:recovered': 'a counter',
-  }[parts.slice(at).join(':')];
+  const what = KEY_NAMES[parts.slice(at).join(':')];
   const how = what
     ? `is ${what} of the queue ${JSON.stringify(owner)}`
     : `would share the keys of the queue ${JSON.stringify(owner)} (${owner}:${parts[at]}:…)`;

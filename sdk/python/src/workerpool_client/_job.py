@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional, Union
 
-from ._outcomes import Keep, keep_field, keep_seconds
+from ._outcomes import Keep, contract, keep_field, keep_seconds
 from .errors import InvalidJob, InvalidQueue
 
 #: How long a job holds its unique key at most when it does not say (seconds).
@@ -23,38 +23,12 @@ DEFAULT_UNIQUE_FOR = 3600
 #: Jobs per script call or command, as the Rust side batches them.
 BATCH = 500
 
-# The words that follow a queue's name after a colon in its other keys: a
-# queue name with one of them after a colon would share another queue's keys.
-KEY_PARTS = (
-    "processing",
-    "retry",
-    "scheduled",
-    "dead",
-    "workers",
-    "worker",
-    "unique",
-    "rate",
-    "stats",
-    "fires",
-    "wait-probe",
-)
-
-# A queue's own keys, by their suffix, as the workers name them in the error.
-_KEY_NAMES = {
-    "retry": "the retry set",
-    "scheduled": "the set of delayed jobs",
-    "dead": "the dead-letter list",
-    "workers": "the set of live workers",
-    "unique": "the hash of unique keys",
-    "unique:expiry": "the expiry set of unique keys",
-    "rate": "the rate-limit bucket",
-    "fires": "the hash of schedule fires",
-    "wait-probe": "the probe list of blocking waits",
-    "stats:processed": "a counter",
-    "stats:failed": "a counter",
-    "stats:dead": "a counter",
-    "stats:recovered": "a counter",
-}
+# The words that follow a queue's name after a colon in its other keys (a
+# queue name with one of them after a colon would share another queue's
+# keys), and a queue's own keys by their suffix, as the workers name them in
+# the error: both from contract.json, generated from the queue crate.
+KEY_PARTS = tuple(contract()["queue_names"]["key_parts"])
+_KEY_NAMES = dict(contract()["queue_names"]["key_names"])
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)

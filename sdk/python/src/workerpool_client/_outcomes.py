@@ -24,10 +24,15 @@ Keep = Union[int, float, timedelta]
 
 
 @cache
+def contract() -> dict:
+    """The packaged contract.json, generated from the queue crate."""
+    text = files(__package__).joinpath("contract.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
 def facts() -> dict:
     """The `outcomes` object of the packaged contract.json."""
-    text = files(__package__).joinpath("contract.json").read_text(encoding="utf-8")
-    return json.loads(text)["outcomes"]
+    return contract()["outcomes"]
 
 
 def keep_field() -> str:
