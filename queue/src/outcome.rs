@@ -22,6 +22,12 @@ use crate::ops::RedisResult;
 /// job done without it, and `result_error` says why.
 pub const MAX_RESULT_BYTES: usize = 1 << 20;
 
+/// The longest answer line an exec child may write: room for the longest
+/// result kept and the rest of its answer. A longer one is a protocol
+/// break (the child is replaced). A client library that would answer with
+/// a longer result answers `"result_error"` instead.
+pub const MAX_ANSWER_BYTES: usize = 2 * MAX_RESULT_BYTES;
+
 /// The longest a waiter blocks in one command: a connection whose response
 /// timeout is longer than this can wait any time.
 pub const WAIT_SLICE: Duration = Duration::from_secs(5);
@@ -234,6 +240,7 @@ pub fn facts() -> serde_json::Value {
         "keep_field": crate::job::field::KEEP,
         "max_keep_seconds": crate::ops::MAX_KEEP.as_secs(),
         "max_result_bytes": MAX_RESULT_BYTES,
+        "max_answer_bytes": MAX_ANSWER_BYTES,
         "wait_slice_ms": u64::try_from(WAIT_SLICE.as_millis()).unwrap_or(u64::MAX),
         "states": states,
         "final_states": final_states,

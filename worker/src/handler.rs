@@ -15,6 +15,9 @@ pub enum Outcome {
     /// The job is done and returned this result: JSON text, kept as the
     /// job's outcome when it asked for one (see [`Outcome::returning`]).
     Returned(String),
+    /// The job is done and returned a result that is not kept, for this
+    /// reason (it is over the limit): a kept outcome says so.
+    ResultNotKept(String),
     /// The attempt failed. With `retry`, the job runs again after a backoff
     /// until its attempts run out; without, it goes straight to the dead list.
     Failed { error: String, retry: bool },
@@ -50,7 +53,12 @@ impl Outcome {
     /// is not finite in some serializers) leaves the job done without a
     /// result, and the handler's log says why.
     pub fn returning(value: &impl serde::Serialize) -> Self {
+        let limit = workerpool_queue::outcome::MAX_RESULT_BYTES;
         match serde_json::to_string(value) {
+            Ok(json) if json.len() > limit => Outcome::ResultNotKept(format!(
+                "the result was not kept: {} bytes of JSON, over the limit of {limit}",
+                json.len()
+            )),
             Ok(json) => Outcome::Returned(json),
             Err(e) => {
                 tracing::error!(error = %e, "the job's result cannot be written as JSON; the job is done without one");
@@ -61,7 +69,10 @@ impl Outcome {
 
     /// Whether the job is done (with a result or without).
     pub fn is_done(&self) -> bool {
-        matches!(self, Outcome::Done | Outcome::Returned(_))
+        matches!(
+            self,
+            Outcome::Done | Outcome::Returned(_) | Outcome::ResultNotKept(_)
+        )
     }
 }
 
@@ -201,6 +212,24 @@ mod tests {
             h.handle(&job(json!({"data": {}}))).await,
             Outcome::retry("data.to is missing")
         );
+    }
+
+    #[test]
+    fn a_result_is_kept_as_json_up_to_the_limit_and_over_it_the_outcome_says_why() {
+        assert_eq!(
+            Outcome::returning(&json!({"path": "/out/1.mp4"})),
+            Outcome::Returned(r#"{"path":"/out/1.mp4"}"#.into())
+        );
+        let big = "x".repeat(workerpool_queue::outcome::MAX_RESULT_BYTES);
+        match Outcome::returning(&big) {
+            Outcome::ResultNotKept(why) => {
+                assert!(why.contains("over the limit of 1048576"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Keys that are not strings cannot be JSON: done, without a result.
+        let map: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert_eq!(Outcome::returning(&map), Outcome::Done);
     }
 
     #[tokio::test]

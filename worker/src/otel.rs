@@ -281,7 +281,7 @@ impl Attempt {
     /// dead letter with an event.
     pub fn end(mut self, outcome: &Outcome, dead: Option<&str>) {
         let failure = match outcome {
-            Outcome::Done | Outcome::Returned(_) => None,
+            Outcome::Done | Outcome::Returned(_) | Outcome::ResultNotKept(_) => None,
             Outcome::Failed { error, retry } => {
                 Some((error, if *retry { "failed" } else { "permanent" }))
             }

@@ -10,20 +10,21 @@
 const readline = require('node:readline');
 const { Permanent, WorkerpoolError } = require('./errors');
 const { withJobTrace } = require('./trace');
-const { MAX_RESULT_BYTES } = require('./outcome');
+const { MAX_ANSWER_BYTES, MAX_RESULT_BYTES } = require('./outcome');
 
 /** How much of a line that is not a job an answer quotes. */
 const QUOTE = 200;
 /**
  * The longest error an answer carries (characters): the worker takes
- * answer lines up to 1 MiB and replaces a process that writes a longer one.
+ * answer lines up to contract.json's max_answer_bytes and replaces a
+ * process that writes a longer one.
  */
 const ERROR_CHARS = 64 * 1024;
 /**
  * The longest answer line the worker reads, newline included
- * (handlers::exec_pool::MAX_ANSWER_BYTES); a longer one ends the process.
+ * (contract.json's max_answer_bytes); a longer one ends the process.
  */
-const ANSWER_LINE_BYTES = 1024 * 1024;
+const ANSWER_LINE_BYTES = MAX_ANSWER_BYTES;
 /** How many jobs the worker hands this process at once (settings::JOBS_PER_CHILD). */
 const JOBS_PER_CHILD = 'WORKERPOOL_JOBS_PER_CHILD';
 /** The reason `job.signal` is aborted with when a cancel line names the job. */
@@ -87,9 +88,10 @@ function done(task, value) {
   }
   const bytes = Buffer.byteLength(text);
   if (bytes > MAX_RESULT_BYTES) {
-    log(`task ${JSON.stringify(task)}: its result is ${bytes} bytes of JSON, over the ${MAX_RESULT_BYTES} a worker keeps ` +
-      '(and an answer line may hold); the job is done without it');
-    return { ok: true };
+    // Said to the worker, which keeps the reason in the job's outcome.
+    const why = `the result was not kept: ${bytes} bytes of JSON, over the limit of ${MAX_RESULT_BYTES}`;
+    log(`task ${JSON.stringify(task)}: ${why}; the job is done without it`);
+    return { ok: true, result_error: why };
   }
   const answer = { ok: true, result: value };
   Object.defineProperty(answer, RESULT_TEXT, { value: { text, task } });

@@ -72,6 +72,7 @@ module.exports = {
   KEEP_FIELD: facts.keep_field,
   MAX_KEEP_SECONDS: facts.max_keep_seconds,
   MAX_RESULT_BYTES: facts.max_result_bytes,
+  MAX_ANSWER_BYTES: facts.max_answer_bytes,
   WAIT_SLICE_MS: facts.wait_slice_ms,
   FINAL_STATES,
   outcomeKey,

@@ -319,7 +319,7 @@ describe('App answers with results', () => {
     assert.match(stderr, /task "bigint": its result cannot be written as JSON/);
   });
 
-  test('a result over the longest a worker keeps is left out, and logged', async () => {
+  test('a result over the longest a worker keeps is left out, said to the worker and logged', async () => {
     const big = new App().task('big', () => 'x'.repeat(contract.max_result_bytes));
     const original = process.stderr.write;
     let logged = '';
@@ -328,10 +328,13 @@ describe('App answers with results', () => {
       return true;
     };
     try {
-      assert.deepEqual(await big.handle('{"task":"big"}'), { ok: true });
+      assert.deepEqual(await big.handle('{"task":"big"}'), {
+        ok: true,
+        result_error: `the result was not kept: ${contract.max_result_bytes + 2} bytes of JSON, over the limit of ${contract.max_result_bytes}`,
+      });
     } finally {
       process.stderr.write = original;
     }
-    assert.match(logged, /task "big": its result is \d+ bytes of JSON, over the 1048576 a worker keeps/);
+    assert.match(logged, /task "big": the result was not kept: \d+ bytes of JSON, over the limit of 1048576/);
   });
 });

@@ -261,6 +261,21 @@ def test_a_result_json_cannot_hold_is_dropped_with_a_warning(caplog):
     assert "set is not JSON serializable" in messages[2]
 
 
+def test_a_result_over_the_limit_is_said_to_the_worker_not_sent(caplog):
+    app = App()
+    limit = outcomes.max_result_bytes()
+
+    @app.task("big")
+    def big(data):
+        return "x" * limit  # its JSON has two quotes more
+
+    with caplog.at_level(logging.WARNING, logger="workerpool_client"):
+        answer = json.loads(app.handle(b'{"task":"big"}'))
+    why = f"the result was not kept: {limit + 2} bytes of JSON, over the limit of {limit}"
+    assert answer == {"ok": True, "result_error": why}
+    assert any(why in r.getMessage() for r in caplog.records)
+
+
 # A cluster routes the outcome's keys to the queue's node.
 
 

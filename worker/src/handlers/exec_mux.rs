@@ -831,7 +831,7 @@ for line in sys.stdin:
         for outcome in &outcomes {
             let error = failed(outcome);
             assert!(
-                error.contains("more than 1048576 bytes without a newline"),
+                error.contains("more than 2097152 bytes without a newline"),
                 "{error}"
             );
             assert!(

@@ -35,7 +35,7 @@ use workerpool_queue::text;
 /// The longest answer line a child may write; a longer one is a protocol
 /// break (the child is replaced) rather than memory the worker never gets
 /// back.
-pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+pub use workerpool_queue::outcome::MAX_ANSWER_BYTES;
 /// How long a child whose pipes closed gets to exit before it is replaced.
 pub(crate) const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// How much of a broken answer an error message quotes.
@@ -223,6 +223,10 @@ struct Reply {
     /// What the job returned (any JSON), kept as its outcome's result.
     #[serde(default)]
     result: Option<Box<serde_json::value::RawValue>>,
+    /// Why the job's result is not in the answer (a client library's
+    /// result over the limit).
+    #[serde(default)]
+    result_error: Option<String>,
     #[serde(default)]
     error: Option<String>,
     #[serde(default = "yes")]
@@ -472,10 +476,15 @@ pub fn parse_reply(line: &[u8]) -> Result<(Option<String>, Outcome), String> {
             id,
             ok: true,
             result,
+            result_error,
             ..
         }) => Ok((
             id,
-            result.map_or(Outcome::Done, |r| Outcome::Returned(r.get().to_string())),
+            match (result, result_error) {
+                (Some(r), _) => Outcome::Returned(r.get().to_string()),
+                (None, Some(why)) => Outcome::ResultNotKept(text::safe_line(&why, QUOTE_CHARS)),
+                (None, None) => Outcome::Done,
+            },
         )),
         Ok(Reply {
             id,
@@ -613,6 +622,7 @@ mod tests {
       case "$line" in
         *'"fail"'*) echo '{"ok":false,"error":"asked to fail","retry":false}' ;;
         *'"returns"'*) echo '{"ok":true,"result":{"n":1.10, "s":"x"}}' ;;
+        *'"too_large"'*) echo '{"ok":true,"result_error":"the result was not kept: 3000000 bytes"}' ;;
         *'"soft"'*) echo '{"ok":false,"error":"try again"}' ;;
         *'"die"'*) exit 3 ;;
         *'"garbage"'*) echo 'not json' ;;
@@ -638,6 +648,10 @@ mod tests {
         assert_eq!(
             p.handle(&job(r#"{"task":"returns"}"#)).await,
             Outcome::Returned(r#"{"n":1.10, "s":"x"}"#.into())
+        );
+        assert_eq!(
+            p.handle(&job(r#"{"task":"too_large"}"#)).await,
+            Outcome::ResultNotKept("the result was not kept: 3000000 bytes".into())
         );
         assert_eq!(
             p.restarts.get(),

@@ -198,7 +198,7 @@ mod tests {
             let status = StatusCode::from_u16(code).expect("valid code");
             let outcome = classify(status, b"details");
             let got = match &outcome {
-                Outcome::Done | Outcome::Returned(_) => Some(None),
+                Outcome::Done | Outcome::Returned(_) | Outcome::ResultNotKept(_) => Some(None),
                 Outcome::Failed { retry, .. } => Some(Some(*retry)),
                 Outcome::NotRun { .. } => None,
             };

@@ -139,7 +139,7 @@ impl Worker {
     pub(super) fn settlement(&self, qi: usize, job: &Job, outcome: Outcome) -> Settlement {
         let queue = self.queues[qi].name();
         match outcome {
-            Outcome::Done | Outcome::Returned(_) => Settlement::Done,
+            Outcome::Done | Outcome::Returned(_) | Outcome::ResultNotKept(_) => Settlement::Done,
             Outcome::NotRun { error, delay } => {
                 tracing::warn!(
                     queue,
@@ -432,6 +432,7 @@ impl KeptValue {
                 ),
             ),
             Outcome::Returned(result) => (result.clone(), String::new()),
+            Outcome::ResultNotKept(why) => (String::new(), why.clone()),
             Outcome::Failed { error, .. } | Outcome::NotRun { error, .. } => {
                 (error.clone(), String::new())
             }

@@ -39,6 +39,12 @@ def keep_field() -> str:
     return facts()["keep_field"]
 
 
+def max_result_bytes() -> int:
+    """The longest result a worker keeps, in bytes of JSON: a longer one is
+    answered as `result_error`."""
+    return facts()["max_result_bytes"]
+
+
 def max_keep_seconds() -> int:
     return int(facts()["max_keep_seconds"])
 

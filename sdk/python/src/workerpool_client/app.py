@@ -24,6 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from ._outcomes import max_result_bytes
 from .errors import ConfigError, Permanent
 
 log = logging.getLogger("workerpool_client")
@@ -148,6 +149,14 @@ def _outcome(job: JobContext, error: Optional[BaseException], result: Any = None
     with its traceback. A result other than None is the answer's `result`."""
     if error is None:
         text = None if result is None else _result_text(job, result)
+        if text is not None and len(text) > max_result_bytes():
+            # Said to the worker, which keeps the reason in the job's outcome
+            # (the text is ASCII: its length is its size in bytes).
+            why = (f"the result was not kept: {len(text)} bytes of JSON, over the limit of "
+                   f"{max_result_bytes()}")
+            log.warning("task %s (job %s, attempt %s): %s; the job is done without it",
+                        job.task, job.id, job.attempt, why)
+            return {"ok": True, "result_error": why}
         return {"ok": True} if text is None else {"ok": True, "result": text}
     if isinstance(error, Permanent):
         return _failed(str(error) or "permanent failure", retry=False)
