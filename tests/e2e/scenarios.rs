@@ -1340,7 +1340,7 @@ const DONE_KEY: &str = "e2e:done";
 /// base): it sleeps `data.ms`, records the job and the worker on Redis with
 /// a few lines of RESP, and answers ok.
 const HANDLER: &str = r#"
-import json, os, socket, sys, time
+import json, os, socket, sys, threading, time
 def command(*args):
     out = b"*%d\r\n" % len(args)
     for a in args:
@@ -1350,12 +1350,23 @@ def command(*args):
 redis = socket.create_connection((os.environ["E2E_REDIS"], 6379))
 replies = redis.makefile("rb")
 me = os.environ.get("WORKERPOOL_WORKER_ID", "?")
+# A pool with children below its concurrency hands this process several
+# jobs at once: each then runs on a thread and its answer names it.
+share = int(os.environ.get("WORKERPOOL_JOBS_PER_CHILD", "1"))
+lock = threading.Lock()
+def run(job):
+    time.sleep(job.get("data", {}).get("ms", 0) / 1000)
+    with lock:
+        redis.sendall(command("RPUSH", "e2e:done", job["id"] + " " + me))
+        replies.readline()
+        answer = {"id": job["id"], "ok": True} if share > 1 else {"ok": True}
+        print(json.dumps(answer), flush=True)
 for line in sys.stdin:
     job = json.loads(line)
-    time.sleep(job.get("data", {}).get("ms", 0) / 1000)
-    redis.sendall(command("RPUSH", "e2e:done", job["id"] + " " + me))
-    replies.readline()
-    print(json.dumps({"ok": True}), flush=True)
+    if share == 1:
+        run(job)
+    elif "cancel" not in job:
+        threading.Thread(target=run, args=(job,), daemon=True).start()
 "#;
 
 /// A WorkerPool of the test handler on a queue named after the pool.
