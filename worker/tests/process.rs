@@ -737,9 +737,11 @@ async fn handler_children_die_with_a_sigkilled_worker_and_never_see_its_settings
         .await;
     let env = std::fs::read_to_string(&env_dump).expect("env dump");
     assert!(env.contains("HANDLER_SETTING=kept"), "{env}");
-    // The worker's id stays, for the handler's logs; no other setting.
+    // The worker's id stays, for the handler's logs, and the worker tells
+    // the child its share of the slots; no other setting.
     assert!(env.contains("WORKERPOOL_WORKER_ID=pod-7"), "{env}");
-    assert_eq!(env.matches("WORKERPOOL_").count(), 1, "{env}");
+    assert!(env.contains("WORKERPOOL_JOBS_PER_CHILD=1"), "{env}");
+    assert_eq!(env.matches("WORKERPOOL_").count(), 2, "{env}");
     assert!(!env.contains("s3cret"), "{env}");
 
     worker.kill().expect("kill -9 the worker");

@@ -23,7 +23,8 @@ use exec_pool::ExecCommand;
 ///   (`WORKERPOOL_*`: the Redis URL with its password, TLS keys, the
 ///   dashboard token): a handler has no business with the queue's
 ///   credentials. `WORKERPOOL_WORKER_ID`, which names the worker (the pod),
-///   stays, for the handler's own logs.
+///   stays, for the handler's own logs; the pools add
+///   `WORKERPOOL_JOBS_PER_CHILD`, the child's share of the slots.
 /// - It leads a process group of its own, so that killing it (a timeout,
 ///   a broken child, the end of a drain) also kills whatever it started
 ///   ([`GroupGuard`]).
