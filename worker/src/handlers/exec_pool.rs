@@ -623,6 +623,7 @@ mod tests {
         *'"fail"'*) echo '{"ok":false,"error":"asked to fail","retry":false}' ;;
         *'"returns"'*) echo '{"ok":true,"result":{"n":1.10, "s":"x"}}' ;;
         *'"too_large"'*) echo '{"ok":true,"result_error":"the result was not kept: 3000000 bytes"}' ;;
+        *'"other_id"'*) echo '{"id":"someone-else","ok":true}' ;;
         *'"soft"'*) echo '{"ok":false,"error":"try again"}' ;;
         *'"die"'*) exit 3 ;;
         *'"garbage"'*) echo 'not json' ;;
@@ -682,6 +683,19 @@ mod tests {
         match p.handle(&job(r#"{"task":"garbage"}"#)).await {
             Outcome::Failed { error, retry: true } => {
                 assert!(error.contains("protocol"), "{error}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.restarts.get(), 1);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn an_answer_naming_another_job_is_a_protocol_break() {
+        let p = pool(ECHO_HANDLER, 1);
+        match p.handle(&job(r#"{"task":"other_id"}"#)).await {
+            Outcome::Failed { error, retry: true } => {
+                assert!(error.contains(r#"answered job "someone-else""#), "{error}")
             }
             other => panic!("{other:?}"),
         }
