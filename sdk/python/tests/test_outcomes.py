@@ -184,7 +184,8 @@ def test_async_status_and_wait(redis_server, queue, tmp_path):
         async with AsyncClient(redis_server.url, timeout=2) as client:
             job = await client.enqueue(queue, "async_double", {"n": 4, "ms": 300}, keep=60)
             plain = await client.enqueue(queue, "double", {"n": 1})
-            assert await client.status(queue, job) is None
+            assert (await client.status(queue, job)).state == "waiting"
+            assert await client.status(queue, plain) is None
             with worker(redis_server.url, queue, tmp_path, concurrency=2):
                 started = time.monotonic()
                 a, b = await asyncio.gather(client.wait(queue, job, timeout=30),
@@ -198,9 +199,9 @@ def test_async_status_and_wait(redis_server, queue, tmp_path):
                     await client.enqueue(queue, "t", keep=0)
                 # A slice longer than the client's timeout does not trip it.
                 idle = await client.enqueue(f"{queue}-idle", "t", keep=60)
-                with pytest.raises(wp.WaitTimeout) as e:
+                with pytest.raises(wp.WaitTimeout, match="it is waiting") as e:
                     await client.wait(f"{queue}-idle", idle, timeout=5.5)
-                assert e.value.status is None
+                assert e.value.status.state == "waiting"
 
     asyncio.run(main())
 

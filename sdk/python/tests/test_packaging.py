@@ -3,6 +3,7 @@ works installed."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import tarfile
@@ -11,6 +12,10 @@ import zipfile
 from support import ROOT, SDK
 
 import workerpool_client
+
+# The scripts the clients run, and every piece they use.
+RUN = ("enqueue.lua", "cancel.lua")
+SHIPPED = ("enqueue.lua", "cancel.lua", "guard.lua", "now.lua", "outcome.lua", "unique.lua")
 
 
 def test_wheel_and_sdist_hold_the_lua_scripts_and_work_installed(tmp_path, redis_server, r,
@@ -22,7 +27,7 @@ def test_wheel_and_sdist_hold_the_lua_scripts_and_work_installed(tmp_path, redis
     wheel = tmp_path / f"workerpool_client-{version}-py3-none-any.whl"
     sdist = tmp_path / f"workerpool_client-{version}.tar.gz"
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("guard.lua", "now.lua", "enqueue.lua"):
+    for name in SHIPPED:
         member = f"workerpool_client/lua/{name}"
         assert member in names, sorted(names)
         # Byte for byte the queue's own script.
@@ -35,7 +40,8 @@ def test_wheel_and_sdist_hold_the_lua_scripts_and_work_installed(tmp_path, redis
     assert "Requires-Dist: redis<8,>=4.6" in meta and "Requires-Python: >=3.9" in meta
     with tarfile.open(sdist) as tar:
         members = tar.getnames()
-    assert f"workerpool_client-{version}/src/workerpool_client/lua/enqueue.lua" in members
+    for name in SHIPPED:
+        assert f"workerpool_client-{version}/src/workerpool_client/lua/{name}" in members
     assert f"workerpool_client-{version}/src/workerpool_client/contract.json" in members
 
     # Installed from the wheel (no checkout on the path), it finds its scripts and
@@ -46,19 +52,43 @@ def test_wheel_and_sdist_hold_the_lua_scripts_and_work_installed(tmp_path, redis
     assert out.returncode == 0, out.stderr
     code = ("import sys, workerpool_client as w; print(w.__file__); "
             f"c = w.Client({redis_server.url!r}); "
-            f"print(c.enqueue({queue!r}, 't', unique_key='k', keep=60)); "
-            f"print(c.status({queue!r}, 'x')); c.close()")
+            f"i = c.enqueue({queue!r}, 't', unique_key='k', keep=60); print(i); "
+            f"print(c.status({queue!r}, 'x')); print(c.cancel({queue!r}, i)['did']); "
+            f"c.close()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    path, job_id, status = out.stdout.split()
-    assert status == "None"
+    path, job_id, status, did = out.stdout.split()
+    assert status == "None" and did == "removed"
     assert path.startswith(str(target))
-    assert r.hget(f"{queue}:unique", "k").decode() == job_id
+    # The cancel freed the unique key the enqueue took.
+    assert r.hget(f"{queue}:unique", "k") is None
+    assert r.hget(f"{queue}:job:{job_id}", "state") == b"cancelled"
 
 
-def test_the_packaged_scripts_are_the_queues_own():
+def test_the_packaged_scripts_are_the_queues_own_and_cover_what_they_use():
     # scripts/sync-sdk-lua.sh copies them; a change to queue/src/lua without a copy fails here.
     lua = SDK / "src" / "workerpool_client" / "lua"
-    for name in ("guard.lua", "now.lua", "enqueue.lua"):
-        assert (lua / name).read_bytes() == (ROOT / "queue/src/lua" / name).read_bytes(), name
+    assert sorted(p.name for p in lua.iterdir()) == sorted(SHIPPED)
+    for name in SHIPPED:
+        assert (lua / name).read_bytes() == (ROOT / "queue/src/lua" / name).read_bytes(), (
+            f"{name} differs from queue/src/lua/{name}: run scripts/sync-sdk-lua.sh")
+    for script in RUN:
+        first = (ROOT / "queue/src/lua" / script).read_text().split("\n", 1)[0]
+        assert first.startswith("-- uses: ")
+        for piece in first[len("-- uses: "):].split(","):
+            name = piece.strip().split(" as ")[0]
+            assert name in SHIPPED, f"{script} uses {name}, which the package does not ship"
+
+
+def test_scripts_compose_as_the_queue_crate_composes_them():
+    from workerpool_client import _lua
+
+    for script in RUN:
+        source, sha = _lua.script(script)
+        text = (ROOT / "queue/src/lua" / script).read_text()
+        first = text.split("\n", 1)[0]
+        pieces = [p.strip() for p in first[len("-- uses: "):].split(",")]
+        expected = "".join((ROOT / "queue/src/lua" / p).read_text() for p in pieces) + text
+        assert source == expected
+        assert sha == hashlib.sha1(expected.encode()).hexdigest()

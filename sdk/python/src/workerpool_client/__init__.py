@@ -6,7 +6,7 @@ Producer::
 
     with Client("redis://localhost:6379") as client:
         job_id = client.enqueue("emails", "send_email", {"to": "a@example.com"}, keep=3600)
-        status = client.wait("emails", job_id, timeout=30)  # state "done" or "dead"
+        status = client.wait("emails", job_id, timeout=30)  # done, dead or cancelled
 
 Handler (run by ``workerpool-worker --handler exec -- python3 -m myapp.worker``)::
 
@@ -31,6 +31,7 @@ from .errors import (
     ConfigError,
     ConnectionError,
     InvalidJob,
+    InvalidProgress,
     InvalidQueue,
     Permanent,
     RedisError,
@@ -45,6 +46,7 @@ __all__ = [
     "ConfigError",
     "ConnectionError",
     "InvalidJob",
+    "InvalidProgress",
     "InvalidQueue",
     "Job",
     "JobContext",

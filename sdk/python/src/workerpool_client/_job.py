@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional, Union
 
-from ._outcomes import Keep, contract, keep_field, keep_seconds
+from ._outcomes import Keep, contract, end_key, keep_field, keep_seconds, outcome_key
 from .errors import InvalidJob, InvalidQueue
 
 #: How long a job holds its unique key at most when it does not say (seconds).
@@ -112,6 +112,8 @@ class Prepared:
     run_at_ms: Optional[int]
     unique_key: Optional[str]
     hold_ms: int
+    # How long its final outcome is kept (ms), for a job enqueued with keep.
+    keep_ms: Optional[int] = None
 
     def payload(self, now_ms: int) -> tuple[bytes, Optional[int]]:
         """The payload's bytes and its run_at (unix ms), with the clock read at send time."""
@@ -237,7 +239,14 @@ def prepare(task: Any, data: Any = None, *, id: Any = None, delay: Any = None,
         fields[keep_field()] = keep_secs
     fields.update(current_trace())
     return Prepared(id=id if id is not None else new_id(), fields=fields, delay_ms=delay_ms,
-                    run_at_ms=run_at_ms, unique_key=unique_key, hold_ms=hold_ms)
+                    run_at_ms=run_at_ms, unique_key=unique_key, hold_ms=hold_ms,
+                    keep_ms=None if keep_secs is None else _keep_ms(keep_secs))
+
+
+def _keep_ms(secs: Union[int, float]) -> int:
+    """A keep in whole milliseconds (at least 1), as the queue crate reads the
+    field: to the nanosecond, then cut to the millisecond."""
+    return max(1, round(secs * 1_000_000_000) // 1_000_000)
 
 
 def current_trace() -> dict:
@@ -287,8 +296,13 @@ def prepare_many(jobs: Any) -> list[Prepared]:
     return out
 
 
-def script_args(prepared: Sequence[Prepared], now_ms: int) -> tuple[list, list[bytes]]:
-    """The enqueue script's ARGV (five per job) and the payloads, in order."""
+def script_args(queue: str, prepared: Sequence[Prepared],
+                now_ms: int) -> tuple[list, list, list[bytes]]:
+    """The enqueue script's KEYS and ARGV (seven per job) for `prepared`, and the
+    payloads, in order, as the queue crate's `admin::enqueue` sends them: the
+    queue's four keys, then the outcome hash and end stream of each job that
+    keeps its outcome (named in its ARGV by the hash's 1-based position)."""
+    keys = [queue, f"{queue}:scheduled", f"{queue}:unique", f"{queue}:unique:expiry"]
     args: list = []
     payloads = []
     for job in prepared:
@@ -296,4 +310,9 @@ def script_args(prepared: Sequence[Prepared], now_ms: int) -> tuple[list, list[b
         payloads.append(payload)
         args += [payload, "" if run_at is None else str(run_at), job.id,
                  job.unique_key or "", job.hold_ms if job.unique_key else 0]
-    return args, payloads
+        if job.keep_ms is None:
+            args += ["", ""]
+        else:
+            keys += [outcome_key(queue, job.id), end_key(queue, job.id)]
+            args += [len(keys) - 1, job.keep_ms]
+    return keys, args, payloads

@@ -6,8 +6,11 @@ A reader thread reads job lines from stdin and hands each to the event loop
 reader's line limit). Each job is an asyncio task: `async def` tasks are
 awaited on the loop, plain `def` tasks run on a pool of k threads. Answers
 are written by the loop's thread only, one whole line each, as each task
-ends. `{"cancel":"<id>"}` cancels the asyncio task of that job; a task
-running on a thread cannot be stopped and is answered when it ends.
+ends. `{"cancel":"<id>"}` (a timeout, or a producer's cancel) cancels the
+asyncio task of that job; a task running on a thread cannot be stopped and is
+answered when it ends. A task's progress reports are written by the loop's
+thread too (a thread hands its report over), so each comes before its job's
+answer, and one that comes after it is dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .app import (
     _detach_trace,
     _encode,
     _outcome,
+    _progress_line,
     _Task,
     _write_all,
 )
@@ -58,13 +62,14 @@ def serve(app: App, loop: asyncio.AbstractEventLoop, in_fd: int, out_fd: int, k:
 class _InHand:
     """A job in hand: its asyncio task, and whether it is on a thread now."""
 
-    __slots__ = ("job", "task", "runner", "in_thread")
+    __slots__ = ("job", "task", "runner", "in_thread", "answered")
 
     def __init__(self, job: JobContext, task: _Task) -> None:
         self.job = job
         self.task = task
         self.runner: Optional[asyncio.Task] = None
         self.in_thread = False
+        self.answered = False
 
 
 def _shown(line: bytes) -> str:
@@ -86,6 +91,7 @@ class _Mux:
 
     async def serve(self, in_fd: int) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         # The worker never sends more than k jobs at once; the slots hold to k anyway.
         self._slots = asyncio.Semaphore(self._k)
         self._done = asyncio.Event()
@@ -130,11 +136,14 @@ class _Mux:
             log.warning("dropped a job line without a string id (it cannot be answered): %s",
                         _shown(line))
             return
-        prepared = self._app._prepare(raw)
+        # The entry the job's progress reports belong to, once it exists.
+        held: list = []
+        prepared = self._app._prepare(raw, lambda text: self._progress(held, text))
         if isinstance(prepared, dict):
             self._write(job_id, prepared)
             return
         entry = _InHand(*prepared)
+        held.append(entry)
         if job_id in self._by_id:
             log.warning("job %s arrived while one with its id is in hand", job_id)
         self._by_id[job_id] = entry
@@ -157,6 +166,25 @@ class _Mux:
                 log.info("task %s (job %s) cancelled by the worker", entry.job.task, job_id)
             else:
                 log.debug("cancel for job %s, which has just ended: ignored", job_id)
+
+    def _progress(self, held: list, text: str) -> None:
+        """A progress report of the job in `held`, from the task: written now on
+        the loop's thread, handed to it from any other."""
+        if threading.get_ident() == self._loop_thread:
+            self._write_progress(held, text)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._write_progress, held, text)
+        except RuntimeError:
+            pass  # the loop is closed: the job was answered long ago
+
+    def _write_progress(self, held: list, text: str) -> None:
+        if not held or held[0].answered:
+            log.debug("a progress report after its job was answered: dropped")
+            return
+        job_id = held[0].job.id
+        assert job_id is not None
+        self._write_line(_progress_line(text, job_id))
 
     def _on_eof(self) -> None:
         self._eof = True
@@ -196,6 +224,7 @@ class _Mux:
         job_id = entry.job.id
         assert job_id is not None
         self._running.discard(entry)
+        entry.answered = True
         if self._by_id.get(job_id) is entry:
             del self._by_id[job_id]
         if runner.cancelled():
@@ -208,9 +237,11 @@ class _Mux:
         self._check_done()
 
     def _write(self, job_id: str, out: dict) -> None:
+        self._write_line(_encode({"id": job_id, **out}))
+
+    def _write_line(self, line: bytes) -> None:
         if self._error is not None:
             return
-        line = _encode({"id": job_id, **out})
         sys.stderr.flush()
         try:
             _write_all(self._out_fd, line)

@@ -57,6 +57,17 @@ def final_states() -> frozenset:
     return frozenset(facts()["final_states"])
 
 
+def max_progress_bytes() -> int:
+    """The largest progress report, in bytes of JSON text."""
+    return int(facts()["max_progress_bytes"])
+
+
+def cancelled_keep_seconds() -> int:
+    """How long a job cancelled while it waited has its outcome kept when it
+    kept none of its own."""
+    return int(facts()["cancelled_keep_seconds"])
+
+
 _PLACEHOLDER = re.compile(r"\{queue\}|\{id\}")
 
 
@@ -104,12 +115,15 @@ def check_id(id: Any) -> None:
 class JobStatus:
     """A kept job's outcome, as `<q>:job:<id>` holds it.
 
-    `state` is `running`, `retrying`, `done` or `dead`. `result` is a done
-    job's result as its handler returned it (JSON parsed; text that is not
-    JSON is kept as the string), None when it returned none; `result_error`
-    says why a returned result was not kept (too large). `error` is the
-    last attempt's error (retrying, dead). Times are unix milliseconds on
-    the Redis clock.
+    `state` is one of contract.json's states: `waiting`, `scheduled`,
+    `running`, `retrying`, or a final one, `done`, `dead` or `cancelled`.
+    `result` is a done job's result as its handler returned it (JSON parsed;
+    text that is not JSON is kept as the string), None when it returned
+    none; `result_error` says why a returned result was not kept (too
+    large). `error` is the last attempt's error (retrying, dead). `progress`
+    is the latest progress a running job reported (JSON parsed, as
+    `result`), at `progress_at_ms`; `cancel_requested_at_ms` is when a
+    cancel was asked for. Times are unix milliseconds on the Redis clock.
     """
 
     id: str
@@ -122,10 +136,13 @@ class JobStatus:
     next_at_ms: Optional[int] = None
     updated_at_ms: Optional[int] = None
     ended_at_ms: Optional[int] = None
+    progress: Any = None
+    progress_at_ms: Optional[int] = None
+    cancel_requested_at_ms: Optional[int] = None
 
     @property
     def final(self) -> bool:
-        """Whether nothing more happens to the job (done or dead)."""
+        """Whether nothing more happens to the job (done, dead or cancelled)."""
         return self.state in final_states()
 
 
@@ -150,19 +167,26 @@ def from_fields(id: str, raw: dict) -> Optional[JobStatus]:
     state = fields.get("state")
     if state not in facts()["states"]:
         return None
-    result: Any = None
-    text = fields.get("result")
-    if text is not None:
-        try:
-            result = json.loads(text)
-        except ValueError:
-            result = text
     return JobStatus(id=id, state=state, attempt=_number(fields.get("attempt")),
-                     worker=fields.get("worker"), result=result,
+                     worker=fields.get("worker"), result=_json(fields.get("result")),
                      result_error=fields.get("result_error"), error=fields.get("error"),
                      next_at_ms=_number(fields.get("next_at")),
                      updated_at_ms=_number(fields.get("updated_at")),
-                     ended_at_ms=_number(fields.get("ended_at")))
+                     ended_at_ms=_number(fields.get("ended_at")),
+                     progress=_json(fields.get("progress")),
+                     progress_at_ms=_number(fields.get("progress_at")),
+                     cancel_requested_at_ms=_number(fields.get("cancel_requested")))
+
+
+def _json(text: Optional[str]) -> Any:
+    """A JSON field of the hash, parsed; text that does not parse (the worker
+    writes JSON it checked) is kept as the string rather than lost."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def wait_timeout(timeout: Any) -> float:

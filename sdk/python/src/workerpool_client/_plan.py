@@ -1,7 +1,9 @@
 """What an enqueue sends, shared by the blocking and the asyncio clients.
 
-Mirrors `workerpool enqueue`: jobs with a unique key go through the contract's
-enqueue script (all jobs of the call then do, so their order holds); the rest
+Mirrors `workerpool enqueue`: jobs with a unique key or a `keep` go through the
+contract's enqueue script, which checks the key and writes the kept job's
+outcome (`waiting` or `scheduled`) in the same step (all jobs of the call then
+do, so their order holds); the rest
 are one LPUSH of the jobs that run now and one ZADD of the delayed ones onto
 `<q>:scheduled`, scored by `run_at`.
 """
@@ -22,6 +24,7 @@ from redis.sentinel import MasterNotFoundError
 
 from ._conn import Endpoint
 from ._job import BATCH, Prepared, script_args
+from ._outcomes import cancelled_keep_seconds, end_key, outcome_key
 from .errors import ConnectionError, RedisError, WorkerpoolError
 
 # The server clock is read again after this long, so a clock step on either
@@ -29,25 +32,38 @@ from .errors import ConnectionError, RedisError, WorkerpoolError
 CLOCK_REFRESH_S = 300.0
 
 
-def keys(queue: str) -> list:
-    """The enqueue script's KEYS for a queue."""
-    return [queue, f"{queue}:scheduled", f"{queue}:unique", f"{queue}:unique:expiry"]
+def cancel_keys(queue: str, id: str) -> list:
+    """The cancel script's KEYS for job `id` of a queue."""
+    return [queue, f"{queue}:scheduled", f"{queue}:retry", f"{queue}:unique",
+            f"{queue}:unique:expiry", outcome_key(queue, id), end_key(queue, id)]
+
+
+def cancel_args(id: str) -> list:
+    """The cancel script's ARGV: the id, and how long a cancelled job that kept no
+    outcome has its `cancelled` kept (contract.json), in ms."""
+    return [id, cancelled_keep_seconds() * 1000]
 
 
 @dataclass
 class Call:
-    """One script call (`script`) or one plain write (`lpush` / `zadd`)."""
+    """One script call (`script`, with its `keys`) or one plain write (`lpush` /
+    `zadd`)."""
 
     kind: str
     key: str
     args: list
     jobs: Sequence[Prepared]
+    keys: Optional[list] = None
 
 
 def plan(queue: str, jobs: Sequence[Prepared], now_ms: int) -> list[Call]:
     chunks = [jobs[i : i + BATCH] for i in range(0, len(jobs), BATCH)]
-    if any(job.unique_key for job in jobs):
-        return [Call("script", queue, script_args(chunk, now_ms)[0], chunk) for chunk in chunks]
+    if any(job.unique_key or job.keep_ms is not None for job in jobs):
+        calls = []
+        for chunk in chunks:
+            keys, args, _ = script_args(queue, chunk, now_ms)
+            calls.append(Call("script", queue, args, chunk, keys))
+        return calls
     calls = []
     for chunk in chunks:
         now, later = [], {}
@@ -62,6 +78,23 @@ def plan(queue: str, jobs: Sequence[Prepared], now_ms: int) -> list[Call]:
         if later:
             calls.append(Call("zadd", f"{queue}:scheduled", [later], chunk))
     return calls
+
+
+def cancelled(reply: Sequence) -> dict:
+    """The cancel script's reply `[did, state]` as the queue crate's `Cancel`
+    serializes: `{"did": "removed", "from": state}`, `{"did": "requested",
+    "state": state}`, `{"did": "final", "state": state}` or `{"did":
+    "unknown"}`."""
+    did, state = (_text(part) for part in reply)
+    if did == "removed":
+        return {"did": did, "from": state}
+    if did in ("requested", "final"):
+        return {"did": did, "state": state}
+    return {"did": "unknown"}
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def ids(calls: Sequence[Call], replies: Sequence) -> list[Optional[str]]:

@@ -17,7 +17,7 @@ from redis.asyncio.sentinel import Sentinel
 from . import _outcomes, _plan
 from ._conn import primary_kwargs
 from ._job import Delay, Hold, check_cluster_queue, check_queue, prepare, prepare_many
-from ._lua import enqueue_script
+from ._lua import cancel_script, enqueue_script
 from ._outcomes import JobStatus, Keep
 from .client import JobSpec, _Settings, _timed_out
 
@@ -149,7 +149,8 @@ class AsyncClient(_Settings):
             return _outcomes.from_fields(id, await r.hgetall(_outcomes.outcome_key(queue, id)))
 
     async def wait(self, queue: str, id: str, timeout: Union[float, timedelta]) -> JobStatus:
-        """As `Client.wait`: the final status (done or dead), or WaitTimeout."""
+        """As `Client.wait`: the final status (done, dead or cancelled), or
+        WaitTimeout."""
         check_queue(queue)
         _outcomes.check_id(id)
         seconds = _outcomes.wait_timeout(timeout)
@@ -171,6 +172,21 @@ class AsyncClient(_Settings):
                                                            block=_outcomes.block_ms(left)))
                 seen_entry = entry if entry is not None else seen_entry
 
+    async def cancel(self, queue: str, id: str) -> dict:
+        """As `Client.cancel`: cancels job `id` of `queue` and says what it did,
+        `{"did": "removed", "from": "waiting"}`, `{"did": "requested", "state":
+        "running"}`, `{"did": "final", "state": "done"}` or `{"did":
+        "unknown"}`."""
+        check_queue(queue)
+        _outcomes.check_id(id)
+        r = await self._connect()
+        if self._cluster:
+            check_cluster_queue(queue)
+        with _plan.translated(self._endpoint):
+            reply = await self._script(r, cancel_script(), _plan.cancel_keys(queue, id),
+                                       _plan.cancel_args(id))
+        return _plan.cancelled(reply)
+
     async def _send(self, queue: str, jobs: list) -> list[Optional[str]]:
         r = await self._connect()
         if self._cluster:
@@ -189,13 +205,13 @@ class AsyncClient(_Settings):
             elif plain:
                 replies = [await _queue_plain(r, plain[0])]
             else:
-                replies = [await self._script(r, queue, call.args) for call in calls]
+                replies = [await self._script(r, enqueue_script(), call.keys or [], call.args)
+                           for call in calls]
         return _plan.ids(calls, replies)
 
     @staticmethod
-    async def _script(r: Any, queue: str, args: list) -> Any:
-        source, sha = enqueue_script()
-        keys = _plan.keys(queue)
+    async def _script(r: Any, script: tuple[str, str], keys: list, args: list) -> Any:
+        source, sha = script
         try:
             return await r.evalsha(sha, len(keys), *keys, *args)
         except rex.NoScriptError:

@@ -9,6 +9,10 @@ With `WORKERPOOL_JOBS_PER_CHILD` above 1 (`--children` below the
 concurrency), the process holds that many jobs at once and speaks the
 multiplexed protocol (`_mux.py`): each answer names its job with `"id"`,
 answers come in any order, and `{"cancel":"<id>"}` lines cancel a job.
+
+A task's `job.progress(value)` writes a progress line before the job's answer:
+`{"progress": <value>}`, or `{"id": <job id>, "progress": <value>}` in the
+multiplexed protocol. A progress line has no "ok".
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from ._outcomes import max_result_bytes
-from .errors import ConfigError, Permanent
+from ._outcomes import max_progress_bytes, max_result_bytes
+from .errors import ConfigError, InvalidProgress, Permanent
 
 log = logging.getLogger("workerpool_client")
 
@@ -38,10 +42,15 @@ JOBS_PER_CHILD = "WORKERPOOL_JOBS_PER_CHILD"
 class JobContext:
     """The job a task runs: what the worker handed over.
 
-    `cancelled` turns True when the worker cancels the job (its attempt passed
-    `--job-timeout`; multiplexed protocol only). An `async def` task sees
-    `asyncio.CancelledError` instead; a plain `def` task running on a thread
-    cannot be stopped, and may poll `job.cancelled` to give up early.
+    `cancelled` turns True when the worker cancels the job: its attempt passed
+    `--job-timeout`, or a producer cancelled it (`Client.cancel`) while it
+    ran. Only in the multiplexed protocol (`WORKERPOOL_JOBS_PER_CHILD` above
+    1): a process that takes one job at a time gets no cancel, and its job
+    runs to its end. An `async def` task sees `asyncio.CancelledError`
+    instead; a plain `def` task running on a thread cannot be stopped, and
+    may poll `job.cancelled` to give up early.
+
+    `progress(value)` reports how far the task has got.
     """
 
     id: Optional[str]
@@ -51,11 +60,31 @@ class JobContext:
     raw: dict = field(repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False,
                                      compare=False)
+    _report: Optional[Callable[[str], None]] = field(default=None, repr=False, compare=False)
 
     @property
     def cancelled(self) -> bool:
-        """True once the worker has cancelled this job."""
+        """True once the worker has cancelled this job (a timeout, or a producer's
+        cancel; multiplexed protocol only)."""
         return self._cancel.is_set()
+
+    def progress(self, value: Any) -> None:
+        """Reports the task's progress: `value` is any JSON value (a number, or a
+        small dict such as `{"done": 40, "of": 100}`) whose JSON text is at most
+        contract.json's `max_progress_bytes` (4096). It goes to the worker as a
+        line before the job's answer; the worker writes the latest report of a
+        job enqueued with `keep` to its outcome (`JobStatus.progress`), at most
+        every `progress_interval_ms`, and drops those of other jobs. Call it as
+        often as you like, from the task or a thread it started; a report after
+        the task ended is dropped.
+
+        Raises InvalidProgress (a ValueError), sending nothing, for a value JSON
+        cannot hold or one over the limit. Outside `App.run()` (`App.handle`
+        in a test) a report goes nowhere.
+        """
+        text = _progress_text(value)
+        if self._report is not None:
+            self._report(text)
 
 
 @dataclass
@@ -141,6 +170,58 @@ def _result_text(job: JobContext, result: Any) -> Optional[_Result]:
                     "as JSON (%s); the job is done without a result", job.task, job.id,
                     job.attempt, reason)
         return None
+
+
+def _progress_text(value: Any) -> str:
+    """The JSON text (ASCII) of a progress report, checked: InvalidProgress when
+    JSON cannot hold the value or its JSON text (compact UTF-8, as the worker
+    keeps it) is over `max_progress_bytes`."""
+    try:
+        exact = json.dumps(value, ensure_ascii=False, allow_nan=False,
+                           separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as e:
+        reason = (f"a string that is not valid Unicode ({e.reason})"
+                  if isinstance(e, UnicodeEncodeError) else f"{type(e).__name__}: {e}")
+        raise InvalidProgress(f"job.progress(): the value cannot be written as JSON ({reason}); "
+                              f"report numbers, strings, lists and dicts") from None
+    limit = max_progress_bytes()
+    if len(exact) > limit:
+        raise InvalidProgress(f"job.progress(): the value is {len(exact)} bytes of JSON, over "
+                              f"the limit of {limit}; report a number or a small dict, and "
+                              f"return the rest as the result; nothing was sent")
+    return json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def _progress_line(text: str, job_id: Optional[str] = None) -> bytes:
+    """A progress line: `{"progress": <value>}`, led by the job's id in the
+    multiplexed protocol. No "ok": the worker tells it from an answer so."""
+    head = "{" if job_id is None else "{" + f'"id": {json.dumps(job_id)}, '
+    return (head + '"progress": ' + text + "}\n").encode("ascii")
+
+
+class _InTurn:
+    """The one-job protocol's stdout for one job: its progress lines, then its
+    answer, and nothing after the answer (a thread the task left behind may
+    still report)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._open = True
+
+    def progress(self, text: str) -> None:
+        with self._lock:
+            if not self._open:
+                log.debug("a progress report after the job was answered: dropped")
+                return
+            sys.stderr.flush()
+            _write_all(self._fd, _progress_line(text))
+
+    def answer(self, line: bytes) -> None:
+        with self._lock:
+            self._open = False
+            sys.stderr.flush()
+            _write_all(self._fd, line)
 
 
 def _outcome(job: JobContext, error: Optional[BaseException], result: Any = None) -> dict:
@@ -249,7 +330,11 @@ class App:
 
     def handle(self, line: bytes) -> bytes:
         """The answer line to one job line (what `run()` does with each line
-        when the process takes one job at a time)."""
+        when the process takes one job at a time). The task's progress reports
+        go nowhere here."""
+        return self._handle(line, None)
+
+    def _handle(self, line: bytes, report: Optional[Callable[[str], None]]) -> bytes:
         try:
             raw = json.loads(line)
         except (ValueError, UnicodeDecodeError) as e:
@@ -258,7 +343,7 @@ class App:
         if not isinstance(raw, dict):
             return _encode(_failed(f"malformed job line: a job is a JSON object, got "
                                    f"{type(raw).__name__}", retry=False))
-        prepared = self._prepare(raw)
+        prepared = self._prepare(raw, report)
         if isinstance(prepared, dict):
             return _encode(prepared)
         job, task = prepared
@@ -273,8 +358,10 @@ class App:
             _detach_trace(token)
         return _encode(_outcome(job, None, result))
 
-    def _prepare(self, raw: dict) -> Union[dict, tuple[JobContext, _Task]]:
-        """The job and its task, or the answer to a job no task takes."""
+    def _prepare(self, raw: dict, report: Optional[Callable[[str], None]] = None,
+                 ) -> Union[dict, tuple[JobContext, _Task]]:
+        """The job (its progress reports going to `report`) and its task, or the
+        answer to a job no task takes."""
         name = raw.get("task")
         task = self._tasks.get(name) if isinstance(name, str) else None
         if task is None:
@@ -285,7 +372,7 @@ class App:
         job_id = raw.get("id")
         job = JobContext(id=job_id if isinstance(job_id, str) else None,
                          attempt=attempt if isinstance(attempt, int) else 1,
-                         task=name, data=raw.get("data"), raw=raw)
+                         task=name, data=raw.get("data"), raw=raw, _report=report)
         return job, task
 
     def _run_coroutine(self, awaitable: Any) -> Any:
@@ -321,7 +408,8 @@ class App:
         (`asyncio.CancelledError`); a thread cannot be stopped, so a `def`
         task runs to its end (it may poll `job.cancelled`). When stdin
         closes, the jobs in hand are finished and answered before `run()`
-        returns.
+        returns. A task's `job.progress()` reports are written as they come,
+        each before its job's answer.
         """
         if not self._tasks:
             raise ConfigError("the App has no tasks: add some with @app.task(\"name\")")
@@ -353,9 +441,8 @@ class App:
             else:
                 with os.fdopen(in_fd, "rb", buffering=1 << 16) as jobs:
                     for line in jobs:
-                        answer = self.handle(line)
-                        sys.stderr.flush()
-                        _write_all(out_fd, answer)
+                        out = _InTurn(out_fd)
+                        out.answer(self._handle(line, out.progress))
         finally:
             if self._loop is not None:
                 self._loop.close()

@@ -18,7 +18,7 @@ from redis.sentinel import Sentinel
 from . import _outcomes, _plan
 from ._conn import Endpoint, parse, primary_kwargs
 from ._job import Delay, Hold, Job, check_cluster_queue, check_queue, prepare, prepare_many
-from ._lua import enqueue_script
+from ._lua import cancel_script, enqueue_script
 from ._outcomes import JobStatus, Keep
 from .errors import ConfigError, WaitTimeout, WorkerpoolError
 
@@ -180,8 +180,9 @@ class Client(_Settings):
     def status(self, queue: str, id: str) -> Optional[JobStatus]:
         """The kept outcome of job `id` of `queue` (one HGETALL), or None when none
         is kept: the job was not enqueued with `keep` (and its workers do not
-        run with --keep-outcomes), no worker has taken it yet, or its outcome
-        expired."""
+        run with --keep-outcomes, and no worker has taken it yet), or its
+        outcome expired. A job enqueued with `keep` reads `waiting` (or
+        `scheduled`) from the moment it is enqueued."""
         check_queue(queue)
         _outcomes.check_id(id)
         r = self._connect()
@@ -192,8 +193,8 @@ class Client(_Settings):
 
     def wait(self, queue: str, id: str, timeout: Union[float, timedelta]) -> JobStatus:
         """Waits up to `timeout` (seconds or a timedelta) for job `id` of `queue` to
-        end, and returns its final status: `done`, or `dead` (a dead job is
-        returned, not raised: look at `state` and `error`). Raises WaitTimeout,
+        end, and returns its final status: `done`, `dead` or `cancelled` (a dead
+        or cancelled job is returned, not raised: look at `state` and `error`). Raises WaitTimeout,
         holding the status as last read (or None), when the time runs out;
         a job with no kept outcome (None from `status()`) is waited for
         until then too, since no worker may have taken it yet.
@@ -226,6 +227,38 @@ class Client(_Settings):
                 # under its id): wait for a newer one rather than spin.
                 seen_entry = entry if entry is not None else seen_entry
 
+    def cancel(self, queue: str, id: str) -> dict:
+        """Cancels job `id` of `queue` (the queue contract's cancel script, one call)
+        and says what it did, as the queue crate's `Cancel` serializes:
+
+        - `{"did": "removed", "from": "waiting"}` (or `"scheduled"`,
+          `"retrying"`): the job was taken out of where it waited and will not
+          run; its outcome is `cancelled` (kept its own `keep`, or a day when
+          it kept none), its unique key is freed and its waiters wake.
+        - `{"did": "requested", "state": "running"}`: it runs (or a worker took
+          it and has not started it): its worker is asked to stop it. The task
+          sees `job.cancelled` (an `async def` task `CancelledError`) when it
+          runs with others in its process; a task that finishes anyway ends
+          as it would have.
+        - `{"did": "final", "state": "done"}` (or `"dead"`, `"cancelled"`): it
+          ended already; left alone.
+        - `{"did": "unknown"}`: no job of that id waits, and no outcome is
+          kept for it (it was never kept and runs, or it ended and its outcome
+          expired, or there never was one).
+
+        Finding a job that waits scans the queue and its scheduled and retry
+        sets (O(depth) on the server, as removing a job by id costs).
+        """
+        check_queue(queue)
+        _outcomes.check_id(id)
+        r = self._connect()
+        if self._cluster:
+            check_cluster_queue(queue)
+        with _plan.translated(self._endpoint):
+            reply = self._script(r, cancel_script(), _plan.cancel_keys(queue, id),
+                                 _plan.cancel_args(id))
+        return _plan.cancelled(reply)
+
     def _send(self, queue: str, jobs: list) -> list[Optional[str]]:
         r = self._connect()
         if self._cluster:
@@ -245,7 +278,8 @@ class Client(_Settings):
             elif plain:
                 replies = [self._queue_plain(r, plain[0])]
             else:
-                replies = [self._script(r, queue, call.args) for call in calls]
+                replies = [self._script(r, enqueue_script(), call.keys or [], call.args)
+                           for call in calls]
         return _plan.ids(calls, replies)
 
     @staticmethod
@@ -255,9 +289,8 @@ class Client(_Settings):
         return target.zadd(call.key, call.args[0])
 
     @staticmethod
-    def _script(r: Any, queue: str, args: list) -> Any:
-        source, sha = enqueue_script()
-        keys = _plan.keys(queue)
+    def _script(r: Any, script: tuple[str, str], keys: list, args: list) -> Any:
+        source, sha = script
         try:
             return r.evalsha(sha, len(keys), *keys, *args)
         except rex.NoScriptError:

@@ -21,6 +21,11 @@ class InvalidJob(WorkerpoolError, ValueError):
     """A job that cannot be enqueued as given; nothing was enqueued."""
 
 
+class InvalidProgress(WorkerpoolError, ValueError):
+    """`job.progress(value)` got a value JSON cannot hold, or one whose JSON text is
+    over contract.json's `max_progress_bytes`; nothing was sent."""
+
+
 class ConnectionError(WorkerpoolError, builtins.ConnectionError):
     """Redis could not be reached (refused, timed out, TLS handshake failed)."""
 

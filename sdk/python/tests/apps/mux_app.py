@@ -94,5 +94,33 @@ def trace_id_sync(data):
     raise Permanent(f"{trace.get_current_span().get_span_context().trace_id:032x}")
 
 
+
+@app.task("progress")
+def progress(data, job):
+    for value in data["values"]:
+        job.progress(value)
+    return "reported"
+
+
+@app.task("async_progress")
+async def async_progress(data, job):
+    for value in data["values"]:
+        job.progress(value)
+        await asyncio.sleep(0.01)
+    return "reported"
+
+
+@app.task("progress_from_a_thread")
+def progress_from_a_thread(data, job):
+    t = threading.Thread(target=job.progress, args=(data["value"],))
+    t.start()
+    t.join()
+
+
+@app.task("progress_too_big")
+def progress_too_big(data, job):
+    job.progress("x" * data["size"])
+
+
 if __name__ == "__main__":
     app.run()
