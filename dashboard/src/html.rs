@@ -10,8 +10,8 @@ use workerpool_queue::admin::WorkerInfo;
 use workerpool_queue::text::{self, CELL_CHARS};
 
 use crate::model::{
-    DeadRow, JobRow, ListKind, ListPage, Overview, PAYLOAD_PREVIEW_CHARS, PoolRow, QueueDetail,
-    Rows,
+    DeadRow, JobRow, JobView, ListKind, ListPage, MAX_JOB_ID_BYTES, Overview,
+    PAYLOAD_PREVIEW_CHARS, PoolRow, QueueDetail, Rows, job_id_problem, json_preview,
 };
 
 /// What every page needs besides its data.
@@ -77,6 +77,26 @@ pub fn list_href(queue: &str, kind: ListKind, page: u64) -> String {
     } else {
         base
     }
+}
+
+/// Where the find-a-job form of `queue` sends its `id` (a redirect to
+/// [`job_href`]).
+pub fn jobs_href(queue: &str) -> String {
+    format!("{}/jobs", queue_href(queue))
+}
+
+/// The page of job `id` of `queue`, its kept outcome.
+pub fn job_href(queue: &str, id: &str) -> String {
+    format!("{}/{}", jobs_href(queue), path_segment(id))
+}
+
+/// The JSON of job `id` of `queue`.
+pub fn job_api_href(queue: &str, id: &str) -> String {
+    format!(
+        "/api/queues/{}/jobs/{}",
+        path_segment(queue),
+        path_segment(id)
+    )
 }
 
 /// The whole document around `body`.
@@ -254,6 +274,7 @@ pub fn queue(ctx: &Ctx<'_>, d: &QueueDetail, notice: Option<&str>) -> String {
         );
     }
     b.push_str("</dl>");
+    b.push_str(&find_job(&s.name, ""));
     let _ = write!(
         b,
         r#"<section class="charts"><figure><figcaption>Waiting and in flight, last hour</figcaption><div class="chart" data-chart="waiting" data-chart-queue="{name}"><p class="empty">collecting samples…</p></div></figure></section>"#
@@ -558,6 +579,152 @@ fn action_form(
     )
 }
 
+/// The form that finds a job of `queue` by id: a GET, so it works
+/// without the script.
+fn find_job(queue: &str, value: &str) -> String {
+    format!(
+        r#"<form method="get" class="find-job" action="{action}"><label>find a job by id <input type="search" name="id" value="{value}" required maxlength="{MAX_JOB_ID_BYTES}" autocomplete="off"></label> <button type="submit">show</button></form>"#,
+        action = escape(&jobs_href(queue)),
+        value = escape(value),
+    )
+}
+
+fn job_crumbs(queue: &str, id: &str) -> Vec<(String, String)> {
+    vec![
+        (queue_href(queue), queue.to_string()),
+        (
+            job_href(queue, id),
+            format!("job {}", text::safe_line(id, CELL_CHARS)),
+        ),
+    ]
+}
+
+/// A field's name as a label: `next_at_ms` reads `next at`.
+fn label(key: &str) -> String {
+    key.strip_suffix("_ms").unwrap_or(key).replace('_', " ")
+}
+
+/// One field of an outcome for a cell, whatever it holds: a time
+/// (`*_at_ms`) as a UTC date and how long ago, text cut as the dead
+/// letters' errors are, JSON (`result`, `progress`, any object) pretty
+/// and cut as their payloads are.
+fn outcome_value(view: &JobView, key: &str, value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if key.ends_with("_at_ms") => match n.as_u64() {
+            Some(ms) => format!(
+                r#"<time title="{ms} (unix ms)">{}</time> <span class="ago">({})</span>"#,
+                escape(&utc(ms)),
+                escape(&when(view.server_time_ms, ms)),
+            ),
+            None => escape(&n.to_string()),
+        },
+        Value::String(s) => {
+            let max = if matches!(key, "id" | "worker") {
+                CELL_CHARS
+            } else {
+                PAYLOAD_PREVIEW_CHARS
+            };
+            cell(s, max)
+        }
+        Value::Null => "–".into(),
+        Value::Bool(_) | Value::Number(_) => escape(&value.to_string()),
+        Value::Array(_) | Value::Object(_) => {
+            let (shown, cut) = json_preview(value);
+            let whole = if cut {
+                format!(
+                    r#" <a class="whole" href="{}">whole in the JSON</a>"#,
+                    escape(&job_api_href(&view.queue, &view.id))
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                r#"<code class="payload json">{}</code>{whole}"#,
+                escape(&shown)
+            )
+        }
+    }
+}
+
+/// A job's kept outcome: its state on top, then every field it has, in
+/// the order of its JSON, so that fields the outcome gains show too.
+pub fn job(ctx: &Ctx<'_>, view: &JobView) -> String {
+    let id = cell(&view.id, CELL_CHARS);
+    let state = view
+        .outcome
+        .get("state")
+        .and_then(serde_json::Value::as_str);
+    let mut b = format!(r#"<h1>job <span class="id">{id}</span>"#);
+    if let Some(state) = state {
+        // The word is a class only when it is a plain word.
+        let class = if state.bytes().all(|c| c.is_ascii_lowercase() || c == b'_') {
+            state
+        } else {
+            ""
+        };
+        let _ = write!(
+            b,
+            r#" <span class="state {class}" id="job-state">{}</span>"#,
+            cell(state, CELL_CHARS)
+        );
+    }
+    b.push_str("</h1>");
+    b.push_str(r#"<table class="outcome"><tbody>"#);
+    if let Some(fields) = view.outcome.as_object() {
+        for (key, value) in fields {
+            let _ = write!(
+                b,
+                r#"<tr data-key="{k}"><th title="{k}">{label}</th><td>{value}</td></tr>"#,
+                k = escape(key),
+                label = escape(&label(key)),
+                value = outcome_value(view, key, value),
+            );
+        }
+    }
+    b.push_str("</tbody></table>");
+    let _ = write!(
+        b,
+        r#"<p class="more"><a href="{}">as JSON</a></p>"#,
+        escape(&job_api_href(&view.queue, &view.id))
+    );
+    b.push_str(&find_job(&view.queue, ""));
+    layout(
+        ctx,
+        &format!(
+            "job {} · {}",
+            text::safe_line(&view.id, CELL_CHARS),
+            view.queue
+        ),
+        &job_crumbs(&view.queue, &view.id),
+        &b,
+    )
+}
+
+/// Why job `id` of `queue` shows nothing, with the form to look again: a
+/// job with no outcome kept, or an id that cannot be one (empty, too
+/// long), which the page shows only cut and never links.
+pub fn job_missing(ctx: &Ctx<'_>, queue: &str, id: &str, why: &str) -> String {
+    let valid = job_id_problem(id).is_none();
+    let b = format!(
+        r#"<h1>job <span class="id">{}</span></h1><p class="message" id="job-missing">{}</p>{}"#,
+        cell(id, CELL_CHARS),
+        escape(why),
+        find_job(queue, if valid { id } else { "" }),
+    );
+    let crumbs = if valid {
+        job_crumbs(queue, id)
+    } else {
+        vec![(queue_href(queue), queue.to_string())]
+    };
+    layout(
+        ctx,
+        &format!("job {} · {queue}", text::safe_line(id, CELL_CHARS)),
+        &crumbs,
+        &b,
+    )
+}
+
 /// A small page for errors and refusals.
 pub fn message(ctx: &Ctx<'_>, title: &str, text: &str) -> String {
     layout(
@@ -801,6 +968,110 @@ mod tests {
             assert!(html.contains(&format!(r#"<section id="{id}">"#)), "{id}");
         }
         assert!(html.contains("Retried 1 dead job."));
+        assert!(
+            html.contains(r#"<form method="get" class="find-job" action="/queues/emails/jobs">"#),
+            "{html}"
+        );
+    }
+
+    fn job_view(outcome: serde_json::Value) -> JobView {
+        JobView {
+            queue: "{mail}".into(),
+            id: "j/1".into(),
+            outcome,
+            server_time_ms: 1_700_000_005_000,
+        }
+    }
+
+    #[test]
+    fn a_job_page_shows_every_field_escaped_with_its_state_on_top() {
+        let html = job(
+            &CTX,
+            &job_view(serde_json::json!({
+                "id": "j/1",
+                "state": "done",
+                "attempt": 2,
+                "worker": "w<1>~ab",
+                "result": {"html": "<script>alert(1)</script>"},
+                "updated_at_ms": 1_700_000_000_000u64,
+                // A field this page has never heard of.
+                "cancel_requested": true,
+            })),
+        );
+        assert!(
+            html.contains(r#"<span class="state done" id="job-state">done</span>"#),
+            "{html}"
+        );
+        assert!(!html.contains("<script>alert"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{html}"
+        );
+        assert_eq!(html.matches("<script").count(), 1, "only dashboard.js");
+        assert!(html.contains("w&lt;1&gt;~ab"), "{html}");
+        // Pretty JSON: the layout's line breaks are kept.
+        assert!(html.contains("{\n  &quot;html&quot;"), "{html}");
+        assert!(html.contains("2023-11-14 22:13:20 UTC"), "{html}");
+        assert!(html.contains("(5s ago)"), "{html}");
+        assert!(
+            html.contains(r#"<tr data-key="cancel_requested"><th title="cancel_requested">cancel requested</th><td>true</td></tr>"#),
+            "{html}"
+        );
+        assert!(
+            html.contains(r#"href="/api/queues/%7Bmail%7D/jobs/j%2F1""#),
+            "{html}"
+        );
+        assert!(
+            html.contains(r#"action="/queues/%7Bmail%7D/jobs""#),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn a_long_result_is_cut_as_a_dead_letter_payload_is() {
+        let long = "x".repeat(5_000);
+        let html = job(
+            &CTX,
+            &job_view(serde_json::json!({"id": "j/1", "state": "done", "result": [long]})),
+        );
+        let code = html
+            .split(r#"<code class="payload json">"#)
+            .nth(1)
+            .and_then(|rest| rest.split("</code>").next())
+            .expect("the result's cell");
+        assert!(code.ends_with('…'), "{code}");
+        // 300 characters of `[\n  "xxx…`: the 5 before the first x.
+        assert_eq!(
+            code.matches('x').count(),
+            PAYLOAD_PREVIEW_CHARS - 5,
+            "{code}"
+        );
+        assert!(html.contains("whole in the JSON"), "{html}");
+        let error = "e".repeat(5_000);
+        let html = job(
+            &CTX,
+            &job_view(serde_json::json!({"id": "j/1", "state": "dead", "error": error})),
+        );
+        assert!(
+            html.contains(&cell(&error, PAYLOAD_PREVIEW_CHARS)),
+            "{html}"
+        );
+        assert!(html.contains("more chars]"), "{html}");
+    }
+
+    #[test]
+    fn a_missing_job_page_says_why_and_offers_the_form_again() {
+        let html = job_missing(&CTX, "q", "<b>", "no outcome kept for job \"<b>\"");
+        assert!(
+            html.contains("no outcome kept for job &quot;&lt;b&gt;&quot;"),
+            "{html}"
+        );
+        assert!(!html.contains("<b>"), "{html}");
+        assert!(html.contains(r#"name="id" value="&lt;b&gt;""#), "{html}");
+        let long = "a".repeat(MAX_JOB_ID_BYTES + 1);
+        let html = job_missing(&CTX, "q", &long, "too long");
+        assert!(html.contains(r#"name="id" value="""#), "{html}");
+        assert!(!html.contains(&long), "shown only cut: {html}");
     }
 
     #[test]

@@ -28,7 +28,9 @@ use workerpool_queue::admin;
 use workerpool_queue::connection::Connection;
 use workerpool_queue::keys::QueueKeys;
 
-use model::{DeadRow, JobRow, ListKind, ListPage, Overview, QueueDetail, QueueSummary, Rows};
+use model::{
+    DeadRow, JobRow, JobView, ListKind, ListPage, Overview, QueueDetail, QueueSummary, Rows,
+};
 pub use model::{PoolRow, PoolSource};
 
 /// Rows of a list page.
@@ -452,6 +454,28 @@ impl State {
             lists,
             history,
         })
+    }
+
+    /// Job `id`'s kept outcome, `None` when none is kept (never, or it
+    /// expired): one `HGETALL`, and the clock to show its times against.
+    async fn job(&self, q: &QueueKeys, id: &str) -> RedisResult<Option<JobView>> {
+        let mut conn = self.conn.clone();
+        let Some(outcome) = workerpool_queue::outcome::read(&mut conn, q, id).await? else {
+            return Ok(None);
+        };
+        let server_time_ms = admin::server_time_ms(&mut conn).await?;
+        // Shown generically, field by field: states and fields the outcome
+        // gains show without a change here.
+        // (An outcome is strings, numbers and JSON: it always serializes.)
+        let outcome = serde_json::to_value(&outcome).unwrap_or_else(
+            |e| serde_json::json!({ "id": id, "unshown": format!("cannot be shown: {e}") }),
+        );
+        Ok(Some(JobView {
+            queue: q.name().to_string(),
+            id: id.to_string(),
+            outcome,
+            server_time_ms,
+        }))
     }
 
     async fn list(

@@ -332,6 +332,60 @@ pub fn preview(raw: &[u8]) -> String {
     workerpool_queue::text::escaped(raw, PAYLOAD_PREVIEW_CHARS)
 }
 
+/// The longest job id the job view looks up, in bytes.
+pub const MAX_JOB_ID_BYTES: usize = 200;
+
+/// Why `id` cannot be looked up (empty, or longer than
+/// [`MAX_JOB_ID_BYTES`]), or `None` when it can.
+pub fn job_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        Some(format!(
+            "a job id is 1 to {MAX_JOB_ID_BYTES} bytes: this one is empty"
+        ))
+    } else if id.len() > MAX_JOB_ID_BYTES {
+        Some(format!(
+            "a job id is 1 to {MAX_JOB_ID_BYTES} bytes: this one is {} bytes",
+            id.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// What the job view shows: a kept outcome as its JSON object, whatever
+/// fields it has (every one becomes a row), and the Redis clock to show
+/// its times against.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobView {
+    /// The queue.
+    pub queue: String,
+    /// The job's id, as looked up.
+    pub id: String,
+    /// The outcome as `workerpool_queue::outcome::Outcome` serializes it.
+    pub outcome: Value,
+    /// The Redis server's clock, unix ms.
+    pub server_time_ms: u64,
+}
+
+/// `value` as pretty JSON for a page, cut as a payload is: at most
+/// [`PAYLOAD_PREVIEW_CHARS`] characters, then `…`, each line through
+/// [`preview`] (the line breaks of the layout kept). The flag says
+/// whether it was cut.
+pub fn json_preview(value: &Value) -> (String, bool) {
+    let pretty = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    let cut = pretty.chars().count() > PAYLOAD_PREVIEW_CHARS;
+    let kept: String = pretty.chars().take(PAYLOAD_PREVIEW_CHARS).collect();
+    let mut shown = kept
+        .split('\n')
+        .map(|line| preview(line.as_bytes()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if cut {
+        shown.push('…');
+    }
+    (shown, cut)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,6 +485,28 @@ mod tests {
         assert_eq!(row.reason, "unreadable");
         assert_eq!(row.payload, "\\xfe garbage");
         assert_eq!(row.id, None);
+    }
+
+    #[test]
+    fn a_job_id_is_1_to_200_bytes() {
+        assert!(job_id_problem("j1").is_none());
+        assert!(job_id_problem(&"é".repeat(100)).is_none(), "200 bytes");
+        let long = job_id_problem(&"é".repeat(101)).expect("202 bytes");
+        assert!(long.ends_with("this one is 202 bytes"), "{long}");
+        let empty = job_id_problem("").expect("empty");
+        assert!(empty.ends_with("this one is empty"), "{empty}");
+    }
+
+    #[test]
+    fn json_is_shown_pretty_escaped_and_cut_like_a_payload() {
+        let (shown, cut) = json_preview(&serde_json::json!({"a": "b\u{7f}"}));
+        assert_eq!(shown, "{\n  \"a\": \"b\\u{7f}\"\n}");
+        assert!(!cut);
+        let (shown, cut) = json_preview(&serde_json::json!(["y".repeat(1_000)]));
+        assert!(cut);
+        assert_eq!(shown.chars().count(), PAYLOAD_PREVIEW_CHARS + 1);
+        assert!(shown.starts_with("[\n  \"yyy"), "{shown}");
+        assert!(shown.ends_with("y…"), "{shown}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use workerpool_queue::{admin, text};
 
 use crate::State;
 use crate::html::{self, Ctx};
-use crate::model::ListKind;
+use crate::model::{ListKind, job_id_problem};
 
 type Shared = Arc<State>;
 
@@ -31,10 +31,15 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/", get(overview_page))
         .route("/queues/{queue}", get(queue_page))
         .route("/queues/{queue}/{list}", get(list_page))
+        .route("/queues/{queue}/jobs", get(find_job))
+        .route("/queues/{queue}/jobs/", get(job_page_without_id))
+        .route("/queues/{queue}/jobs/{id}", get(job_page))
         .route("/queues/{queue}/dead/{action}", post(dead_action))
         .route("/api/overview", get(overview_json))
         .route("/api/queues/{queue}", get(queue_json))
         .route("/api/queues/{queue}/{list}", get(list_json))
+        .route("/api/queues/{queue}/jobs/", get(job_json_without_id))
+        .route("/api/queues/{queue}/jobs/{id}", get(job_json))
         .route("/assets/dashboard.js", get(js))
         .route("/assets/dashboard.css", get(css))
         .fallback(not_found)
@@ -191,6 +196,98 @@ async fn list_json(
     let per_page = page_number(&params, "per_page").unwrap_or(crate::PER_PAGE);
     match s.list(q, kind, number, per_page).await {
         Ok((p, _)) => json(StatusCode::OK, &p),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, &redis_failed(&e)),
+    }
+}
+
+fn no_outcome(id: &str) -> String {
+    format!(
+        "no outcome kept for job {id:?} (never kept, or expired); jobs keep outcomes when enqueued with keep or run by workers with --keep-outcomes"
+    )
+}
+
+/// `GET /queues/{queue}/jobs?id=ID`, the find-a-job form: a redirect to
+/// the job's page (the id trimmed, as typed or pasted).
+async fn find_job(
+    Extract(s): Extract<Shared>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    if s.queue(&name).is_none() {
+        return message(
+            &s,
+            StatusCode::NOT_FOUND,
+            "Not found",
+            &unknown_queue(&name),
+        );
+    }
+    let params = query(raw.as_deref());
+    let id = params.get("id").map_or("", |id| id.trim());
+    if let Some(why) = job_id_problem(id) {
+        return page(
+            StatusCode::BAD_REQUEST,
+            html::job_missing(&ctx(&s), &name, id, &why),
+        );
+    }
+    (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, html::job_href(&name, id))],
+    )
+        .into_response()
+}
+
+async fn job_page_without_id(Extract(s): Extract<Shared>, Path(name): Path<String>) -> Response {
+    job_page(Extract(s), Path((name, String::new()))).await
+}
+
+/// `GET /queues/{queue}/jobs/{id}`: the job's kept outcome.
+async fn job_page(
+    Extract(s): Extract<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Response {
+    let Some(q) = s.queue(&name) else {
+        return message(
+            &s,
+            StatusCode::NOT_FOUND,
+            "Not found",
+            &unknown_queue(&name),
+        );
+    };
+    if let Some(why) = job_id_problem(&id) {
+        return page(
+            StatusCode::BAD_REQUEST,
+            html::job_missing(&ctx(&s), &name, &id, &why),
+        );
+    }
+    match s.job(q, &id).await {
+        Ok(Some(view)) => page(StatusCode::OK, html::job(&ctx(&s), &view)),
+        Ok(None) => page(
+            StatusCode::NOT_FOUND,
+            html::job_missing(&ctx(&s), &name, &id, &no_outcome(&id)),
+        ),
+        Err(e) => message(&s, StatusCode::BAD_GATEWAY, "Redis", &redis_failed(&e)),
+    }
+}
+
+async fn job_json_without_id(Extract(s): Extract<Shared>, Path(name): Path<String>) -> Response {
+    job_json(Extract(s), Path((name, String::new()))).await
+}
+
+/// `GET /api/queues/{queue}/jobs/{id}`: the job's kept outcome as JSON.
+async fn job_json(
+    Extract(s): Extract<Shared>,
+    Path((name, id)): Path<(String, String)>,
+) -> Response {
+    let Some(q) = s.queue(&name) else {
+        return json_error(StatusCode::NOT_FOUND, &unknown_queue(&name));
+    };
+    if let Some(why) = job_id_problem(&id) {
+        return json_error(StatusCode::BAD_REQUEST, &why);
+    }
+    let mut conn = s.conn.clone();
+    match workerpool_queue::outcome::read(&mut conn, q, &id).await {
+        Ok(Some(outcome)) => json(StatusCode::OK, &outcome),
+        Ok(None) => json_error(StatusCode::NOT_FOUND, &no_outcome(&id)),
         Err(e) => json_error(StatusCode::BAD_GATEWAY, &redis_failed(&e)),
     }
 }

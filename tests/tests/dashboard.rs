@@ -318,6 +318,213 @@ async fn pages_escape_payloads_and_forbid_inline_scripts() {
     );
 }
 
+const RESULT: &str = r#"{"html":"<script>alert(1)</script>"}"#;
+
+/// Job `id` of `q` kept as done with [`RESULT`], in the hash's fields as
+/// docs/queue-contract.md ("Outcomes") lists them: as the attempt starts
+/// (`running`), then as the settlement ends it.
+async fn keep_done(redis: &TestRedis, q: &QueueKeys, id: &str, at: u64) {
+    let mut c = redis.conn().await;
+    let _: () = c
+        .hset_multiple(
+            q.outcome(id),
+            &[
+                ("state", "running".to_string()),
+                ("attempt", "2".to_string()),
+                ("worker", "mailer-1~<b>".to_string()),
+                ("updated_at", at.to_string()),
+            ],
+        )
+        .await
+        .expect("running");
+    let _: () = c
+        .hset_multiple(
+            q.outcome(id),
+            &[
+                ("state", "done".to_string()),
+                ("result", RESULT.to_string()),
+                ("ended_at", (at + 1_000).to_string()),
+            ],
+        )
+        .await
+        .expect("done");
+}
+
+#[tokio::test]
+async fn a_kept_outcome_is_found_by_id_in_the_json_and_on_its_page_escaped() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    keep_done(&redis, &q, "j/1 é", 1_700_000_000_000).await;
+    let app = dashboard(&redis, &["emails"], writable()).await;
+
+    let reply = get(&app, "/api/queues/emails/jobs/j%2F1%20%C3%A9").await;
+    assert_eq!(
+        reply.headers[header::CONTENT_TYPE],
+        "application/json",
+        "{}",
+        reply.body
+    );
+    let o = json(&reply);
+    assert_eq!(o["id"], "j/1 é", "{o}");
+    assert_eq!(o["state"], "done", "{o}");
+    assert_eq!(o["attempt"], 2, "{o}");
+    assert_eq!(o["worker"], "mailer-1~<b>", "{o}");
+    assert_eq!(o["result"]["html"], "<script>alert(1)</script>", "{o}");
+    assert_eq!(o["updated_at_ms"], 1_700_000_000_000u64, "{o}");
+    assert_eq!(o["ended_at_ms"], 1_700_000_001_000u64, "{o}");
+
+    let page = get(&app, "/queues/emails/jobs/j%2F1%20%C3%A9").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let body = &page.body;
+    assert!(
+        body.contains(r#"<span class="state done" id="job-state">done</span>"#),
+        "{body}"
+    );
+    assert!(!body.contains("<script>alert"), "{body}");
+    assert!(
+        body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{body}"
+    );
+    assert_eq!(body.matches("<script").count(), 1, "only dashboard.js");
+    assert!(body.contains("mailer-1~&lt;b&gt;"), "{body}");
+    assert!(!body.contains("mailer-1~<b>"), "{body}");
+    assert!(body.contains("j/1 é"), "{body}");
+    // The times as UTC dates.
+    assert!(body.contains("2023-11-14 22:13:20 UTC"), "updated: {body}");
+    assert!(body.contains("2023-11-14 22:13:21 UTC"), "ended: {body}");
+    let csp = page.headers[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .expect("ascii");
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+}
+
+#[tokio::test]
+async fn an_unknown_job_is_404_with_why_and_an_empty_or_overlong_id_is_400() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("emails");
+    keep_done(&redis, &q, "kept", 1_700_000_000_000).await;
+    let app = dashboard(&redis, &["emails"], writable()).await;
+
+    let why = |reply: &Reply| -> String {
+        let v: serde_json::Value = serde_json::from_str(&reply.body).expect("JSON error");
+        v["error"].as_str().expect("an error").to_string()
+    };
+    let reply = get(&app, "/api/queues/emails/jobs/never").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    let error = why(&reply);
+    assert!(
+        error.starts_with(r#"no outcome kept for job "never" (never kept, or expired)"#),
+        "{error}"
+    );
+    assert!(error.contains("--keep-outcomes"), "{error}");
+    let page = get(&app, "/queues/emails/jobs/never").await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND, "{}", page.body);
+    assert!(
+        page.body
+            .contains("no outcome kept for job &quot;never&quot; (never kept, or expired)"),
+        "{}",
+        page.body
+    );
+
+    // An outcome naming no state this reads is no outcome.
+    let mut c = redis.conn().await;
+    let _: () = c
+        .hset(q.outcome("odd"), "state", "<weird>")
+        .await
+        .expect("hset");
+    assert_eq!(
+        get(&app, "/api/queues/emails/jobs/odd").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // 200 bytes is an id; 201 is not, nor is none.
+    let longest = "x".repeat(200);
+    let reply = get(&app, &format!("/api/queues/emails/jobs/{longest}")).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    let over = "x".repeat(201);
+    for uri in [
+        format!("/api/queues/emails/jobs/{over}"),
+        "/api/queues/emails/jobs/".to_string(),
+    ] {
+        let reply = get(&app, &uri).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{uri}: {}",
+            reply.body
+        );
+        assert!(
+            why(&reply).starts_with("a job id is 1 to 200 bytes"),
+            "{uri}"
+        );
+    }
+    for uri in [
+        format!("/queues/emails/jobs/{over}"),
+        "/queues/emails/jobs/".to_string(),
+        "/queues/emails/jobs?id=".to_string(),
+        format!("/queues/emails/jobs?id={over}"),
+    ] {
+        let page = get(&app, &uri).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{uri}: {}", page.body);
+        assert!(page.body.contains("a job id is 1 to 200 bytes"), "{uri}");
+        assert!(!page.body.contains(&over), "{uri}: the id is not echoed");
+    }
+
+    // A queue this dashboard does not serve, as for its other routes.
+    let reply = get(&app, "/api/queues/other/jobs/kept").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(why(&reply), r#"no queue "other" on this dashboard"#);
+    let page = get(&app, "/queues/other/jobs/kept").await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
+    assert!(
+        page.body.contains("no queue &quot;other&quot;"),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        get(&app, "/queues/other/jobs?id=kept").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn the_queue_page_finds_a_job_by_id_without_javascript() {
+    let redis = TestRedis::start();
+    let q = QueueKeys::new("{mail}");
+    keep_done(&redis, &q, "order/42 x", 1_700_000_000_000).await;
+    let app = dashboard(&redis, &["{mail}"], writable()).await;
+
+    let page = get(&app, "/queues/%7Bmail%7D").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let form = page
+        .body
+        .split(r#"<form method="get" class="find-job" action="/queues/%7Bmail%7D/jobs">"#)
+        .nth(1)
+        .and_then(|rest| rest.split("</form>").next())
+        .unwrap_or_else(|| panic!("a find-a-job form: {}", page.body));
+    assert!(form.contains(r#"name="id""#), "{form}");
+    assert!(form.contains(r#"type="submit""#), "{form}");
+
+    // What the browser sends: the id typed (spaces around it trimmed).
+    let reply = get(&app, "/queues/%7Bmail%7D/jobs?id=+order%2F42+x+").await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+    let location = reply.headers[header::LOCATION].to_str().expect("ascii");
+    assert_eq!(location, "/queues/%7Bmail%7D/jobs/order%2F42%20x");
+    let job = get(&app, location).await;
+    assert_eq!(job.status, StatusCode::OK, "{}", job.body);
+    assert!(job.body.contains(r#"id="job-state">done<"#), "{}", job.body);
+    assert!(job.body.contains("order/42 x"), "{}", job.body);
+    // The job's page links its JSON, which has the same outcome.
+    assert!(
+        job.body
+            .contains(r#"href="/api/queues/%7Bmail%7D/jobs/order%2F42%20x""#),
+        "{}",
+        job.body
+    );
+    let o = json(&get(&app, "/api/queues/%7Bmail%7D/jobs/order%2F42%20x").await);
+    assert_eq!(o["state"], "done", "{o}");
+}
+
 /// The text of each `<td class="{class}">` cell of `page`.
 fn cells<'a>(page: &'a str, class: &str) -> Vec<&'a str> {
     let open = format!(r#"<td class="{class}">"#);
