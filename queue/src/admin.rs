@@ -688,21 +688,25 @@ pub async fn enqueue(
     jobs: Vec<Map<String, Value>>,
     delay: Option<Duration>,
 ) -> RedisResult<Vec<Enqueued>> {
-    // Each job's hold (unique key, ms), checked before anything is pushed.
+    // Each job's hold (unique key, ms) and keep, checked before anything
+    // is pushed.
     let mut holds = Vec::with_capacity(jobs.len());
+    let mut keeps = Vec::with_capacity(jobs.len());
     for (i, fields) in jobs.iter().enumerate() {
-        match crate::job::unique_of(fields) {
-            Ok(u) => holds.push(u.map(|(key, secs)| (key.to_string(), secs.saturating_mul(1000)))),
-            Err(e) => {
-                return Err(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "invalid job",
-                    format!("job {}: {e}; nothing was enqueued", i + 1),
-                )));
-            }
-        }
+        let invalid = |e: String| {
+            redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "invalid job",
+                format!("job {}: {e}; nothing was enqueued", i + 1),
+            ))
+        };
+        let hold = crate::job::unique_of(fields).map_err(invalid)?;
+        holds.push(hold.map(|(key, secs)| (key.to_string(), secs.saturating_mul(1000))));
+        keeps.push(crate::job::keep_of(fields).map_err(invalid)?);
     }
-    let unique = holds.iter().any(Option::is_some);
+    // Jobs that hold a unique key or keep their outcome go in through the
+    // script, which writes both in the same step.
+    let scripted = holds.iter().any(Option::is_some) || keeps.iter().any(Option::is_some);
     let now = server_time_ms(conn).await?;
     let run_at = delay.map(|d| now + d.as_millis() as u64);
     let mut out = Vec::with_capacity(jobs.len());
@@ -725,7 +729,7 @@ pub async fn enqueue(
         out.push(Enqueued { id, accepted: true });
         payloads.push((Value::Object(fields).to_string(), hold));
     }
-    if unique {
+    if scripted {
         let mut next = 0;
         for chunk in payloads.chunks(BATCH) {
             let mut invocation = scripts::ENQUEUE.prepare_invoke();
@@ -734,15 +738,31 @@ pub async fn enqueue(
                 .key(q.scheduled())
                 .key(q.unique())
                 .key(q.unique_expiry());
+            // A kept job's outcome keys follow the four (1-based position).
+            let mut keys = 4;
             for (i, (payload, hold)) in chunk.iter().enumerate() {
+                let id = &out[next + i].id;
                 invocation
                     .arg(payload)
                     .arg(run_at.map(|at| at.to_string()).unwrap_or_default())
-                    .arg(&out[next + i].id);
+                    .arg(id);
                 match hold {
                     Some((key, ms)) => invocation.arg(key).arg(*ms),
                     None => invocation.arg("").arg(0),
                 };
+                match keeps[next + i] {
+                    Some(keep) => {
+                        invocation
+                            .key(q.outcome(id))
+                            .key(q.outcome_end(id))
+                            .arg(keys + 1)
+                            .arg(keep.as_millis().max(1) as u64);
+                        keys += 2;
+                    }
+                    None => {
+                        invocation.arg("").arg("");
+                    }
+                }
             }
             let accepted: Vec<i64> = invocation.invoke_async(conn).await?;
             for (i, a) in accepted.into_iter().enumerate() {

@@ -104,6 +104,37 @@ pub fn unique_of(fields: &Map<String, Value>) -> Result<Option<(&str, u64)>, Str
     Ok(Some((key, hold)))
 }
 
+/// The `id` of the job in `payload`, when it is a JSON object with a
+/// string `id` (`None` for any other bytes).
+pub fn id_in(payload: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        id: String,
+    }
+    serde_json::from_slice::<Id>(payload).ok().map(|job| job.id)
+}
+
+/// How long a job with these fields keeps its outcome once it ends (its
+/// `keep`, in seconds): `Ok(None)` when it does not ask, `Err` saying what
+/// is wrong with a `keep` that is not a number of seconds above 0. Longer
+/// than [`crate::ops::MAX_KEEP`] is cut to it.
+pub fn keep_of(fields: &Map<String, Value>) -> Result<Option<std::time::Duration>, String> {
+    fields.get(field::KEEP).map_or(Ok(None), keep_in)
+}
+
+fn keep_in(value: &Value) -> Result<Option<std::time::Duration>, String> {
+    match value.as_f64() {
+        Some(secs) if secs > 0.0 && secs.is_finite() => Ok(Some(
+            std::time::Duration::from_secs_f64(secs.min(crate::ops::MAX_KEEP.as_secs_f64())),
+        )),
+        _ => Err(format!(
+            "{:?} must be a number of seconds above 0, got {}",
+            field::KEEP,
+            crate::text::escaped(value.to_string().as_bytes(), 80)
+        )),
+    }
+}
+
 /// The token with which the scripts that end a job free its unique key:
 /// `<length of the id>:<id><unique key>`. `None` for a job without a
 /// unique key (or without an id, which cannot hold one).
@@ -205,18 +236,9 @@ impl Job {
         {
             return Ok(None);
         }
-        let Some(value) = self.get(field::KEEP) else {
-            return Ok(None);
-        };
-        match value.as_f64() {
-            Some(secs) if secs > 0.0 && secs.is_finite() => Ok(Some(
-                std::time::Duration::from_secs_f64(secs.min(crate::ops::MAX_KEEP.as_secs_f64())),
-            )),
-            _ => Err(format!(
-                "{:?} must be a number of seconds above 0, got {}",
-                field::KEEP,
-                crate::text::escaped(value.to_string().as_bytes(), 80)
-            )),
+        match self.get(field::KEEP) {
+            None => Ok(None),
+            Some(value) => keep_in(value),
         }
     }
 

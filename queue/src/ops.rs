@@ -120,19 +120,39 @@ pub enum IntakeAction {
     /// opening brace in front of the held one's
     /// ([`crate::job::fresh_stamp`]). Neither is sent whole.
     RunNamed { name: String, added: String },
-    /// Park `payload` in the scheduled set until `run_at`.
+    /// Park `payload` in the scheduled set until `run_at` (a kept job's
+    /// outcome written `scheduled`).
     Schedule {
         held: Payload,
         payload: Payload,
         run_at: u64,
+        kept: Option<KeptAt>,
     },
     /// Dead-letter the payload with this envelope, freeing the job's
-    /// unique key with `release` ([`crate::job::release_token`]).
+    /// unique key with `release` ([`crate::job::release_token`]) (a kept
+    /// job's outcome written `dead` with the envelope's error).
     Dead {
         held: Payload,
         envelope: String,
         release: Option<String>,
+        kept: Option<KeptAt>,
     },
+}
+
+/// Which job's outcome a script that moves it writes, and how long a
+/// final one is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptAt {
+    /// The job's id.
+    pub id: String,
+    /// How long a final outcome is kept (at most [`MAX_KEEP`]).
+    pub keep: Duration,
+}
+
+impl KeptAt {
+    fn keep_ms(&self) -> u64 {
+        self.keep.min(MAX_KEEP).as_millis().max(1) as u64
+    }
 }
 
 /// The ARGV head of the scripts that take jobs: the count, the attempt
@@ -487,9 +507,23 @@ pub async fn settle_intake(
         queue.unique(),
         queue.unique_expiry(),
     ];
+    let mut keys = keys.to_vec();
+    // A kept job's outcome keys follow the six (their 1-based position).
+    let mut kept_at = Vec::with_capacity(actions.len());
+    for action in actions {
+        match action {
+            IntakeAction::Schedule { kept: Some(k), .. }
+            | IntakeAction::Dead { kept: Some(k), .. } => {
+                kept_at.push(Some((keys.len() + 1, k.keep_ms())));
+                keys.push(queue.outcome(&k.id));
+                keys.push(queue.outcome_end(&k.id));
+            }
+            _ => kept_at.push(None),
+        }
+    }
     // Payloads go straight into the command (see `Eval`).
     let mut invocation = Eval::new(&scripts::SETTLE_INTAKE, &keys);
-    for action in actions {
+    for (action, kept) in actions.iter().zip(kept_at) {
         match action {
             IntakeAction::Run { held, stamped } => {
                 invocation.arg("R").arg(held).arg(stamped).arg("")
@@ -501,16 +535,22 @@ pub async fn settle_intake(
                 held,
                 payload,
                 run_at,
+                ..
             } => invocation.arg("S").arg(held).arg(payload).arg(*run_at),
             IntakeAction::Dead {
                 held,
                 envelope,
                 release,
+                ..
             } => invocation
                 .arg("D")
                 .arg(held)
                 .arg(envelope)
                 .arg(release.as_deref().unwrap_or_default()),
+        };
+        match kept {
+            Some((at, ms)) => invocation.arg(at).arg(ms),
+            None => invocation.arg("").arg(""),
         };
     }
     let done: Vec<i64> = invocation.invoke(conn).await?;
@@ -543,6 +583,11 @@ pub enum Settlement {
         /// The dead-letter envelope.
         envelope: String,
     },
+    /// Cancelled at a producer's request before its handler ran (or after
+    /// it failed): removed, its unique key freed, its outcome `cancelled`.
+    /// Only a kept job is settled so (its outcome is where the request
+    /// is); one that is not is settled as done.
+    Cancelled,
 }
 
 /// One finished job to settle.
@@ -580,6 +625,9 @@ pub struct Kept<'a> {
     /// Why a done job's result is not kept (too large, not JSON); empty
     /// when it is.
     pub note: &'a str,
+    /// The token that frees its unique key should it end cancelled
+    /// ([`crate::job::release_token`]); `None` without one.
+    pub release: Option<&'a str>,
 }
 
 /// The longest a job's outcome may be kept: a week. A job asking for more
@@ -668,6 +716,16 @@ pub async fn settle(
                 .arg(payload)
                 .arg(envelope.as_str())
                 .arg(release.unwrap_or_default()),
+            (Settlement::Cancelled, _) if at > 0 => invocation
+                .arg(format!("{kept}{named}C{index}"))
+                .arg(payload),
+            (Settlement::Cancelled, None) => {
+                invocation.arg(format!("{named}A{index}")).arg(payload)
+            }
+            (Settlement::Cancelled, Some(release)) => invocation
+                .arg(format!("{named}U{index}"))
+                .arg(payload)
+                .arg(release),
         };
         if let (Some(k), true) = (&f.kept, at > 0) {
             invocation
@@ -676,7 +734,8 @@ pub async fn settle(
                 .arg(k.attempt)
                 .arg(k.worker)
                 .arg(k.value)
-                .arg(k.note);
+                .arg(k.note)
+                .arg(k.release.unwrap_or_default());
         }
     }
     let mut reply: Vec<redis::Value> = invocation.invoke(conn).await?;
@@ -706,23 +765,45 @@ pub async fn settle(
     ))
 }
 
-/// Puts jobs back at the head of the queue: pairs of (payload as held in
-/// the processing list, payload to push). The last pair ends at the very
-/// head. Returns how many were still ours.
+/// A job to put back in the queue (see [`give_back`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Back<'a> {
+    /// The payload as held in the processing list.
+    pub held: &'a [u8],
+    /// The payload to push.
+    pub push: &'a [u8],
+    /// The job's id when it keeps its outcome: written `waiting` again.
+    pub kept: Option<&'a str>,
+}
+
+/// Puts jobs back at the head of the queue, a kept job's outcome `waiting`
+/// again. The last ends at the very head. Returns how many were still
+/// ours.
 pub async fn give_back(
     conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
-    pairs: &[(&[u8], &[u8])],
+    jobs: &[Back<'_>],
 ) -> RedisResult<usize> {
-    if pairs.is_empty() {
+    if jobs.is_empty() {
         return Ok(0);
     }
-    let keys = [queue.processing(instance), queue.waiting().to_string()];
+    let mut keys = vec![queue.processing(instance), queue.waiting().to_string()];
+    let mut at = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match job.kept {
+            Some(id) => {
+                at.push(keys.len() + 1);
+                keys.push(queue.outcome(id));
+            }
+            None => at.push(0),
+        }
+    }
     // Payloads go straight into the command (see `Eval`).
     let mut invocation = Eval::new(&scripts::GIVE_BACK, &keys);
-    for (held, push) in pairs {
-        invocation.arg(*held).arg(*push);
+    invocation.arg(instance);
+    for (job, at) in jobs.iter().zip(at) {
+        invocation.arg(job.held).arg(job.push).arg(at);
     }
     invocation.invoke(conn).await
 }
@@ -871,12 +952,24 @@ pub async fn reap(
     dead_after: Option<Duration>,
 ) -> RedisResult<Option<u64>> {
     let limit = dead_after.map_or(-1, |d| d.as_millis() as i64);
-    let moved: i64 = scripts::REAP
+    // The ids of its jobs, read first: each one's outcome, when it keeps
+    // one still saying it runs there, is written `waiting` by the script
+    // that moves the job (a job it holds that is not yet in the list
+    // leaves an outcome that goes in a week, as any stranded one does).
+    let held: Vec<Payload> = conn.lrange(queue.processing(instance), 0, -1).await?;
+    let mut invocation = scripts::REAP.prepare_invoke();
+    invocation
         .key(queue.workers())
         .key(queue.processing(instance))
         .key(queue.waiting())
         .key(queue.worker(instance))
-        .key(queue.stats_recovered())
+        .key(queue.stats_recovered());
+    for payload in &held {
+        if let Some(id) = crate::job::id_in(payload) {
+            invocation.key(queue.outcome(&id));
+        }
+    }
+    let moved: i64 = invocation
         .arg(instance)
         .arg(limit)
         .invoke_async(conn)

@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use crate::connection::Conn;
 use crate::keys::QueueKeys;
-use crate::ops::RedisResult;
+use crate::ops::{MAX_KEEP, RedisResult};
+use crate::scripts;
 
 /// The longest result kept, in bytes of JSON text. A longer one leaves the
 /// job done without it, and `result_error` says why.
@@ -36,6 +37,11 @@ pub const WAIT_SLICE: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
+    /// In the queue, waiting for a slot (enqueued with `keep`, or given
+    /// back to the queue by a worker that stopped or was lost).
+    Waiting,
+    /// Enqueued to run later, at `next_at_ms`.
+    Scheduled,
     /// Taken by a worker, its handler running.
     Running,
     /// An attempt failed; the next is due at `next_at_ms`.
@@ -44,32 +50,42 @@ pub enum State {
     Done,
     /// Dead-lettered, with its error.
     Dead,
+    /// Cancelled before it ran, or asked to stop and then failed.
+    Cancelled,
 }
 
 impl State {
     /// The word in the hash.
     pub fn as_str(self) -> &'static str {
         match self {
+            State::Waiting => "waiting",
+            State::Scheduled => "scheduled",
             State::Running => "running",
             State::Retrying => "retrying",
             State::Done => "done",
             State::Dead => "dead",
+            State::Cancelled => "cancelled",
         }
     }
 
+    /// Every state, in the order a job passes through them.
+    pub const ALL: [State; 7] = [
+        State::Waiting,
+        State::Scheduled,
+        State::Running,
+        State::Retrying,
+        State::Done,
+        State::Dead,
+        State::Cancelled,
+    ];
+
     /// Whether nothing more happens to the job.
     pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Dead)
+        matches!(self, State::Done | State::Dead | State::Cancelled)
     }
 
     fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "running" => State::Running,
-            "retrying" => State::Retrying,
-            "done" => State::Done,
-            "dead" => State::Dead,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
     }
 }
 
@@ -100,9 +116,18 @@ pub struct Outcome {
     /// When the outcome last changed (unix ms, Redis clock).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub updated_at_ms: Option<u64>,
-    /// When the job ended (done, dead).
+    /// When the job ended (done, dead, cancelled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at_ms: Option<u64>,
+    /// The latest progress a running job reported (JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<serde_json::Value>,
+    /// When it reported it (unix ms, Redis clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress_at_ms: Option<u64>,
+    /// When a cancel was asked for a job that was running (or taken).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at_ms: Option<u64>,
 }
 
 impl Outcome {
@@ -120,6 +145,8 @@ impl Outcome {
             next_at_ms: number(&fields, "next_at"),
             updated_at_ms: number(&fields, "updated_at"),
             ended_at_ms: number(&fields, "ended_at"),
+            progress_at_ms: number(&fields, "progress_at"),
+            cancel_requested_at_ms: number(&fields, "cancel_requested"),
             worker: fields.remove("worker"),
             // Written by the worker from JSON it checked: text that does
             // not parse is shown as a string rather than lost.
@@ -127,6 +154,9 @@ impl Outcome {
                 .remove("result")
                 .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))),
             result_error: fields.remove("result_error"),
+            progress: fields
+                .remove("progress")
+                .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))),
             error: fields.remove("error"),
         })
     }
@@ -191,38 +221,159 @@ pub async fn wait(
     }
 }
 
-/// Notes that attempt `attempt` of job `id` runs on `worker` (`at`: unix
-/// ms on the Redis clock). Written as a kept job starts, before its
-/// handler runs, so it always comes before the settlement that ends the
-/// attempt; not written atomically with the taking (a job taken and not
-/// yet started still shows its earlier state).
-pub async fn running(
+/// Notes that attempt `attempt` of job `id` starts on `worker` (its final
+/// outcome kept `keep`), before its handler runs, so it always comes
+/// before the settlement that ends the attempt; not written atomically
+/// with the taking (a job taken and not yet started still shows its
+/// earlier state). Returns `false`, writing nothing, when a cancel was
+/// asked for: the job is not to run, and is settled
+/// [`crate::ops::Settlement::Cancelled`].
+pub async fn start(
     conn: &mut impl Conn,
     queue: &QueueKeys,
     id: &str,
     attempt: u32,
     worker: &str,
-    at: u64,
-) -> RedisResult<()> {
-    let key = queue.outcome(id);
-    redis::pipe()
-        .atomic()
-        .hset_multiple(
-            &key,
-            &[
-                ("state", State::Running.as_str().to_string()),
-                ("attempt", attempt.to_string()),
-                ("worker", worker.to_string()),
-                ("updated_at", at.to_string()),
-            ],
-        )
-        .ignore()
-        .hdel(&key, "next_at")
-        .ignore()
-        .persist(&key)
-        .ignore()
-        .query_async(conn)
-        .await
+    keep: Duration,
+) -> RedisResult<bool> {
+    let started: i64 = scripts::START
+        .key(queue.outcome(id))
+        .key(queue.outcome_end(id))
+        .arg(attempt)
+        .arg(worker)
+        .arg(keep.min(MAX_KEEP).as_millis().max(1) as u64)
+        .invoke_async(conn)
+        .await?;
+    Ok(started == 1)
+}
+
+/// The largest progress kept, in bytes of JSON text: a report is a number
+/// or a small object, not a result.
+pub const MAX_PROGRESS_BYTES: usize = 4096;
+
+/// The least time between two progress writes of one job: a handler that
+/// reports more often has its reports between written as the latest one,
+/// once the interval is up.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What a progress report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// Written: the outcome says this attempt runs on this worker.
+    pub written: bool,
+    /// A cancel was asked for the job.
+    pub cancel_requested: bool,
+}
+
+/// Writes the progress (`value`, JSON text of at most
+/// [`MAX_PROGRESS_BYTES`]) of attempt `attempt` of job `id` running on
+/// `worker`; nothing when the outcome no longer says it runs there.
+pub async fn progress(
+    conn: &mut impl Conn,
+    queue: &QueueKeys,
+    id: &str,
+    worker: &str,
+    attempt: u32,
+    value: &str,
+) -> RedisResult<Reported> {
+    let (written, asked): (i64, i64) = scripts::PROGRESS
+        .key(queue.outcome(id))
+        .arg(worker)
+        .arg(attempt)
+        .arg(value)
+        .invoke_async(conn)
+        .await?;
+    Ok(Reported {
+        written: written == 1,
+        cancel_requested: asked == 1,
+    })
+}
+
+/// Which of the kept jobs `ids` of `queue` have a cancel asked for: what
+/// a worker checks for the kept jobs it runs, once a heartbeat.
+pub async fn cancel_requested(
+    conn: &mut impl Conn,
+    queue: &QueueKeys,
+    ids: &[&str],
+) -> RedisResult<Vec<bool>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for id in ids {
+        pipe.hexists(queue.outcome(id), "cancel_requested");
+    }
+    pipe.query_async(conn).await
+}
+
+/// What a cancel did (see [`cancel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "did")]
+pub enum Cancel {
+    /// Removed from where it waited, and `cancelled`.
+    Removed {
+        /// Where it was: waiting, scheduled or retrying.
+        from: State,
+    },
+    /// Running (or taken and not yet started): its worker asks the
+    /// handler to stop. A handler that finishes anyway ends as it would
+    /// have; one that fails is not retried, and ends `cancelled`.
+    Requested {
+        /// The state it was in.
+        state: State,
+    },
+    /// Already ended; left alone.
+    Final {
+        /// How it ended.
+        state: State,
+    },
+    /// No job of that id waits, is scheduled or retries, and no kept
+    /// outcome says where it is (it was never kept and runs, or ended and
+    /// its outcome expired, or never was).
+    Unknown,
+}
+
+/// How long the outcome of a job cancelled while waiting is kept when the
+/// job kept none of its own: a day, as Celery keeps results.
+pub const CANCELLED_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// Cancels job `id` of `queue`: removes it if it waits (queue, scheduled
+/// or retry set), asks it to stop if it runs, and says which
+/// ([`Cancel`]). Finding a job that waits scans the queue (O(depth)).
+pub async fn cancel(conn: &mut impl Conn, queue: &QueueKeys, id: &str) -> RedisResult<Cancel> {
+    let (did, state): (String, String) = scripts::CANCEL
+        .key(queue.waiting())
+        .key(queue.scheduled())
+        .key(queue.retry())
+        .key(queue.unique())
+        .key(queue.unique_expiry())
+        .key(queue.outcome(id))
+        .key(queue.outcome_end(id))
+        .arg(id)
+        .arg(CANCELLED_KEEP.as_millis() as u64)
+        .invoke_async(conn)
+        .await?;
+    let state_of = |s: &str| {
+        State::parse(s).ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "malformed reply",
+                format!("cancel.lua answered the state {s:?}"),
+            ))
+        })
+    };
+    Ok(match did.as_str() {
+        "removed" => Cancel::Removed {
+            from: state_of(&state)?,
+        },
+        "requested" => Cancel::Requested {
+            state: state_of(&state)?,
+        },
+        "final" => Cancel::Final {
+            state: state_of(&state)?,
+        },
+        _ => Cancel::Unknown,
+    })
 }
 
 /// The facts of outcomes a client library needs, as one JSON object: the
@@ -232,14 +383,21 @@ pub async fn running(
 pub fn facts() -> serde_json::Value {
     let q = QueueKeys::new("{queue}");
     let words = |states: &[State]| states.iter().map(|s| s.as_str()).collect::<Vec<_>>();
-    let states = words(&[State::Running, State::Retrying, State::Done, State::Dead]);
-    let final_states = words(&[State::Done, State::Dead]);
+    let states = words(&State::ALL);
+    let final_states: Vec<&str> = State::ALL
+        .into_iter()
+        .filter(|s| s.is_final())
+        .map(State::as_str)
+        .collect();
     serde_json::json!({
         "outcome_key": q.outcome("{id}"),
         "outcome_end_key": q.outcome_end("{id}"),
         "keep_field": crate::job::field::KEEP,
-        "max_keep_seconds": crate::ops::MAX_KEEP.as_secs(),
+        "max_keep_seconds": MAX_KEEP.as_secs(),
         "max_result_bytes": MAX_RESULT_BYTES,
+        "max_progress_bytes": MAX_PROGRESS_BYTES,
+        "progress_interval_ms": u64::try_from(PROGRESS_INTERVAL.as_millis()).unwrap_or(u64::MAX),
+        "cancelled_keep_seconds": CANCELLED_KEEP.as_secs(),
         "max_answer_bytes": MAX_ANSWER_BYTES,
         "wait_slice_ms": u64::try_from(WAIT_SLICE.as_millis()).unwrap_or(u64::MAX),
         "states": states,

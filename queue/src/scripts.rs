@@ -30,6 +30,7 @@ const LUA: &[(&str, &str)] = &[
     ("take.lua", include_str!("lua/take.lua")),
     ("unique.lua", include_str!("lua/unique.lua")),
     ("named.lua", include_str!("lua/named.lua")),
+    ("outcome.lua", include_str!("lua/outcome.lua")),
     ("fetch.lua", include_str!("lua/fetch.lua")),
     ("settle.lua", include_str!("lua/settle.lua")),
     ("settle_intake.lua", include_str!("lua/settle_intake.lua")),
@@ -44,6 +45,9 @@ const LUA: &[(&str, &str)] = &[
     ("remove.lua", include_str!("lua/remove.lua")),
     ("purge.lua", include_str!("lua/purge.lua")),
     ("dead_pick.lua", include_str!("lua/dead_pick.lua")),
+    ("start.lua", include_str!("lua/start.lua")),
+    ("progress.lua", include_str!("lua/progress.lua")),
+    ("cancel.lua", include_str!("lua/cancel.lua")),
 ];
 
 /// What every script runs with: `expect()` (`guard.lua`) and `now`, the
@@ -54,7 +58,13 @@ const PLAIN: &[&str] = &["guard.lua", "now.lua"];
 /// finished job's unique key (`unique.lua`), and `named()`, which finds a
 /// large payload the worker names by its length and digest rather than
 /// sending it (`named.lua`).
-const ENDING: &[&str] = &["guard.lua", "now.lua", "unique.lua", "named.lua"];
+const ENDING: &[&str] = &[
+    "guard.lua",
+    "now.lua",
+    "unique.lua",
+    "named.lua",
+    "outcome.lua",
+];
 
 /// The scripts that take jobs read the clock only when they need it
 /// (`now()`, `clock.lua` in place of `now.lua`), and add the intake stamp,
@@ -68,8 +78,9 @@ const TAKING: &[&str] = &[
     "unique.lua",
 ];
 
-/// The settle takes jobs as the taking scripts do, and finds a large
-/// payload the worker names by its length and digest (`named.lua`).
+/// The settle takes jobs as the taking scripts do, finds a large payload
+/// the worker names by its length and digest (`named.lua`), and writes
+/// kept outcomes (`outcome.lua`).
 const SETTLING: &[&str] = &[
     "guard.lua",
     "clock.lua",
@@ -78,7 +89,12 @@ const SETTLING: &[&str] = &[
     "take.lua",
     "unique.lua",
     "named.lua",
+    "outcome.lua",
 ];
+
+/// The scripts that write a kept job's outcome as they move it add the
+/// outcome's writes (`outcome.lua`).
+const KEEPING: &[&str] = &["guard.lua", "now.lua", "outcome.lua"];
 
 /// How each script is composed: its file and the pieces put in front of
 /// it, in order. Each file's first line names the same pieces
@@ -88,15 +104,26 @@ const COMPOSED: &[(&str, &[&str])] = &[
     ("fetch.lua", TAKING),
     ("settle.lua", SETTLING),
     ("settle_intake.lua", ENDING),
-    ("enqueue.lua", PLAIN),
+    ("enqueue.lua", KEEPING),
     (
         "fire.lua",
-        &["guard.lua", "now.lua", "enqueue.lua as enqueue(KEYS, ARGV)"],
+        &[
+            "guard.lua",
+            "now.lua",
+            "outcome.lua",
+            "enqueue.lua as enqueue(KEYS, ARGV)",
+        ],
     ),
-    ("give_back.lua", PLAIN),
+    ("give_back.lua", KEEPING),
     ("promote.lua", PLAIN),
     ("heartbeat.lua", PLAIN),
-    ("reap.lua", PLAIN),
+    ("reap.lua", KEEPING),
+    ("start.lua", KEEPING),
+    ("progress.lua", PLAIN),
+    (
+        "cancel.lua",
+        &["guard.lua", "now.lua", "unique.lua", "outcome.lua"],
+    ),
     ("deregister.lua", PLAIN),
     ("resurrect.lua", PLAIN),
     ("remove.lua", PLAIN),
@@ -186,46 +213,38 @@ pub(crate) static FETCH_SOURCE: LazyLock<String> = LazyLock::new(|| source("fetc
 pub static FETCH: LazyLock<Script> = LazyLock::new(|| registered(FETCH_SOURCE.clone()));
 
 /// Settles freshly fetched payloads that need more than the fetch script's
-/// stamp. KEYS: processing, scheduled, dead, stats:dead, unique,
-/// unique:expiry. ARGV: quadruples of action, payload as held, payload to
-/// write, score: `R` replaces the held payload with the stamped one (`N`:
-/// the held payload named by length and SHA-1, the stamped one being it
-/// with the payload to write put after its opening brace), `S`
-/// parks the payload to write in the scheduled set at the score, `D`
-/// dead-letters it with the envelope and frees its unique key (the fourth
-/// is then the release token). Returns 1 or 0 per quadruple: whether the
-/// payload was still ours.
+/// stamp: stamped, scheduled or dead-lettered, a kept job's outcome
+/// written with it. The header of `lua/settle_intake.lua` says its KEYS
+/// and ARGV.
 pub static SETTLE_INTAKE: LazyLock<Script> = LazyLock::new(|| composed("settle_intake.lua"));
 
-/// Enqueues jobs, refusing those whose unique key another job holds.
-/// KEYS: queue, scheduled, unique, unique:expiry. ARGV: five per job:
-/// payload, `run_at` ('' for now), id, unique key ('' for none), hold in
-/// ms. Returns 1 (enqueued) or 0 (duplicate) per job.
+/// Enqueues jobs, refusing those whose unique key another job holds, and
+/// writes a kept job's outcome `waiting` or `scheduled`. The header of
+/// `lua/enqueue.lua` says its KEYS and ARGV.
 pub static ENQUEUE: LazyLock<Script> = LazyLock::new(|| composed("enqueue.lua"));
 
-/// Settles finished jobs (done, retried later, dead-lettered) in one round
-/// trip and takes the next jobs into the slots they free as [`FETCH`]
-/// does. KEYS: ten per queue, highest priority first: queue, processing, stats:processed, retry, stats:failed, dead,
-/// stats:dead, unique, unique:expiry, rate. ARGV: how many jobs to take,
-/// the attempt limit, the ids, the rate limit, the size limit and the
-/// instance (as for [`FETCH`]), then
-/// per settlement a head, the kind and the queue's index (1-based, as in
-/// `A1`; led by `#`, as in `#A1`, when the payload is named by its length
-/// and SHA-1 instead, `named.lua`), the payload as held (or its name), and
-/// what the kind needs: `A` (done)
-/// nothing, `U` (done, freeing its unique key) the release token, `T`
-/// (retry) the next payload and the delay in ms, `B` (dead) the envelope
-/// and the release token. Returns one flat array: the limit's pair as
-/// [`FETCH`] does, how many settlements found their job gone and the
-/// position (1-based) of each, then the jobs taken, grouped as [`FETCH`]
-/// returns them.
+/// Settles finished jobs (done, retried later, dead-lettered, cancelled)
+/// in one round trip, with their kept outcomes, and takes the next jobs
+/// into the slots they free as [`FETCH`] does. The header of
+/// `lua/settle.lua` says its KEYS, ARGV and reply.
 pub static SETTLE: LazyLock<Script> = LazyLock::new(|| composed("settle.lua"));
 
-/// Puts jobs back at the head of the queue (they run next). KEYS:
-/// processing, queue. ARGV: pairs of payload as held, payload to push.
-/// Pairs are pushed in order, so the last pair ends up at the very head.
-/// Returns how many were still ours.
+/// Puts jobs back at the head of the queue (they run next), a kept job's
+/// outcome `waiting` again. The header of `lua/give_back.lua` says its
+/// KEYS and ARGV.
 pub static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| composed("give_back.lua"));
+
+/// A kept job's attempt starts: `running`, unless a cancel was asked for.
+/// The header of `lua/start.lua` says its KEYS, ARGV and reply.
+pub static START: LazyLock<Script> = LazyLock::new(|| composed("start.lua"));
+
+/// A running kept job's progress. The header of `lua/progress.lua` says
+/// its KEYS, ARGV and reply.
+pub static PROGRESS: LazyLock<Script> = LazyLock::new(|| composed("progress.lua"));
+
+/// Cancels a job by id. The header of `lua/cancel.lua` says its KEYS, ARGV
+/// and reply.
+pub static CANCEL: LazyLock<Script> = LazyLock::new(|| composed("cancel.lua"));
 
 /// Moves due entries of the retry and scheduled sets to the tail of the
 /// queue. KEYS: retry, scheduled, queue. ARGV: the most to move per set.
@@ -239,7 +258,9 @@ pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| composed("heartbeat.lu
 
 /// Returns a lost worker's jobs to the head of the queue, oldest taken at
 /// the very head, and forgets the worker. KEYS: workers, its processing
-/// list, queue, its hash, stats:recovered. ARGV: instance, silence in
+/// list, queue, its hash, stats:recovered, then the outcome hashes of its
+/// jobs that may keep one (each still running there is written
+/// `waiting`). ARGV: instance, silence in
 /// milliseconds after which it counts as lost (-1: lost regardless, for a
 /// worker's own earlier incarnations). The silence is checked again here,
 /// so a worker that has just beaten is left alone and concurrent reapers

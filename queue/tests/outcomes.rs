@@ -43,6 +43,7 @@ fn kept<'a>(id: &'a str, value: &'a str, note: &'a str) -> Kept<'a> {
         worker: WORKER,
         value,
         note,
+        release: None,
     }
 }
 
@@ -153,8 +154,14 @@ async fn each_settlement_writes_its_kept_outcome_and_the_rest_write_none() {
         (29_000..=31_000).contains(&(next - updated)),
         "{next} - {updated}"
     );
+    // Not final: kept a week past its next attempt's due time, so an
+    // outcome whose job vanished still goes.
     let ttl: i64 = c.pttl(q.outcome("retried")).await.expect("pttl");
-    assert_eq!(ttl, -1, "an outcome that is not final does not expire");
+    let week = ops::MAX_KEEP.as_millis() as i64;
+    assert!(
+        (week + 29_000..=week + 30_000).contains(&ttl),
+        "{ttl}: a week and the delay"
+    );
     let waiting: i64 = c.exists(q.outcome_end("retried")).await.expect("exists");
     assert_eq!(waiting, 0, "no end for waiters yet");
 
@@ -292,9 +299,11 @@ async fn every_waiter_wakes_when_the_job_ends_and_a_wait_for_nothing_times_out()
     let mut c = redis.conn().await;
     let q = QueueKeys::new("{out}:c");
     let held = taken(&mut c, &q, &["awaited"]).await;
-    outcome::running(&mut c, &q, "awaited", 1, WORKER, 1)
-        .await
-        .expect("running");
+    assert!(
+        outcome::start(&mut c, &q, "awaited", 1, WORKER, Duration::from_secs(60))
+            .await
+            .expect("start")
+    );
     let running = outcome::read(&mut c, &q, "awaited")
         .await
         .expect("read")
@@ -346,4 +355,525 @@ async fn every_waiter_wakes_when_the_job_ends_and_a_wait_for_nothing_times_out()
         .expect("wait");
     assert_eq!(none, Waited::TimedOut(None));
     assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+/// Enqueues `{"id": id, "task": "t", …extra}` through the queue crate.
+async fn enqueue(
+    c: &mut MultiplexedConnection,
+    q: &QueueKeys,
+    id: &str,
+    extra: serde_json::Value,
+    delay: Option<Duration>,
+) {
+    let mut job = serde_json::json!({"id": id, "task": "t"});
+    if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
+        job.extend(extra.clone());
+    }
+    let job = job.as_object().cloned().expect("an object");
+    let done = workerpool_queue::admin::enqueue(c, q, vec![job], delay)
+        .await
+        .expect("enqueue");
+    assert!(done[0].accepted);
+}
+
+async fn state(c: &mut MultiplexedConnection, q: &QueueKeys, id: &str) -> Option<State> {
+    outcome::read(c, q, id)
+        .await
+        .expect("read")
+        .map(|o| o.state)
+}
+
+#[test]
+fn the_lua_limit_of_an_outcomes_life_is_the_crates() {
+    let lua = include_str!("../src/lua/outcome.lua");
+    assert!(
+        lua.contains(&format!(
+            "local MAX_KEEP_MS = {}\n",
+            ops::MAX_KEEP.as_millis()
+        )),
+        "outcome.lua's MAX_KEEP_MS differs from ops::MAX_KEEP"
+    );
+}
+
+#[tokio::test]
+async fn a_producer_that_asks_sees_its_job_waiting_or_scheduled_at_once_and_others_see_nothing() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:e");
+    enqueue(&mut c, &q, "now", serde_json::json!({"keep": 60}), None).await;
+    enqueue(
+        &mut c,
+        &q,
+        "later",
+        serde_json::json!({"keep": 60}),
+        Some(Duration::from_secs(120)),
+    )
+    .await;
+    enqueue(&mut c, &q, "plain", serde_json::json!({}), None).await;
+    let now = outcome::read(&mut c, &q, "now")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(now.state, State::Waiting);
+    assert_eq!(now.next_at_ms, None);
+    let later = outcome::read(&mut c, &q, "later")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(later.state, State::Scheduled);
+    let due = later.next_at_ms.expect("next_at") - later.updated_at_ms.expect("updated_at");
+    assert!((119_000..=121_000).contains(&due), "{due}");
+    assert_eq!(state(&mut c, &q, "plain").await, None);
+    // Bounded: a week past when it is due, however long it waits.
+    let ttl: i64 = c.pttl(q.outcome("now")).await.expect("pttl");
+    let week = ops::MAX_KEEP.as_millis() as i64;
+    assert!((week - 2_000..=week).contains(&ttl), "{ttl}");
+    // The unkept job went in as before; all three are where they should be.
+    let waiting: i64 = c.llen(q.waiting()).await.expect("llen");
+    let scheduled: i64 = c.zcard(q.scheduled()).await.expect("zcard");
+    assert_eq!((waiting, scheduled), (2, 1));
+    // A keep that is not a number of seconds is refused whole.
+    let bad = serde_json::json!({"id": "bad", "keep": "soon"});
+    let refused = workerpool_queue::admin::enqueue(
+        &mut c,
+        &q,
+        vec![bad.as_object().cloned().expect("object")],
+        None,
+    )
+    .await
+    .expect_err("refused");
+    assert!(refused.to_string().contains("keep"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_kept_job_back_in_the_queue_is_waiting_again_whether_given_back_or_reaped() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:f");
+    let held = taken(&mut c, &q, &["given", "reaped", "elsewhere"]).await;
+    for id in ["given", "reaped", "elsewhere"] {
+        let worker = if id == "elsewhere" { "w~2" } else { WORKER };
+        assert!(
+            outcome::start(&mut c, &q, id, 1, worker, Duration::from_secs(60))
+                .await
+                .expect("start")
+        );
+    }
+    let given = held.iter().find(|p| p.contains("given")).expect("given");
+    let back = [ops::Back {
+        held: given.as_bytes(),
+        push: given.as_bytes(),
+        kept: Some("given"),
+    }];
+    assert_eq!(
+        ops::give_back(&mut c, &q, WORKER, &back)
+            .await
+            .expect("give back"),
+        1
+    );
+    let g = outcome::read(&mut c, &q, "given")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(g.state, State::Waiting);
+    assert!(
+        g.error.as_deref().unwrap_or("").contains("given back"),
+        "{g:?}"
+    );
+    // The reaper moves the other two; only the one shown running on the
+    // lost worker changes (the other says it runs elsewhere).
+    let moved = ops::reap(&mut c, &q, WORKER, None).await.expect("reap");
+    assert_eq!(moved, Some(2));
+    let r = outcome::read(&mut c, &q, "reaped")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(r.state, State::Waiting);
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("was lost"),
+        "{r:?}"
+    );
+    assert_eq!(state(&mut c, &q, "elsewhere").await, Some(State::Running));
+}
+
+#[tokio::test]
+async fn a_kept_job_dead_lettered_or_scheduled_at_intake_says_so_and_its_waiters_wake() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:g");
+    let held = taken(&mut c, &q, &["lost", "later"]).await;
+    let by_id = |id: &str| held.iter().find(|p| p.contains(id)).expect("held").clone();
+    let letter =
+        serde_json::json!({"reason": "lost", "error": "lost 5 times", "job": {"id": "lost"}});
+    let actions = [
+        ops::IntakeAction::Dead {
+            held: by_id("lost").into_bytes(),
+            envelope: letter.to_string(),
+            release: None,
+            kept: Some(ops::KeptAt {
+                id: "lost".into(),
+                keep: Duration::from_secs(60),
+            }),
+        },
+        ops::IntakeAction::Schedule {
+            held: by_id("later").into_bytes(),
+            payload: by_id("later").into_bytes(),
+            run_at: 4_000_000_000_000,
+            kept: Some(ops::KeptAt {
+                id: "later".into(),
+                keep: Duration::from_secs(60),
+            }),
+        },
+    ];
+    let done = ops::settle_intake(&mut c, &q, WORKER, &actions)
+        .await
+        .expect("settle intake");
+    assert_eq!(done, vec![true, true]);
+    let waited = outcome::wait(&mut c, &q, "lost", Duration::from_secs(2))
+        .await
+        .expect("wait");
+    let Waited::Final(dead) = waited else {
+        panic!("not final: {waited:?}")
+    };
+    assert_eq!(dead.state, State::Dead);
+    assert_eq!(dead.error.as_deref(), Some("lost 5 times"));
+    let ttl: i64 = c.pttl(q.outcome("lost")).await.expect("pttl");
+    assert!((50_000..=60_000).contains(&ttl), "{ttl}");
+    let later = outcome::read(&mut c, &q, "later")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(later.state, State::Scheduled);
+    assert_eq!(later.next_at_ms, Some(4_000_000_000_000));
+}
+
+#[tokio::test]
+async fn cancel_removes_a_waiting_scheduled_or_retrying_job_frees_its_unique_key_and_wakes_waiters()
+{
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:h");
+    // Many others around it: the one named is the one removed.
+    for i in 0..2500 {
+        enqueue(
+            &mut c,
+            &q,
+            &format!("other-{i}"),
+            serde_json::json!({}),
+            None,
+        )
+        .await;
+    }
+    enqueue(
+        &mut c,
+        &q,
+        "w1",
+        serde_json::json!({"keep": 60, "unique_key": "report:7"}),
+        None,
+    )
+    .await;
+    for i in 2500..3000 {
+        enqueue(
+            &mut c,
+            &q,
+            &format!("other-{i}"),
+            serde_json::json!({}),
+            None,
+        )
+        .await;
+    }
+    // A second job of the same unique key is refused while w1 waits.
+    let dup = serde_json::json!({"id": "w2", "unique_key": "report:7"});
+    let refused = workerpool_queue::admin::enqueue(
+        &mut c,
+        &q,
+        vec![dup.as_object().cloned().expect("object")],
+        None,
+    )
+    .await
+    .expect("enqueue");
+    assert!(!refused[0].accepted);
+    let waiter = {
+        let mut own = redis.conn().await;
+        let q = q.clone();
+        tokio::spawn(
+            async move { outcome::wait(&mut own, &q, "w1", Duration::from_secs(20)).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "w1").await.expect("cancel"),
+        outcome::Cancel::Removed {
+            from: State::Waiting
+        }
+    );
+    let depth: i64 = c.llen(q.waiting()).await.expect("llen");
+    assert_eq!(depth, 3000, "only the cancelled job left the queue");
+    let woke = waiter.await.expect("join").expect("wait");
+    let Waited::Final(cancelled) = woke else {
+        panic!("the waiter did not wake to the cancel: {woke:?}")
+    };
+    assert_eq!(cancelled.state, State::Cancelled);
+    let accepted = workerpool_queue::admin::enqueue(
+        &mut c,
+        &q,
+        vec![dup.as_object().cloned().expect("object")],
+        None,
+    )
+    .await
+    .expect("enqueue");
+    assert!(
+        accepted[0].accepted,
+        "the cancelled job's unique key is free"
+    );
+    // A scheduled job the producer did not keep: removed all the same, and
+    // its outcome says so for a day.
+    enqueue(
+        &mut c,
+        &q,
+        "s1",
+        serde_json::json!({}),
+        Some(Duration::from_secs(600)),
+    )
+    .await;
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "s1").await.expect("cancel"),
+        outcome::Cancel::Removed {
+            from: State::Scheduled
+        }
+    );
+    let scheduled: i64 = c.zcard(q.scheduled()).await.expect("zcard");
+    assert_eq!(scheduled, 0);
+    assert_eq!(state(&mut c, &q, "s1").await, Some(State::Cancelled));
+    let ttl: i64 = c.pttl(q.outcome("s1")).await.expect("pttl");
+    let day = outcome::CANCELLED_KEEP.as_millis() as i64;
+    assert!((day - 2_000..=day).contains(&ttl), "{ttl}");
+    // Again: final, left alone. An id nobody knows: unknown.
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "s1").await.expect("cancel"),
+        outcome::Cancel::Final {
+            state: State::Cancelled
+        }
+    );
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "nobody").await.expect("cancel"),
+        outcome::Cancel::Unknown
+    );
+    assert_eq!(state(&mut c, &q, "nobody").await, None);
+    // A retrying job, in the retry set.
+    let _: i64 = c
+        .zadd(
+            q.retry(),
+            r#"{"id":"r1","task":"t","attempt":1}"#,
+            4_000_000_000_000u64,
+        )
+        .await
+        .expect("zadd");
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "r1").await.expect("cancel"),
+        outcome::Cancel::Removed {
+            from: State::Retrying
+        }
+    );
+    let retries: i64 = c.zcard(q.retry()).await.expect("zcard");
+    assert_eq!(retries, 0);
+}
+
+#[tokio::test]
+async fn a_cancel_of_a_taken_job_stops_it_before_it_starts_and_one_that_fails_is_not_retried() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:i");
+    for id in ["taken", "running"] {
+        enqueue(
+            &mut c,
+            &q,
+            id,
+            serde_json::json!({"keep": 60, "unique_key": format!("k-{id}")}),
+            None,
+        )
+        .await;
+    }
+    let taken_jobs = ops::fetch(&mut c, std::slice::from_ref(&q), WORKER, 2, 5, None)
+        .await
+        .expect("fetch");
+    let held: Vec<String> = taken_jobs
+        .jobs
+        .into_iter()
+        .map(|j| String::from_utf8(j.payload).expect("utf-8"))
+        .collect();
+    let by_id = |id: &str| held.iter().find(|p| p.contains(id)).expect("held").clone();
+    assert!(
+        outcome::start(&mut c, &q, "running", 1, WORKER, Duration::from_secs(60))
+            .await
+            .expect("start")
+    );
+    // Taken, not started: the cancel finds it in no list and asks.
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "taken").await.expect("cancel"),
+        outcome::Cancel::Requested {
+            state: State::Waiting
+        }
+    );
+    assert_eq!(
+        outcome::cancel(&mut c, &q, "running")
+            .await
+            .expect("cancel"),
+        outcome::Cancel::Requested {
+            state: State::Running
+        }
+    );
+    let asked = outcome::cancel_requested(&mut c, &q, &["taken", "running", "nobody"])
+        .await
+        .expect("asked");
+    assert_eq!(asked, vec![true, true, false]);
+    // The worker's start refuses it; it settles cancelled.
+    assert!(
+        !outcome::start(&mut c, &q, "taken", 1, WORKER, Duration::from_secs(60))
+            .await
+            .expect("start")
+    );
+    // The running one fails: retried, it would run again; asked to stop,
+    // it ends cancelled.
+    let retry = Settlement::Retry {
+        next: by_id("running"),
+        delay: Duration::from_secs(1),
+    };
+    let held_taken = by_id("taken");
+    let held_running = by_id("running");
+    // Release tokens (`<length of the id>:<id><unique key>`).
+    let token_taken = "5:takenk-taken";
+    let token_running = "7:runningk-running";
+    let kept_of = |id: &'static str, token: &'static str| Kept {
+        release: Some(token),
+        ..kept(id, "", "")
+    };
+    let finished = [
+        Finished {
+            queue: 0,
+            payload: held_taken.as_bytes(),
+            settlement: &Settlement::Cancelled,
+            release: Some(token_taken),
+            kept: Some(kept_of("taken", token_taken)),
+        },
+        Finished {
+            queue: 0,
+            payload: held_running.as_bytes(),
+            settlement: &retry,
+            release: Some(token_running),
+            kept: Some(Kept {
+                value: "it stopped",
+                ..kept_of("running", token_running)
+            }),
+        },
+    ];
+    assert_eq!(
+        settle(&mut c, std::slice::from_ref(&q), &finished).await,
+        vec![true, true]
+    );
+    for id in ["taken", "running"] {
+        assert_eq!(state(&mut c, &q, id).await, Some(State::Cancelled), "{id}");
+    }
+    let retries: i64 = c.zcard(q.retry()).await.expect("zcard");
+    let processing: i64 = c.llen(q.processing(WORKER)).await.expect("llen");
+    assert_eq!((retries, processing), (0, 0));
+    let holders: i64 = c.hlen(q.unique()).await.expect("hlen");
+    assert_eq!(holders, 0, "both unique keys are free");
+    let failed: Option<i64> = c.get(q.stats_failed()).await.expect("get");
+    assert_eq!(failed, None, "a cancel is not a failure");
+}
+
+#[tokio::test]
+async fn progress_is_written_only_for_the_attempt_running_on_its_worker_and_tells_of_a_cancel() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:j");
+    let _ = taken(&mut c, &q, &["p"]).await;
+    // Not started: nothing is written.
+    let early = outcome::progress(&mut c, &q, "p", WORKER, 1, "10")
+        .await
+        .expect("progress");
+    assert!(!early.written);
+    assert!(
+        outcome::start(&mut c, &q, "p", 2, WORKER, Duration::from_secs(60))
+            .await
+            .expect("start")
+    );
+    let stale = outcome::progress(&mut c, &q, "p", WORKER, 1, "10")
+        .await
+        .expect("progress");
+    let other = outcome::progress(&mut c, &q, "p", "w~2", 2, "10")
+        .await
+        .expect("progress");
+    assert!(!stale.written && !other.written);
+    let ok = outcome::progress(&mut c, &q, "p", WORKER, 2, r#"{"pct":40,"step":"encode"}"#)
+        .await
+        .expect("progress");
+    assert_eq!(
+        ok,
+        outcome::Reported {
+            written: true,
+            cancel_requested: false
+        }
+    );
+    let p = outcome::read(&mut c, &q, "p")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(
+        p.progress,
+        Some(serde_json::json!({"pct": 40, "step": "encode"}))
+    );
+    assert!(p.progress_at_ms.is_some());
+    let _ = outcome::cancel(&mut c, &q, "p").await.expect("cancel");
+    let asked = outcome::progress(&mut c, &q, "p", WORKER, 2, "50")
+        .await
+        .expect("progress");
+    assert!(asked.written && asked.cancel_requested);
+}
+
+#[tokio::test]
+async fn a_user_refused_the_end_stream_leaves_a_kept_job_in_its_processing_list() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:k");
+    let held = taken(&mut c, &q, &["acl"]).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("noxadd")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("+@all")
+        .arg("-xadd")
+        .query_async(&mut c)
+        .await
+        .expect("acl setuser");
+    let url = format!("redis://noxadd:pw@127.0.0.1:{}/", redis.port());
+    let mut limited = redis::Client::open(url)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let finished = [Finished {
+        queue: 0,
+        payload: held[0].as_bytes(),
+        settlement: &Settlement::Done,
+        release: None,
+        kept: Some(kept("acl", r#"{"ok":1}"#, "")),
+    }];
+    let refused = ops::settle(
+        &mut limited,
+        std::slice::from_ref(&q),
+        WORKER,
+        &finished,
+        0,
+        5,
+        None,
+    )
+    .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let processing: Vec<String> = c.lrange(q.processing(WORKER), 0, -1).await.expect("lrange");
+    assert_eq!(processing, held, "the job is still held, not in no list");
+    assert_eq!(state(&mut c, &q, "acl").await, None);
 }

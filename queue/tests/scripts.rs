@@ -663,6 +663,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 held: held.as_bytes().to_vec(),
                 envelope: envelope.into(),
                 release: Some(token.into()),
+                kept: None,
             };
             format!("{:?}", ops::settle_intake(c, q, w, &[action]).await)
         }
@@ -698,11 +699,15 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
             )
         }
         Op::GiveBack(pairs) => {
-            let pairs: Vec<(&[u8], &[u8])> = pairs
+            let jobs: Vec<ops::Back<'_>> = pairs
                 .iter()
-                .map(|(a, b)| (a.as_bytes(), b.as_bytes()))
+                .map(|(a, b)| ops::Back {
+                    held: a.as_bytes(),
+                    push: b.as_bytes(),
+                    kept: None,
+                })
                 .collect();
-            format!("{:?}", ops::give_back(c, q, w, &pairs).await)
+            format!("{:?}", ops::give_back(c, q, w, &jobs).await)
         }
         Op::Promote(limit) => format!("{:?}", ops::promote_due(c, q, limit).await),
         Op::Fetch(n) => format!(
@@ -723,6 +728,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                 held: held.as_bytes().to_vec(),
                 payload: payload.as_bytes().to_vec(),
                 run_at,
+                kept: None,
             };
             format!("{:?}", ops::settle_intake(c, q, w, &[action]).await)
         }

@@ -88,7 +88,8 @@ const JOBS: Metric = Metric {
                      (dead-lettered); `requeued` (given back at shutdown, or not started by a \
                      handler that cannot start: its attempt not spent); `scheduled` (a fresh \
                      job whose `run_at` is in the future, moved to `<queue>:scheduled` on \
-                     intake). Every queue's \
+                     intake); `cancelled` (a kept job a producer cancelled after a worker took \
+                     it, or that failed once asked to stop: not run again). Every queue's \
                      `done`, `retried`, `dead` and `requeued` series exist from the start, at 0",
         },
     ],

@@ -1,4 +1,4 @@
--- uses: guard.lua, now.lua, enqueue.lua as enqueue(KEYS, ARGV)
+-- uses: guard.lua, now.lua, outcome.lua, enqueue.lua as enqueue(KEYS, ARGV)
 -- Claims one fire of a recurring schedule and enqueues its job in the same
 -- step, so however many operators fire the schedule at once, and whatever
 -- restarts in between, each fire is enqueued at most once. A schedule's
@@ -29,5 +29,5 @@ if latest >= at then
 end
 redis.call('HSET', fires, schedule, ARGV[2])
 local done = enqueue({KEYS[1], KEYS[2], KEYS[3], KEYS[4]},
-  {ARGV[3], '', ARGV[4], ARGV[5], ARGV[6]})
+  {ARGV[3], '', ARGV[4], ARGV[5], ARGV[6], '', ''})
 return {done[1], at}

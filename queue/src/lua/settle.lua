@@ -1,4 +1,4 @@
--- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua, named.lua
+-- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua, named.lua, outcome.lua
 -- Settles finished jobs (done, retried later, dead-lettered) in one round
 -- trip and takes the next jobs into the slots they free as fetch.lua does,
 -- its jobs stamped by stamp.lua and limited by rate.lua. This is how a
@@ -21,16 +21,25 @@
 -- KEYS of its outcome hash (the end stream follows it), how long to keep a
 -- final outcome in ms, the attempt, the worker, and the value: the result
 -- (JSON text, '' for none) of a job done, the error of one retried or dead;
--- then a note: why a done job's result was not kept ('' when it was).
+-- then a note: why a done job's result was not kept ('' when it was); then
+-- the job's unique key release token ('' for none), for a job that ends
+-- cancelled.
 --   `A` done: nothing more;
 --   `U` done, freeing its unique key: the release token (unique.lua);
 --   `T` retry later: the next attempt's payload, the delay in ms;
 --   `R` back later, its attempt not spent (the handler could not start
 --       it): as `T`, without counting a failure;
---   `B` dead-letter: the envelope, the release token ('' for none).
--- Each settlement first removes its exact payload from the processing list
--- and writes only if that happened: a job a reaper returned meanwhile is
--- not settled twice.
+--   `B` dead-letter: the envelope, the release token ('' for none);
+--   `C` cancelled (only kept: `+C1`): nothing more; its unique key is
+--       freed with the kept release token.
+-- A kept `T` or `R` whose outcome has a cancellation request
+-- (`cancel_requested`, cancel.lua) ends as `C` instead: a job asked to
+-- stop that failed is not run again.
+-- Each settlement first finds its exact payload in the processing list
+-- and writes only if it is there, removing it last: a job a reaper
+-- returned meanwhile is not settled twice, and a kept outcome the Redis
+-- user may not write (an ACL without XADD) stops the script with the job
+-- still in the processing list, not in no list at all.
 -- Returns one flat array: the queue index and ms until its next start
 -- when a rate limit stopped the taking with jobs left (else 0, -1); how
 -- many settlements found their job gone (a reaper returned it meanwhile)
@@ -59,9 +68,9 @@ end
 local kinds, bases, by_name, keeps = {}, {}, {}, {}
 -- How many arguments follow a head of `kind`, and a kept outcome's.
 local function args_of(kind)
-  return kind == 65 and 1 or kind == 85 and 2 or 3
+  return (kind == 65 or kind == 67) and 1 or kind == 85 and 2 or 3
 end
-local KEPT = 6
+local KEPT = 7
 local i = 9
 while i <= #ARGV do
   local head = ARGV[i]
@@ -81,6 +90,10 @@ while i <= #ARGV do
       expect_counter(KEYS[base + 5])
     elseif kind == 82 then -- R
       expect(KEYS[base + 4], 'zset')
+    elseif kind == 67 then -- C
+      if not kept then
+        error('a C settlement keeps its outcome (+C)')
+      end
     else -- B
       expect(KEYS[base + 6], 'list')
       expect_counter(KEYS[base + 5])
@@ -96,6 +109,10 @@ while i <= #ARGV do
     local at = tonumber(ARGV[i + step])
     expect(KEYS[at], 'hash')
     expect(KEYS[at + 1], 'stream')
+    if ARGV[i + step + 6] ~= '' then
+      expect(KEYS[base + 8], 'hash')
+      expect(KEYS[base + 9], 'zset')
+    end
     step = step + KEPT
   end
   i = i + step
@@ -114,42 +131,37 @@ if take > 0 then
   end
 end
 -- A kept outcome, written with the settlement that found its job: `o` is
--- the position in ARGV of its first argument, `value` the kind's.
+-- the position in ARGV of its first argument, `delay` a retry's.
 local function keep(kind, o, delay)
   local hash, ending = KEYS[tonumber(ARGV[o])], KEYS[tonumber(ARGV[o]) + 1]
   local ttl, attempt, by, value, note = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4], ARGV[o + 5]
   local t = now()
-  local state
+  redis.call('HSET', hash, 'attempt', attempt, 'worker', by, 'keep', ttl)
+  if kind == 84 or kind == 82 then -- T, R
+    redis.call('HSET', hash, 'error', value)
+    outcome_open(hash, ending, 'retrying', t, t + tonumber(delay))
+    return
+  end
+  local state = 'dead'
   if kind == 65 or kind == 85 then -- A, U
     state = 'done'
-    redis.call('HDEL', hash, 'error', 'next_at', 'result', 'result_error')
+    redis.call('HDEL', hash, 'error', 'result', 'result_error')
     if value ~= '' then
       redis.call('HSET', hash, 'result', value)
     end
     if note ~= '' then
       redis.call('HSET', hash, 'result_error', note)
     end
-  elseif kind == 84 or kind == 82 then -- T, R
-    state = 'retrying'
-    redis.call('HSET', hash, 'error', value, 'next_at', t + tonumber(delay))
-  else -- B
-    state = 'dead'
-    redis.call('HDEL', hash, 'next_at', 'result', 'result_error')
-    redis.call('HSET', hash, 'error', value)
+  else -- B, C
+    if kind == 67 then
+      state = 'cancelled'
+    end
+    redis.call('HDEL', hash, 'result', 'result_error')
+    if value ~= '' then
+      redis.call('HSET', hash, 'error', value)
+    end
   end
-  redis.call('HSET', hash, 'state', state, 'attempt', attempt, 'worker', by, 'updated_at', t)
-  if state == 'retrying' then
-    redis.call('PERSIST', hash)
-    redis.call('DEL', ending)
-  else
-    redis.call('HSET', hash, 'ended_at', t)
-    redis.call('PEXPIRE', hash, ttl)
-    -- One entry, whatever ran before: what waiters block on (XREAD, a
-    -- read: every waiter wakes, and read-only users may wait).
-    redis.call('DEL', ending)
-    redis.call('XADD', ending, '*', 'state', state)
-    redis.call('PEXPIRE', ending, ttl)
-  end
+  outcome_end(hash, ending, state, t, ttl)
 end
 i = 9
 while i <= #ARGV do
@@ -158,17 +170,34 @@ while i <= #ARGV do
   local extra = ARGV[i + 2]
   local own = i + 1 + args_of(kind) -- the first argument after the kind's
   i = own + (keeps[head] and KEPT or 0)
+  local list = KEYS[base + 2]
   -- From the tail: the list is newest first, and the jobs that finish
   -- first are mostly the oldest, so the match is found within a few
   -- entries instead of after every job still running.
   -- The count as text: Redis formats a number argument with snprintf.
-  local ok
-  if by_name[head] then
+  local ok = 0
+  if keeps[head] then
+    -- Found first, its outcome written, then removed (see the header).
+    local entry
+    if by_name[head] then
+      entry = named(list, payload)
+    elseif redis.call('LPOS', list, payload, 'RANK', '-1') then
+      entry = payload
+    end
+    if entry then
+      if (kind == 84 or kind == 82)
+        and redis.call('HEXISTS', KEYS[tonumber(ARGV[own])], 'cancel_requested') == 1 then
+        kind = 67
+      end
+      keep(kind, own, ARGV[own - 1])
+      ok = redis.call('LREM', list, '-1', entry)
+    end
+  elseif by_name[head] then
     -- named.lua: the entry from the tail, as LREM -1 searches.
-    local entry = named(KEYS[base + 2], payload)
-    ok = entry and redis.call('LREM', KEYS[base + 2], '-1', entry) or 0
+    local entry = named(list, payload)
+    ok = entry and redis.call('LREM', list, '-1', entry) or 0
   else
-    ok = redis.call('LREM', KEYS[base + 2], '-1', payload)
+    ok = redis.call('LREM', list, '-1', payload)
   end
   settlement = settlement + 1
   if ok == 0 then
@@ -185,14 +214,13 @@ while i <= #ARGV do
       if kind == 84 then
         count(KEYS[base + 5])
       end
+    elseif kind == 67 then -- C
+      release(KEYS[base + 8], KEYS[base + 9], ARGV[own + 6])
     else -- B
       redis.call('LPUSH', KEYS[base + 6], extra)
       count(KEYS[base + 5])
       count(KEYS[base + 7])
       release(KEYS[base + 8], KEYS[base + 9], ARGV[own - 1])
-    end
-    if keeps[head] then
-      keep(kind, own, ARGV[own - 1])
     end
   end
 end

@@ -1,8 +1,12 @@
--- uses: guard.lua, now.lua, unique.lua, named.lua
+-- uses: guard.lua, now.lua, unique.lua, named.lua, outcome.lua
 -- Settles freshly fetched payloads that the fetch script left untouched or
 -- that the worker read otherwise than the script's stamp.
--- KEYS: processing, scheduled, dead, stats:dead, unique, unique:expiry.
--- ARGV: quadruples of action, payload as held, payload to write, score:
+-- KEYS: processing, scheduled, dead, stats:dead, unique, unique:expiry;
+-- then, for each action whose job keeps its outcome, its outcome hash and
+-- end stream.
+-- ARGV: six per action: action, payload as held, payload to write, score,
+-- then the position in KEYS of the job's outcome hash ('' for none; the
+-- end stream follows it) and how long to keep a final outcome in ms:
 -- `R` replaces the held payload with the stamped one,
 -- `N` does the same for a held payload named by its length and SHA-1
 --     (`<length>:<sha1 hex>`, named.lua) in place of its bytes, the
@@ -11,12 +15,20 @@
 --     it back whole, twice),
 -- `S` parks the payload to write in the scheduled set at the score,
 -- `D` dead-letters it with the envelope (the payload to write).
+-- A kept `S` is written `scheduled` (due at the score), a kept `D` `dead`
+-- with the envelope's `error`.
 -- The score is an empty string for `R`; for `D` it is the unique key's
 -- release token (unique.lua; '' for none).
 -- Returns 1 or 0 per quadruple: whether the payload was still ours.
 local processing, scheduled, dead, dead_total = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 expect(processing, 'list')
-for i = 1, #ARGV, 4 do
+local SIX = 6
+for i = 1, #ARGV, SIX do
+  local at = tonumber(ARGV[i + 4])
+  if at and at > 0 then
+    expect(KEYS[at], 'hash')
+    expect(KEYS[at + 1], 'stream')
+  end
   local action = ARGV[i]
   if action == 'S' then
     expect(scheduled, 'zset')
@@ -30,7 +42,7 @@ for i = 1, #ARGV, 4 do
   end
 end
 local out = {}
-for i = 1, #ARGV, 4 do
+for i = 1, #ARGV, SIX do
   local action, held, write = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local ok, entry
   if action == 'N' then
@@ -50,6 +62,20 @@ for i = 1, #ARGV, 4 do
       redis.call('LPUSH', dead, write)
       redis.call('INCR', dead_total)
       release(KEYS[5], KEYS[6], ARGV[i + 3])
+    end
+    local at = tonumber(ARGV[i + 4])
+    if at and at > 0 and (action == 'S' or action == 'D') then
+      local hash, ending = KEYS[at], KEYS[at + 1]
+      if action == 'S' then
+        outcome_open(hash, ending, 'scheduled', now, ARGV[i + 3])
+      else
+        local ok_letter, letter = pcall(cjson.decode, write)
+        if ok_letter and type(letter) == 'table' and type(letter.error) == 'string' then
+          redis.call('HSET', hash, 'error', letter.error)
+        end
+        redis.call('HDEL', hash, 'result', 'result_error')
+        outcome_end(hash, ending, 'dead', now, ARGV[i + 5])
+      end
     end
   end
   out[#out + 1] = ok

@@ -45,12 +45,22 @@ impl Worker {
                     async move {
                         let listed = ops::processing(&mut c, q, &self.instance).await?;
                         let pushed = unstarted(&listed, unfinished);
-                        let pairs: Vec<(&[u8], &[u8])> = listed
+                        // A kept job still shown running here is waiting again.
+                        let ids: Vec<Option<String>> = listed
                             .iter()
-                            .map(Vec::as_slice)
-                            .zip(pushed.iter().map(Vec::as_slice))
+                            .map(|p| workerpool_queue::job::id_in(p))
                             .collect();
-                        let n = ops::give_back(&mut c, q, &self.instance, &pairs).await?;
+                        let jobs: Vec<ops::Back<'_>> = listed
+                            .iter()
+                            .zip(&pushed)
+                            .zip(&ids)
+                            .map(|((held, push), id)| ops::Back {
+                                held,
+                                push,
+                                kept: id.as_deref(),
+                            })
+                            .collect();
+                        let n = ops::give_back(&mut c, q, &self.instance, &jobs).await?;
                         ops::deregister(&mut c, q, &self.instance).await?;
                         Ok(n)
                     }

@@ -62,11 +62,12 @@ impl Worker {
             }
             let Plan {
                 ready,
-                actions,
+                mut actions,
                 runs,
                 back,
                 ..
             } = plan;
+            keep_in_intake(&mut actions, self.config.keep_outcomes);
             let mut mine = mine.into_iter();
             // Stamped as they were taken: they start now.
             for job in ready {
@@ -80,10 +81,15 @@ impl Worker {
             // Slots no job here needed are the next queue's.
             permits.extend(mine);
             if !back.is_empty() {
-                let pairs: Vec<(&[u8], &[u8])> = back
+                // Taken and never started: their outcomes were not touched.
+                let pairs: Vec<ops::Back<'_>> = back
                     .iter()
                     .rev()
-                    .map(|(held, original)| (held.as_slice(), original.as_slice()))
+                    .map(|(held, original)| ops::Back {
+                        held: held.as_slice(),
+                        push: original.as_slice(),
+                        kept: None,
+                    })
                     .collect();
                 let returned = self
                     .redis
@@ -169,6 +175,37 @@ struct Plan {
     dead: Vec<DeadLetter>,
 }
 
+/// Notes, on the intake actions that schedule or dead-letter a job that
+/// keeps its outcome (its own `keep`, else `default`, the worker's
+/// `--keep-outcomes`), which outcome the script writes.
+fn keep_in_intake(actions: &mut [IntakeAction], default: Option<std::time::Duration>) {
+    fn kept_at(
+        job: Option<&serde_json::Value>,
+        default: Option<std::time::Duration>,
+    ) -> Option<ops::KeptAt> {
+        let fields = job?.as_object()?;
+        let id = fields.get(job::field::ID)?.as_str()?;
+        let keep = job::keep_of(fields).ok().flatten().or(default)?;
+        Some(ops::KeptAt {
+            id: id.to_string(),
+            keep,
+        })
+    }
+    for action in actions {
+        match action {
+            IntakeAction::Schedule { payload, kept, .. } => {
+                let job = serde_json::from_slice::<serde_json::Value>(payload).ok();
+                *kept = kept_at(job.as_ref(), default);
+            }
+            IntakeAction::Dead { envelope, kept, .. } => {
+                let letter = serde_json::from_str::<serde_json::Value>(envelope).ok();
+                *kept = kept_at(letter.as_ref().and_then(|l| l.get("job")), default);
+            }
+            IntakeAction::Run { .. } | IntakeAction::RunNamed { .. } => {}
+        }
+    }
+}
+
 /// Plans the intake of `taken` (as held, oldest first, with the taking
 /// script's stamp) with `free` slots: pure, so the rules are tested
 /// without Redis.
@@ -246,6 +283,7 @@ fn plan(
                     held,
                     payload,
                     run_at,
+                    kept: None,
                 });
             }
             Intake::Dead(letter) => {
@@ -254,6 +292,7 @@ fn plan(
                     held,
                     envelope: letter.to_json(),
                     release: letter.job.as_object().and_then(job::release_token),
+                    kept: None,
                 });
                 plan.dead.push(letter);
             }

@@ -195,11 +195,21 @@ impl Worker {
             let listed = ops::processing(&mut c, q, &self.instance).await?;
             let held = self.ledger().held(qi);
             // The list is newest first; the oldest goes back last, to the very head.
-            let pairs: Vec<(&[u8], &[u8])> = unknown(&listed, &held)
-                .into_iter()
-                .map(|p| (p, p))
+            let unknown = unknown(&listed, &held);
+            let ids: Vec<Option<String>> = unknown
+                .iter()
+                .map(|p| workerpool_queue::job::id_in(p))
                 .collect();
-            let n = ops::give_back(&mut c, q, &self.instance, &pairs).await?;
+            let jobs: Vec<ops::Back<'_>> = unknown
+                .iter()
+                .zip(&ids)
+                .map(|(p, id)| ops::Back {
+                    held: p,
+                    push: p,
+                    kept: id.as_deref(),
+                })
+                .collect();
+            let n = ops::give_back(&mut c, q, &self.instance, &jobs).await?;
             if n > 0 {
                 tracing::warn!(
                     queue = q.name(),

@@ -32,8 +32,30 @@ impl Worker {
     ) {
         let (qi, job) = (in_hand.queue, &in_hand.job);
         let keep = self.keep_of(qi, job);
-        if keep.is_some() {
-            self.note_running(qi, job).await;
+        if let Some(keep) = keep
+            && !self.note_running(qi, job, keep).await
+        {
+            // A cancel found it taken and not yet started: it ends
+            // cancelled without running.
+            tracing::info!(
+                queue = self.queues[qi].name(),
+                id = ?shown(job.id()),
+                "job cancelled before it started"
+            );
+            let finished = Settling {
+                entry,
+                in_hand,
+                settlement: Settlement::Cancelled,
+                kept: Some(KeptValue {
+                    keep,
+                    value: String::new(),
+                    note: String::new(),
+                }),
+                slot: permit,
+                _tracked: self.tracker.token(),
+            };
+            let _ = self.settler.send(finished);
+            return;
         }
         self.job_metrics[qi].in_flight.inc();
         let started = Instant::now();
@@ -114,24 +136,31 @@ impl Worker {
 
     /// Notes a kept job as running before its handler starts: at most a
     /// second's wait, and the job runs whatever Redis answers (the
-    /// settlement writes its outcome all the same).
-    async fn note_running(&self, qi: usize, job: &Job) {
+    /// settlement writes its outcome all the same). `false` when a cancel
+    /// was asked for it: it is not to run.
+    async fn note_running(&self, qi: usize, job: &Job, keep: std::time::Duration) -> bool {
         let write = async {
             let mut conn = self.redis.conn().await?;
-            workerpool_queue::outcome::running(
+            workerpool_queue::outcome::start(
                 &mut conn,
                 &self.queues[qi],
                 job.id(),
                 job.attempt(),
                 &self.instance,
-                self.now_ms(),
+                keep,
             )
             .await
         };
         match tokio::time::timeout(std::time::Duration::from_secs(1), write).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "could not note a kept job as running"),
-            Err(_) => tracing::debug!("noting a kept job as running took over a second"),
+            Ok(Ok(run)) => run,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "could not note a kept job as running");
+                true
+            }
+            Err(_) => {
+                tracing::debug!("noting a kept job as running took over a second");
+                true
+            }
         }
     }
 
@@ -271,6 +300,7 @@ impl Worker {
                     worker: &self.instance,
                     value: &k.value,
                     note: &k.note,
+                    release: release.as_deref(),
                 });
                 f
             })
@@ -345,6 +375,11 @@ impl Worker {
                 Settlement::Retry { .. } => counted.retried.inc(),
                 Settlement::NotRun { .. } => counted.requeued.inc(),
                 Settlement::Dead { .. } => counted.dead.inc(),
+                Settlement::Cancelled => self
+                    .metrics
+                    .jobs
+                    .with_label_values(&[queue, "cancelled"])
+                    .inc(),
             },
             Some(false) => {
                 self.metrics.stale_acks.with_label_values(&[queue]).inc();
