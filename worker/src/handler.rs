@@ -100,6 +100,30 @@ pub trait Handler: Send + Sync + 'static {
     fn problem(&self) -> Option<String> {
         None
     }
+
+    /// A producer asked to cancel job `id`, which this handler is running
+    /// (`workerpool job cancel`, a client's `cancel`). This only tells the
+    /// handler: the attempt still ends with the outcome `handle` returns,
+    /// and a job that fails once asked ends cancelled rather than retried.
+    /// An exec child that takes many jobs gets a cancel line; other
+    /// handlers are told nothing by default. Called at most once per
+    /// attempt, from the worker's maintenance, and must not block.
+    fn cancel(&self, _id: &str) {}
+
+    /// Where to send what running jobs report before they end (progress),
+    /// given once, before the first job. Ignored by default: only handlers
+    /// that hear reports from their jobs (exec children) keep it.
+    fn set_reports(&self, _reports: std::sync::Arc<dyn Reports>) {}
+}
+
+/// Where a handler sends what a running job reports before it ends. The
+/// worker writes it to the job's kept outcome, at most once per
+/// [`workerpool_queue::outcome::PROGRESS_INTERVAL`] per job (reports in
+/// between are folded into the latest), and drops it for a job that keeps
+/// no outcome. Must not block: it only hands the report on.
+pub trait Reports: Send + Sync + 'static {
+    /// Running job `id` reports its progress: JSON text.
+    fn progress(&self, id: &str, value: String);
 }
 
 /// A [`Handler`] made from an async function of the job; see [`handler_fn`].

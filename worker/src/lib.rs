@@ -19,7 +19,7 @@ pub mod probes;
 mod runtime;
 
 pub use config::{Config, HandlerChoice};
-pub use handler::{Handler, HandlerFn, Noop, Outcome, Sleep, handler_fn};
+pub use handler::{Handler, HandlerFn, Noop, Outcome, Reports, Sleep, handler_fn};
 pub use metrics::Metrics;
 pub use runtime::{Error, Shutdown, run, run_until};
 /// The job a [`Handler`] is given: re-exported because the handler's
