@@ -29,13 +29,29 @@ export interface EnqueueOptions {
   /**
    * Keep the job's outcome (state, result or error) for this many seconds
    * after it ends, for `status` and `wait`: a number above 0, at most
-   * contract.json's `max_keep_seconds` (604800, a week). Sent as `keep`.
+   * contract.json's `max_keep_seconds` (604800, a week). Sent as `keep`;
+   * the job reads `waiting` (or `scheduled`) from the moment it is enqueued.
    */
   keepResultFor?: number;
 }
 
-/** Where a kept job is: running, retrying (another attempt is due), done or dead (dead-lettered). */
-export type JobState = 'running' | 'retrying' | 'done' | 'dead';
+/**
+ * Where a kept job is (contract.json's `states`): waiting (in the queue),
+ * scheduled (delayed until `nextAtMs`), running, retrying (another attempt
+ * is due), or a final one: done, dead (dead-lettered) or cancelled.
+ */
+export type JobState = 'waiting' | 'scheduled' | 'running' | 'retrying' | 'done' | 'dead' | 'cancelled';
+
+/** What `cancel` did, as the queue crate's `Cancel` serializes. */
+export type CancelResult =
+  /** Taken out of where it waited; it will not run, and its outcome is `cancelled`. */
+  | { did: 'removed'; from: 'waiting' | 'scheduled' | 'retrying' }
+  /** It runs (or a worker took it): its worker is asked to stop it. */
+  | { did: 'requested'; state: JobState }
+  /** It ended already; left alone. */
+  | { did: 'final'; state: 'done' | 'dead' | 'cancelled' }
+  /** No job of that id waits, and no outcome is kept for it. */
+  | { did: 'unknown' };
 
 /** A job's kept outcome, as `status` and `wait` read it. Fields the outcome lacks are null. */
 export interface JobStatus<R = unknown> {
@@ -58,8 +74,17 @@ export interface JobStatus<R = unknown> {
   nextAtMs: number | null;
   /** When the outcome last changed (unix ms, Redis's clock). */
   updatedAtMs: number | null;
-  /** When the job ended (done, dead; unix ms, Redis's clock). */
+  /** When the job ended (done, dead, cancelled; unix ms, Redis's clock). */
   endedAtMs: number | null;
+  /**
+   * The latest progress the running job reported (`job.progress`), parsed
+   * JSON (text that is not JSON is kept as a string); undefined when none.
+   */
+  progress?: unknown;
+  /** When it reported it (unix ms, Redis's clock). */
+  progressAtMs: number | null;
+  /** When a cancel was asked for while the job ran (unix ms, Redis's clock). */
+  cancelRequestedAtMs: number | null;
 }
 
 /** Options of `wait`. */
@@ -84,13 +109,22 @@ export class Client {
   enqueueMany(queue: string, jobs: readonly JobSpec[]): Promise<Array<string | null>>;
   /**
    * The job's kept outcome (one HGETALL), or null when none is kept: the job
-   * was enqueued without `keepResultFor` (and its workers have no
-   * --keep-outcomes), no worker has taken it yet, or the outcome expired.
+   * was enqueued without `keepResultFor` (and no worker with
+   * --keep-outcomes has taken it yet), or the outcome expired.
    */
   status<R = unknown>(queue: string, id: string): Promise<JobStatus<R> | null>;
   /**
+   * Cancels the job (the queue contract's cancel script): removes it when it
+   * waits (queue, scheduled or retry set; its outcome `cancelled`, its
+   * unique key freed, its waiters woken), asks its worker to stop it when it
+   * runs (its task's `job.signal` is aborted when it shares its process),
+   * leaves it alone when it ended. Finding a waiting job scans the queue.
+   */
+  cancel(queue: string, id: string): Promise<CancelResult>;
+  /**
    * Resolves with the job's final status once it ends: `done` with its
-   * result, or `dead` with its error (a dead job resolves; check `state`).
+   * result, `dead` with its error, or `cancelled` (a dead or cancelled job
+   * resolves; check `state`).
    * Rejects with WaitTimeout when `timeoutMs` passes first. Blocks on the
    * job's end stream on a connection of its own, closed afterwards.
    */
@@ -110,11 +144,22 @@ export class Job<D = unknown> {
   /** The whole object the worker sent, stamp included. */
   readonly raw: Record<string, unknown>;
   /**
-   * Aborted (with an Error saying so) when the worker cancels the job
-   * because its attempt passed `--job-timeout`; only with several jobs per
-   * process (`--children` below `--concurrency`), never aborted otherwise.
+   * Aborted (with an Error saying so) when the worker cancels the job:
+   * its attempt passed `--job-timeout`, or a producer cancelled it
+   * (`client.cancel`) while it ran. Only with several jobs per process
+   * (`--children` below `--concurrency`); never aborted otherwise, and the
+   * job then runs to its end.
    */
   readonly signal: AbortSignal;
+  /**
+   * Reports progress: any JSON value whose JSON text is at most
+   * contract.json's `max_progress_bytes` (4096), written to the worker
+   * before the job's answer. The worker keeps the latest report of a job
+   * enqueued with `keepResultFor` (`status().progress`). Throws
+   * InvalidProgressError, sending nothing, for a value over the limit or
+   * one JSON cannot hold.
+   */
+  progress(value: unknown): void;
 }
 
 export type TaskHandler<D = any> = (data: D, job: Job<D>) => unknown | Promise<unknown>;
@@ -160,6 +205,8 @@ export class ConfigError extends WorkerpoolError {}
 export class InvalidQueueError extends WorkerpoolError {}
 /** A job that cannot be enqueued as given; nothing was sent. */
 export class InvalidJobError extends WorkerpoolError {}
+/** `job.progress` got a value over `max_progress_bytes` of JSON, or one JSON cannot hold; nothing was sent. */
+export class InvalidProgressError extends WorkerpoolError {}
 /** Redis could not be reached. */
 export class ConnectionError extends WorkerpoolError {}
 /** Redis answered with an error. */
@@ -183,6 +230,7 @@ declare const _default: {
   ConfigError: typeof ConfigError;
   InvalidQueueError: typeof InvalidQueueError;
   InvalidJobError: typeof InvalidJobError;
+  InvalidProgressError: typeof InvalidProgressError;
   ConnectionError: typeof ConnectionError;
   RedisError: typeof RedisError;
   WaitTimeout: typeof WaitTimeout;

@@ -11,6 +11,7 @@ export const {
   ConfigError,
   InvalidQueueError,
   InvalidJobError,
+  InvalidProgressError,
   ConnectionError,
   RedisError,
   WaitTimeout,

@@ -5,9 +5,11 @@ import {
   Client,
   ConfigError,
   InvalidJobError,
+  InvalidProgressError,
   Permanent,
   WaitTimeout,
   WorkerpoolError,
+  type CancelResult,
   type Job,
   type JobStatus,
 } from './index';
@@ -26,9 +28,18 @@ async function produce(): Promise<void> {
   await client.enqueueMany('reports', [{ task: 'render', keepResultFor: 60 }]);
   const now: JobStatus | null = await client.status('reports', kept!);
   if (now !== null) {
-    const state: 'running' | 'retrying' | 'done' | 'dead' = now.state;
+    const state: 'waiting' | 'scheduled' | 'running' | 'retrying' | 'done' | 'dead' | 'cancelled' = now.state;
     const due: number | null = now.nextAtMs;
     console.log(state, due, now.attempt, now.worker, now.error, now.resultError, now.updatedAtMs, now.endedAtMs);
+    const asked: number | null = now.cancelRequestedAtMs;
+    console.log(now.progress, now.progressAtMs, asked);
+  }
+  const did: CancelResult = await client.cancel('reports', kept!);
+  if (did.did === 'removed') {
+    const from: 'waiting' | 'scheduled' | 'retrying' = did.from;
+    console.log(from);
+  } else if (did.did !== 'unknown') {
+    console.log(did.state);
   }
   try {
     const end = await client.wait<{ url: string }>('reports', kept!, { timeoutMs: 30_000 });
@@ -72,6 +83,12 @@ app
   .task('report', async (data, job) => {
     const signal: AbortSignal = job.signal;
     signal.throwIfAborted();
+    job.progress({ done: 1, of: 2 });
+    try {
+      job.progress('x'.repeat(5000));
+    } catch (e) {
+      console.log(e instanceof InvalidProgressError);
+    }
     await fetch('http://127.0.0.1:9000/report', { method: 'POST', body: JSON.stringify(data), signal });
   });
 const names: string[] = app.tasks;

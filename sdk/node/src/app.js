@@ -4,13 +4,16 @@
 // line of JSON on stdin, one answer per line on stdout. With a share of one
 // job per child (WORKERPOOL_JOBS_PER_CHILD unset or 1) the jobs run one at a
 // time; with a larger share their promises run concurrently, each answer
-// names its job, and `{"cancel":"<id>"}` aborts that job's `job.signal`
-// (docs/worker.md, "Many jobs in one child").
+// names its job, and `{"cancel":"<id>"}` (a timeout, or a producer's cancel)
+// aborts that job's `job.signal` (docs/worker.md, "Many jobs in one child").
+// `job.progress(value)` writes `{"progress":<value>}` (naming the job with
+// "id" in the multiplexed protocol) before the job's answer, never after it;
+// a progress line has no "ok".
 
 const readline = require('node:readline');
-const { Permanent, WorkerpoolError } = require('./errors');
+const { InvalidProgressError, Permanent, WorkerpoolError } = require('./errors');
 const { withJobTrace } = require('./trace');
-const { MAX_ANSWER_BYTES, MAX_RESULT_BYTES } = require('./outcome');
+const { MAX_ANSWER_BYTES, MAX_PROGRESS_BYTES, MAX_RESULT_BYTES } = require('./outcome');
 
 /** How much of a line that is not a job an answer quotes. */
 const QUOTE = 200;
@@ -145,9 +148,37 @@ function parseJob(line) {
   return { raw };
 }
 
+/**
+ * The JSON text of a progress report, checked: InvalidProgressError when
+ * JSON cannot hold the value or its text is over MAX_PROGRESS_BYTES.
+ */
+function progressText(value) {
+  let text;
+  try {
+    text = JSON.stringify(value);
+  } catch (e) {
+    const why = e.message.replace(/\s*\n\s*/g, ' ');
+    throw new InvalidProgressError(`job.progress(): the value cannot be written as JSON (${why}); ` +
+      'report numbers, strings, arrays and plain objects');
+  }
+  if (text === undefined) {
+    throw new InvalidProgressError(`job.progress(): the value (${typeof value}) cannot be written as JSON; ` +
+      'report numbers, strings, arrays and plain objects');
+  }
+  const bytes = Buffer.byteLength(text);
+  if (bytes > MAX_PROGRESS_BYTES) {
+    throw new InvalidProgressError(`job.progress(): the value is ${bytes} bytes of JSON, over the limit of ` +
+      `${MAX_PROGRESS_BYTES}; report a number or a small object, and return the rest as the result; nothing was sent`);
+  }
+  return text;
+}
+
+/** Where a job's reports go: the JSON text of each, or nowhere (`handle`). */
+const REPORT = Symbol('workerpool.report');
+
 /** The job as a handler sees it. */
 class Job {
-  constructor(raw, signal) {
+  constructor(raw, signal, report) {
     /** The whole object the worker sent, stamp included. */
     this.raw = raw;
     /** Idempotency key, kept across retries. */
@@ -157,11 +188,30 @@ class Job {
     this.task = raw.task;
     this.data = raw.data;
     /**
-     * Aborted when the worker cancels the job (its attempt passed
-     * `--job-timeout`; only with several jobs per process). Hand it to
+     * Aborted when the worker cancels the job: its attempt passed
+     * `--job-timeout`, or a producer cancelled it (`client.cancel`) while
+     * it ran. Only with several jobs per process: a process that takes one
+     * job at a time gets no cancel, and its job runs to its end. Hand it to
      * `fetch`, timers and the like to stop the work.
      */
     this.signal = signal;
+    Object.defineProperty(this, REPORT, { value: report });
+  }
+
+  /**
+   * Reports the task's progress: `value` is any JSON value (a number, or a
+   * small object such as `{ done: 40, of: 100 }`) whose JSON text is at
+   * most contract.json's `max_progress_bytes` (4096). It goes to the worker
+   * as a line before the job's answer; the worker writes the latest report
+   * of a job enqueued with keepResultFor to its outcome (`status().progress`),
+   * at most every `progress_interval_ms`, and drops those of other jobs. A
+   * report after the task settled is dropped. Throws InvalidProgressError,
+   * sending nothing, for a value JSON cannot hold or one over the limit.
+   * Outside `run()` (`handle` in a test) a report goes nowhere.
+   */
+  progress(value) {
+    const text = progressText(value);
+    this[REPORT]?.(text);
   }
 }
 
@@ -194,15 +244,20 @@ class App {
 
   /** The answer to one line from the worker. */
   async handle(line) {
+    return this._handle(line, undefined);
+  }
+
+  /** As `handle`, the task's progress reports going to `report`. */
+  async _handle(line, report) {
     const { raw, refusal } = parseJob(line);
     if (refusal !== undefined) {
       return { ok: false, error: refusal, retry: false };
     }
-    return this._run(raw, new AbortController().signal);
+    return this._run(raw, new AbortController().signal, report);
   }
 
   /** Runs the job's task; its outcome as an answer. Never rejects. */
-  async _run(raw, signal) {
+  async _run(raw, signal, report) {
     const known = this.tasks.map((t) => JSON.stringify(t)).join(', ') || 'none';
     if (typeof raw.task !== 'string') {
       return {
@@ -220,7 +275,7 @@ class App {
       };
     }
     try {
-      const value = await withJobTrace(raw, () => fn(raw.data, new Job(raw, signal)));
+      const value = await withJobTrace(raw, () => fn(raw.data, new Job(raw, signal, report)));
       return done(raw.task, value);
     } catch (e) {
       if (e instanceof Permanent) {
@@ -259,16 +314,28 @@ class App {
     });
     const lines = readline.createInterface({ input: process.stdin, crlfDelay: Infinity, terminal: false });
     if (share > 1) {
-      await this._serveConcurrently(lines, send);
+      await this._serveConcurrently(lines, send, write);
     } else {
-      await this._serveInTurn(lines, send);
+      await this._serveInTurn(lines, send, write);
     }
   }
 
-  /** One job at a time: read a line, answer it, read the next. */
-  async _serveInTurn(lines, send) {
+  /**
+   * One job at a time: read a line, answer it, read the next. The job's
+   * progress lines go out as it reports, before its answer; a report after
+   * the answer (from a timer the task left behind) is dropped.
+   */
+  async _serveInTurn(lines, send, write) {
     for await (const line of lines) {
-      await send(await this.handle(line));
+      let open = true;
+      const report = (text) => {
+        if (open) {
+          write(`{"progress":${text}}\n`);
+        }
+      };
+      const answer = await this._handle(line, report);
+      open = false;
+      await send(answer);
     }
   }
 
@@ -277,7 +344,7 @@ class App {
    * is written when the task settles. The worker sends no more jobs than
    * the share, so nothing here waits for a slot.
    */
-  async _serveConcurrently(lines, send) {
+  async _serveConcurrently(lines, send, write) {
     /** Job id → the AbortController behind its `job.signal`. */
     const inHand = new Map();
     /** Jobs started and not yet answered. */
@@ -296,7 +363,15 @@ class App {
       const { id } = raw;
       const controller = new AbortController();
       inHand.set(id, controller);
-      const done = this._run(raw, controller.signal).then((answer) => {
+      let open = true;
+      const head = `{"id":${JSON.stringify(id)},"progress":`;
+      const report = (text) => {
+        if (open) {
+          write(`${head}${text}}\n`);
+        }
+      };
+      const done = this._run(raw, controller.signal, report).then((answer) => {
+        open = false;
         if (inHand.get(id) === controller) {
           inHand.delete(id);
         }

@@ -382,6 +382,30 @@ function payload(job, now) {
   return `${text},"id":${JSON.stringify(job.id)},"enqueued_at":${now}}`;
 }
 
+/**
+ * A keep in whole milliseconds (at least 1), as the queue crate reads the
+ * field: to the nanosecond, then cut to the millisecond.
+ */
+function keepMs(seconds) {
+  return Math.max(1, Math.floor(Math.round(seconds * 1e9) / 1e6));
+}
+
+/**
+ * The cancel script's reply `[did, state]` as the queue crate's `Cancel`
+ * serializes: `{did: 'removed', from}`, `{did: 'requested', state}`,
+ * `{did: 'final', state}` or `{did: 'unknown'}`.
+ */
+function cancelled(reply) {
+  const [did, state] = reply.map(String);
+  if (did === 'removed') {
+    return { did, from: state };
+  }
+  if (did === 'requested' || did === 'final') {
+    return { did, state };
+  }
+  return { did: 'unknown' };
+}
+
 function isReplyError(e) {
   return e && (e.name === 'ReplyError' || e.constructor?.name === 'ReplyError');
 }
@@ -699,17 +723,28 @@ class Client {
     const scheduled = `${queue}:scheduled`;
     const pipeline = redis.pipeline();
     const calls = [];
-    if (jobs.some((j) => j.uniqueKey !== undefined)) {
-      // Any unique job: every job of the call goes through the script, in
-      // order, so a duplicate is refused in the same step that checks it.
+    if (jobs.some((j) => j.uniqueKey !== undefined || j.keep !== undefined)) {
+      // Any unique or kept job: every job of the call goes through the
+      // script, in order, so a duplicate is refused in the same step that
+      // checks it, and a kept job's outcome is written `waiting` (or
+      // `scheduled`) in the step that enqueues it. As the queue crate's
+      // admin::enqueue: seven ARGV per job, and a kept job's outcome hash
+      // and end stream appended to KEYS (its ARGV names the hash's 1-based
+      // position).
       const { sha } = script('enqueue.lua');
       for (let i = 0; i < jobs.length; i += BATCH) {
         const args = [];
+        const keys = [queue, scheduled, `${queue}:unique`, `${queue}:unique:expiry`];
         for (const j of jobs.slice(i, i + BATCH)) {
           const hold = j.uniqueKey !== undefined ? (j.uniqueFor ?? DEFAULT_UNIQUE_FOR) * 1000 : 0;
           args.push(j.payload, j.runAt !== undefined ? String(j.runAt) : '', j.id, j.uniqueKey ?? '', String(hold));
+          if (j.keep === undefined) {
+            args.push('', '');
+          } else {
+            keys.push(outcome.outcomeKey(queue, j.id), outcome.outcomeEndKey(queue, j.id));
+            args.push(String(keys.length - 1), String(keepMs(j.keep)));
+          }
         }
-        const keys = [queue, scheduled, `${queue}:unique`, `${queue}:unique:expiry`];
         pipeline.evalsha(sha, keys.length, ...keys, ...args);
         calls.push({ keys, args, from: i });
       }
@@ -767,8 +802,10 @@ class Client {
 
   /**
    * The kept outcome of job `id` (one HGETALL): null when none is kept (the
-   * job was enqueued without keepResultFor and its workers keep no
-   * outcomes, no worker has taken it yet, or its outcome expired).
+   * job was enqueued without keepResultFor and no worker that keeps
+   * outcomes has taken it yet, or its outcome expired). A job enqueued with
+   * keepResultFor reads `waiting` (or `scheduled`) from the moment it is
+   * enqueued.
    */
   async status(queue, id) {
     this._checkQueue(queue);
@@ -780,9 +817,53 @@ class Client {
   }
 
   /**
+   * Cancels job `id` of `queue` (the queue contract's cancel.lua, one call)
+   * and resolves to what it did, as the queue crate's `Cancel` serializes:
+   *
+   * - `{did: 'removed', from: 'waiting'}` (or 'scheduled', 'retrying'): the
+   *   job was taken out of where it waited and will not run; its outcome is
+   *   'cancelled' (kept its own keepResultFor, or a day when it kept none),
+   *   its unique key is freed and its waiters wake.
+   * - `{did: 'requested', state: 'running'}`: it runs (or a worker took it
+   *   and has not started it); its worker is asked to stop it, which aborts
+   *   the task's `job.signal` when it runs with others in its process. A
+   *   task that finishes anyway ends as it would have.
+   * - `{did: 'final', state: 'done'}` (or 'dead', 'cancelled'): it ended
+   *   already; left alone.
+   * - `{did: 'unknown'}`: no job of that id waits, and no outcome is kept
+   *   for it.
+   *
+   * Finding a job that waits scans the queue and its scheduled and retry
+   * sets on the server (O(depth)), as removing a job by id costs.
+   */
+  async cancel(queue, id) {
+    this._checkQueue(queue);
+    this._checkId(id);
+    const redis = await this._connection();
+    this._checkQueue(queue);
+    const keys = [queue, `${queue}:scheduled`, `${queue}:retry`, `${queue}:unique`, `${queue}:unique:expiry`,
+      outcome.outcomeKey(queue, id), outcome.outcomeEndKey(queue, id)];
+    const args = [id, String(outcome.CANCELLED_KEEP_SECONDS * 1000)];
+    const { sha, source } = script('cancel.lua');
+    const reply = await this._run(async () => {
+      try {
+        return await redis.evalsha(sha, keys.length, ...keys, ...args);
+      } catch (e) {
+        if (!(isReplyError(e) && /NOSCRIPT/.test(e.message))) {
+          throw e;
+        }
+        // The server's script cache was empty (a restart, a failover):
+        // EVAL loads the script and runs it; nothing ran before.
+        return redis.eval(source, keys.length, ...keys, ...args);
+      }
+    }, 'the cancel script');
+    return cancelled(reply);
+  }
+
+  /**
    * Waits until job `id` ends and resolves to its final status: state
-   * 'done' (with its result) or 'dead' (with its error; a dead job
-   * resolves, it does not reject). Rejects with WaitTimeout (its `last`
+   * 'done' (with its result), 'dead' (with its error) or 'cancelled' (a
+   * dead or cancelled job resolves, it does not reject). Rejects with WaitTimeout (its `last`
    * the status as last read, or null) when `timeoutMs` (default 60 s)
    * passes first. Blocks on the job's end stream (XREAD BLOCK) on a
    * connection of its own, in slices, never polling.

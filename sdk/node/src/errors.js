@@ -17,6 +17,12 @@ class InvalidQueueError extends WorkerpoolError {}
 /** A job (task, data or an option of it) that cannot be enqueued as given. */
 class InvalidJobError extends WorkerpoolError {}
 
+/**
+ * `job.progress(value)` got a value JSON cannot hold, or one whose JSON text
+ * is over contract.json's `max_progress_bytes`; nothing was sent.
+ */
+class InvalidProgressError extends WorkerpoolError {}
+
 /** Redis could not be reached, or the connection broke before the answer came. */
 class ConnectionError extends WorkerpoolError {}
 
@@ -24,7 +30,7 @@ class ConnectionError extends WorkerpoolError {}
 class RedisError extends WorkerpoolError {}
 
 /**
- * A wait ran out of time before the job ended (done or dead). `last` is the
+ * A wait ran out of time before the job ended (done, dead or cancelled). `last` is the
  * job's status as last read, or null when no outcome was kept for it.
  */
 class WaitTimeout extends WorkerpoolError {
@@ -50,6 +56,7 @@ module.exports = {
   ConfigError,
   InvalidQueueError,
   InvalidJobError,
+  InvalidProgressError,
   ConnectionError,
   RedisError,
   WaitTimeout,

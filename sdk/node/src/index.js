@@ -14,6 +14,7 @@ module.exports = {
   ConfigError: errors.ConfigError,
   InvalidQueueError: errors.InvalidQueueError,
   InvalidJobError: errors.InvalidJobError,
+  InvalidProgressError: errors.InvalidProgressError,
   ConnectionError: errors.ConnectionError,
   RedisError: errors.RedisError,
   WaitTimeout: errors.WaitTimeout,

@@ -1,7 +1,10 @@
 'use strict';
 
 // The queue's Lua scripts ship inside the package (lua/, copied byte for
-// byte from the workerpool repository's queue/src/lua/). A script is the
+// byte from the workerpool repository's queue/src/lua/ by
+// scripts/sync-sdk-lua.sh): the scripts the client runs, enqueue.lua and
+// cancel.lua, and the pieces they use. Any of them is composed by name
+// (`script('cancel.lua')`). A script is the
 // files its first line names (`-- uses: a.lua, b.lua as f(args)`) followed
 // by the script itself, composed exactly as the Rust side composes it, so
 // both load the same script (same SHA1) into Redis.

@@ -40,16 +40,7 @@ function fromFields(id, fields) {
   if (!fields || !STATES.includes(fields.state)) {
     return null;
   }
-  let result;
-  if (fields.result !== undefined) {
-    try {
-      result = JSON.parse(fields.result);
-    } catch {
-      // The worker writes JSON it checked; text that does not parse is
-      // shown as it is rather than lost.
-      result = fields.result;
-    }
-  }
+  const result = parsed(fields.result);
   return {
     id,
     state: fields.state,
@@ -61,7 +52,24 @@ function fromFields(id, fields) {
     nextAtMs: number(fields, 'next_at'),
     updatedAtMs: number(fields, 'updated_at'),
     endedAtMs: number(fields, 'ended_at'),
+    progress: parsed(fields.progress),
+    progressAtMs: number(fields, 'progress_at'),
+    cancelRequestedAtMs: number(fields, 'cancel_requested'),
   };
+}
+
+/** A JSON field of the hash, parsed; undefined when it is not there. */
+function parsed(text) {
+  if (text === undefined) {
+    return undefined;
+  }
+  try {
+    return JSON.parse(text);
+  } catch {
+    // The worker writes JSON it checked; text that does not parse is
+    // shown as it is rather than lost.
+    return text;
+  }
 }
 
 function isFinal(status) {
@@ -73,6 +81,9 @@ module.exports = {
   MAX_KEEP_SECONDS: facts.max_keep_seconds,
   MAX_RESULT_BYTES: facts.max_result_bytes,
   MAX_ANSWER_BYTES: facts.max_answer_bytes,
+  MAX_PROGRESS_BYTES: facts.max_progress_bytes,
+  CANCELLED_KEEP_SECONDS: facts.cancelled_keep_seconds,
+  STATES,
   WAIT_SLICE_MS: facts.wait_slice_ms,
   FINAL_STATES,
   outcomeKey,

@@ -10,6 +10,9 @@ import path from 'node:path';
 import { ROOT, SDK, tempDir } from './helpers.mjs';
 
 const pkg = JSON.parse(fs.readFileSync(path.join(SDK, 'package.json'), 'utf8'));
+/** The scripts the client runs, and every piece they use. */
+const RUN = ['enqueue.lua', 'cancel.lua'];
+const SHIPPED = ['cancel.lua', 'enqueue.lua', 'guard.lua', 'now.lua', 'outcome.lua', 'unique.lua'];
 
 /** A project folder whose node_modules holds the package (a link to the checkout). */
 function project() {
@@ -51,7 +54,7 @@ test('npm pack ships the Lua files, contract.json, the types and both entry poin
   const out = execFileSync('npm', ['pack', '--dry-run', '--json'], { cwd: SDK, encoding: 'utf8' });
   const files = JSON.parse(out)[0].files.map((f) => f.path);
   for (const f of ['package.json', 'README.md', 'index.mjs', 'index.d.ts', 'contract.json', 'src/index.js', 'src/client.js',
-    'src/app.js', 'src/outcome.js', 'lua/guard.lua', 'lua/now.lua', 'lua/enqueue.lua']) {
+    'src/app.js', 'src/outcome.js', ...SHIPPED.map((f) => `lua/${f}`)]) {
     assert.ok(files.includes(f), `${f} is not in the package: ${files.join(', ')}`);
   }
   for (const f of files) {
@@ -62,17 +65,35 @@ test('npm pack ships the Lua files, contract.json, the types and both entry poin
   assert.equal(pkg.exports['.'].types, './index.d.ts');
 });
 
-test('the shipped Lua files are the queue crate\'s, byte for byte, and cover what enqueue.lua uses', () => {
+test('the shipped Lua files are the queue crate\'s, byte for byte, and cover what the scripts it runs use', () => {
   const source = path.join(ROOT, 'queue', 'src', 'lua');
   const shipped = fs.readdirSync(path.join(SDK, 'lua')).sort();
-  assert.deepEqual(shipped, ['enqueue.lua', 'guard.lua', 'now.lua']);
+  assert.deepEqual(shipped, SHIPPED);
   for (const f of shipped) {
     assert.ok(fs.readFileSync(path.join(SDK, 'lua', f)).equals(fs.readFileSync(path.join(source, f))),
       `sdk/node/lua/${f} differs from queue/src/lua/${f}: run scripts/sync-sdk-lua.sh`);
   }
-  const uses = fs.readFileSync(path.join(source, 'enqueue.lua'), 'utf8').split('\n')[0];
-  const pieces = uses.replace(/^-- uses: /, '').split(',').map((p) => p.trim().split(' as ')[0]);
-  for (const p of pieces) {
-    assert.ok(shipped.includes(p), `enqueue.lua uses ${p}, which the package does not ship`);
+  for (const script of RUN) {
+    const uses = fs.readFileSync(path.join(source, script), 'utf8').split('\n')[0];
+    assert.match(uses, /^-- uses: /);
+    const pieces = uses.replace(/^-- uses: /, '').split(',').map((p) => p.trim().split(' as ')[0]);
+    for (const p of pieces) {
+      assert.ok(shipped.includes(p), `${script} uses ${p}, which the package does not ship`);
+    }
+  }
+});
+
+test('each script is composed as the queue crate composes it: its pieces, then itself', async () => {
+  const { createRequire } = await import('node:module');
+  const { script } = createRequire(import.meta.url)('../src/lua.js');
+  const crypto = await import('node:crypto');
+  const source = path.join(ROOT, 'queue', 'src', 'lua');
+  for (const name of RUN) {
+    const text = fs.readFileSync(path.join(source, name), 'utf8');
+    const pieces = text.split('\n')[0].replace(/^-- uses: /, '').split(',').map((p) => p.trim());
+    const expected = pieces.map((p) => fs.readFileSync(path.join(source, p), 'utf8')).join('') + text;
+    const got = script(name);
+    assert.equal(got.source, expected, name);
+    assert.equal(got.sha, crypto.createHash('sha1').update(expected).digest('hex'));
   }
 });

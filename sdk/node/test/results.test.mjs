@@ -248,7 +248,7 @@ describe('validation', () => {
     await redis.hset(k, { state: 'done', attempt: '2', worker: 'w-1', result: 'not json', updated_at: '5', ended_at: '6' });
     assert.deepEqual(await client.status('results-hand', 'h1'), {
       id: 'h1', state: 'done', attempt: 2, worker: 'w-1', result: 'not json', resultError: null, error: null,
-      nextAtMs: null, updatedAtMs: 5, endedAtMs: 6,
+      nextAtMs: null, updatedAtMs: 5, endedAtMs: 6, progress: undefined, progressAtMs: null, cancelRequestedAtMs: null,
     });
     await redis.hset(k, { state: 'retrying', error: 'boom', next_at: '77', result: '[1,{"a":null}]' });
     const s = await client.status('results-hand', 'h1');
