@@ -164,8 +164,8 @@ pub enum JobAction {
         #[arg(long)]
         json: bool,
     },
-    /// Wait until the job is done or dead and print its outcome; exits 1
-    /// when it is dead or the time runs out.
+    /// Wait until the job ends (done, dead or cancelled) and print its
+    /// outcome; exits 1 when it did not end done or the time runs out.
     Wait {
         #[command(flatten)]
         target: Target,
@@ -176,6 +176,21 @@ pub enum JobAction {
         #[arg(long, value_name = "DUR", default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
         /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel the job: one still waiting, scheduled or retrying is removed
+    /// and marked cancelled (its unique key freed); a running one is asked
+    /// to stop (its handler is told; one that finishes anyway ends as it
+    /// would have). Prints what was done. Finding a waiting job scans the
+    /// queue.
+    Cancel {
+        #[command(flatten)]
+        target: Target,
+        /// The job's id.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Print JSON instead of a line.
         #[arg(long)]
         json: bool,
     },
@@ -394,7 +409,8 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
                         Ok(render_outcome(&o, json))
                     }
                     outcome::Waited::Final(o) => Err(CliError::NotDone(format!(
-                        "job {id:?} is dead:\n{}",
+                        "job {id:?} is {}:\n{}",
+                        o.state.as_str(),
                         render_outcome(&o, json).trim_end()
                     ))),
                     outcome::Waited::TimedOut(Some(o)) => Err(CliError::NotDone(format!(
@@ -405,6 +421,36 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
                     outcome::Waited::TimedOut(None) => Err(CliError::NotDone(format!(
                         "job {id:?} did not end within {}, and no outcome is kept for it yet",
                         humantime::format_duration(timeout)
+                    ))),
+                }
+            }
+            JobAction::Cancel { target, id, json } => {
+                let (mut c, q) = connect(&target, true).await?;
+                let did = outcome::cancel(&mut c, &q, &id).await?;
+                if json {
+                    return Ok(json!(did).to_string() + "\n");
+                }
+                let shown = text::safe_line(&id, LINE_CHARS);
+                match did {
+                    outcome::Cancel::Removed { from } => Ok(format!(
+                        "cancelled job {shown:?}: removed from {}\n",
+                        match from {
+                            outcome::State::Scheduled => "the scheduled jobs",
+                            outcome::State::Retrying => "the retries",
+                            _ => "the queue",
+                        }
+                    )),
+                    outcome::Cancel::Requested { state } => Ok(format!(
+                        "asked job {shown:?} ({}) to stop: its worker tells the handler; one that finishes anyway ends as it would have\n",
+                        state.as_str()
+                    )),
+                    outcome::Cancel::Final { state } => Err(CliError::NotDone(format!(
+                        "job {shown:?} already ended: {}",
+                        state.as_str()
+                    ))),
+                    outcome::Cancel::Unknown => Err(CliError::NotDone(format!(
+                        "job {shown:?} of queue {:?}: not waiting, scheduled or retrying, and no outcome is kept for it (a running job is cancelled through its kept outcome: enqueue it with keep, or run its workers with --keep-outcomes; or it ended and its outcome expired)",
+                        target.queue
                     ))),
                 }
             }
@@ -505,6 +551,15 @@ fn render_outcome(o: &outcome::Outcome, json: bool) -> String {
     }
     if let Some(t) = o.next_at_ms {
         line("next_at_ms", t.to_string());
+    }
+    if let Some(p) = &o.progress {
+        line("progress", p.to_string());
+    }
+    if let Some(t) = o.progress_at_ms {
+        line("progress_at_ms", t.to_string());
+    }
+    if let Some(t) = o.cancel_requested_at_ms {
+        line("cancel_requested_at_ms", t.to_string());
     }
     if let Some(t) = o.ended_at_ms {
         line("ended_at_ms", t.to_string());

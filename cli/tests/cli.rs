@@ -1023,3 +1023,125 @@ async fn job_wait_prints_a_kept_jobs_result_and_job_show_its_state() {
     let _ = stop.send(());
     worker.await.expect("worker task").expect("worker");
 }
+
+/// `job cancel`: a waiting job is removed and ends cancelled; a running one
+/// is asked to stop, its handler sees it, and failing then it ends
+/// cancelled rather than retried. A running job's progress shows in `job
+/// show`. A second cancel says the job already ended; an id nobody knows
+/// is refused with why.
+#[tokio::test]
+async fn job_cancel_removes_a_waiting_job_and_stops_a_running_one_that_listens() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let handler = handler_fn(|job: Job| async move {
+        for step in 0..600 {
+            workerpool_worker::progress(&json!({"step": step, "of": 600}));
+            if workerpool_worker::cancel_requested() {
+                return Outcome::retry(format!("stopped at step {step}, as asked"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = job;
+        Outcome::Done
+    });
+    let mut config = Config::new(url.clone(), vec!["{media}".into()]);
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.concurrency = 1;
+    config.worker_id = "cli-cancel".into();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(run_until(config, handler, async {
+        stopped.await.ok();
+    }));
+    ok(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "{media}",
+            r#"{"id":"long","task":"transcode","keep":60}"#,
+        ],
+        None,
+    ));
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{media}");
+    eventually(Duration::from_secs(10), "the job reports progress", || {
+        let url = url.clone();
+        async move {
+            let shown = json_of(workerpool(
+                &url,
+                &["job", "show", "--queue", "{media}", "long", "--json"],
+                None,
+            ));
+            (shown["state"] == "running" && shown["progress"]["step"].as_u64() > Some(0))
+                .then_some(())
+        }
+    })
+    .await;
+    // The one slot is busy: this one waits in the queue.
+    ok(workerpool(
+        &url,
+        &[
+            "enqueue",
+            "--queue",
+            "{media}",
+            r#"{"id":"queued","task":"transcode","keep":60}"#,
+        ],
+        None,
+    ));
+    let removed = ok(workerpool(
+        &url,
+        &["job", "cancel", "--queue", "{media}", "queued"],
+        None,
+    ));
+    assert!(removed.contains("removed from the queue"), "{removed}");
+    let depth: i64 = c.llen(q.waiting()).await.expect("llen");
+    assert_eq!(depth, 0);
+    let asked = json_of(workerpool(
+        &url,
+        &["job", "cancel", "--queue", "{media}", "long", "--json"],
+        None,
+    ));
+    assert_eq!(asked, json!({"did": "requested", "state": "running"}));
+    let ended = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            workerpool(
+                &url,
+                &[
+                    "job",
+                    "wait",
+                    "--queue",
+                    "{media}",
+                    "long",
+                    "--timeout",
+                    "10s",
+                ],
+                None,
+            )
+        }
+    })
+    .await
+    .expect("job wait");
+    let ended = failed(ended);
+    assert!(ended.contains("is cancelled"), "{ended}");
+    assert!(ended.contains("as asked"), "{ended}");
+    let retries: i64 = c.zcard(q.retry()).await.expect("zcard");
+    assert_eq!(retries, 0, "not retried");
+    let again = failed(workerpool(
+        &url,
+        &["job", "cancel", "--queue", "{media}", "long"],
+        None,
+    ));
+    assert!(again.contains("already ended: cancelled"), "{again}");
+    let nobody = failed(workerpool(
+        &url,
+        &["job", "cancel", "--queue", "{media}", "nobody"],
+        None,
+    ));
+    assert!(
+        nobody.contains("not waiting, scheduled or retrying"),
+        "{nobody}"
+    );
+    let _ = stop.send(());
+    worker.await.expect("join").expect("worker");
+}

@@ -21,7 +21,7 @@ mod runtime;
 pub use config::{Config, HandlerChoice};
 pub use handler::{Handler, HandlerFn, Noop, Outcome, Reports, Sleep, handler_fn};
 pub use metrics::Metrics;
-pub use runtime::{Error, Shutdown, run, run_until};
+pub use runtime::{Error, Shutdown, cancel_requested, progress, run, run_until};
 /// The job a [`Handler`] is given: re-exported because the handler's
 /// signature names it, so a handler author needs no second crate for it.
 pub use workerpool_queue::job::Job;

@@ -327,6 +327,7 @@ impl Worker {
         if !beat {
             return Ok(());
         }
+        self.check_cancels(&mut c).await;
         let details = self.beat_details();
         for (q, jobs) in self.queues.iter().zip(&self.job_metrics) {
             let timed = jobs.timed_since_told();

@@ -29,12 +29,14 @@ mod instance_file;
 mod intake;
 mod ledger;
 mod maintain;
+mod report;
 mod settle;
 mod shutdown;
 
 use self::connection::Redis;
 use self::instance_file::InstanceFile;
 use self::ledger::Ledger;
+pub use self::report::{cancel_requested, progress};
 use self::settle::Settling;
 pub use self::shutdown::Shutdown;
 
@@ -62,6 +64,10 @@ struct Worker {
     instance: String,
     queues: Vec<QueueKeys>,
     handler: Arc<dyn Handler>,
+    /// The kept jobs running now: where progress and cancels find them.
+    running: report::Running,
+    /// Where handlers send progress ([`report`]).
+    reports: Arc<report::ReportSink>,
     redis: Redis,
     metrics: Metrics,
     /// Each queue's per-job series, looked up once rather than per job.
@@ -227,6 +233,8 @@ pub async fn run(
         None => (None, None),
     };
     let (settler, finished) = tokio::sync::mpsc::unbounded_channel();
+    let (reports, reported) = report::sink();
+    handler.set_reports(reports.clone());
     let worker = Arc::new(Worker {
         instance: instance.name(),
         ledger: Mutex::new(Ledger::new(queues.len())),
@@ -244,6 +252,8 @@ pub async fn run(
             .collect(),
         queues,
         handler,
+        running: report::Running::default(),
+        reports,
         redis: Redis::new(endpoint, health.clone(), metrics.clone()),
         metrics,
         health: health.clone(),
@@ -286,12 +296,20 @@ pub async fn run(
         let maintenance = tokio::spawn(worker.clone().maintain(stop_maintenance.clone()));
         let stop_settling = CancellationToken::new();
         let settling = tokio::spawn(worker.clone().settle_loop(finished, stop_settling.clone()));
+        let stop_reporting = CancellationToken::new();
+        let progressing = tokio::spawn(
+            worker
+                .clone()
+                .progress_loop(reported, stop_reporting.clone()),
+        );
 
         worker.clone().fetch_loop().await;
         health.fetch_loop_ended();
         worker.drain().await;
         stop_settling.cancel();
         let _ = settling.await;
+        stop_reporting.cancel();
+        let _ = progressing.await;
         stop_maintenance.cancel();
         let _ = maintenance.await;
     }

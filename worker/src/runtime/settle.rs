@@ -57,6 +57,12 @@ impl Worker {
             let _ = self.settler.send(finished);
             return;
         }
+        // A kept job is where progress and a producer's cancel find it.
+        let current = keep.map(|_| super::report::Current {
+            id: job.id().to_string(),
+            reports: self.reports.clone(),
+            cancelled: self.running.enter(job.id(), qi, job.attempt()),
+        });
         self.job_metrics[qi].in_flight.inc();
         let started = Instant::now();
         // Traced: the handler gets the attempt span's traceparent.
@@ -68,16 +74,29 @@ impl Worker {
             .as_ref()
             .map(|a| job.with_attempt_trace(a.traceparent()));
         let handed = traced.as_ref().unwrap_or(job);
+        let handling = async {
+            match current {
+                Some(current) => {
+                    super::report::CURRENT
+                        .scope(current, self.handler.handle(handed))
+                        .await
+                }
+                None => self.handler.handle(handed).await,
+            }
+        };
         let outcome = tokio::select! {
             biased;
             _ = self.give_up.cancelled() => None,
-            result = tokio::time::timeout(self.config.job_timeout, self.handler.handle(handed)) => Some(
+            result = tokio::time::timeout(self.config.job_timeout, handling) => Some(
                 result.unwrap_or_else(|_| Outcome::retry(format!(
                     "timed out after {}",
                     humantime::format_duration(self.config.job_timeout)
                 ))),
             ),
         };
+        if keep.is_some() {
+            self.running.leave(job.id());
+        }
         self.job_metrics[qi].in_flight.dec();
         // Abandoned at the shutdown deadline: the drain gives it back.
         let Some(outcome) = outcome else {
