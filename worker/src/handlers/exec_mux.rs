@@ -16,9 +16,17 @@
 //! after [`CANCEL_GRACE`] is killed as hung, its other jobs returned to the
 //! queue uncounted.
 //!
+//! Before a job's answer the child may write progress lines for it,
+//! `{"id": "<job id>", "progress": <any JSON>}` (no `"ok"`): each goes to
+//! the [`Reports`] given by [`Handler::set_reports`], while the child holds
+//! the job and the attempt still waits for it. A producer's cancel
+//! ([`Handler::cancel`]) writes the child the same cancel line a timeout
+//! does, once per job, but the attempt waits for the answer as before and
+//! ends with it; no grace period runs (the job has not timed out).
+//!
 //! What can go wrong, and what it costs:
-//! - a line that answers no job the child holds: logged and dropped, no
-//!   job fails and none is settled twice;
+//! - a line that answers no job the child holds, or a progress line for
+//!   one: logged and dropped, no job fails and none is settled twice;
 //! - a line longer than [`MAX_ANSWER_BYTES`]: the stream cannot be trusted
 //!   after it, so the child is killed and its jobs fail;
 //! - a child that dies: each of its jobs fails with the exit and the last
@@ -28,7 +36,7 @@
 use std::collections::HashMap;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -38,10 +46,11 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::exec_pool::{
-    EXIT_WAIT, ExecCommand, LAST_WORDS_WAIT, MAX_ANSWER_BYTES, QUOTE_CHARS, SpawnError, Spawned,
-    StartupRule, parse_reply, said, spawn_child,
+    EXIT_WAIT, ExecCommand, LAST_WORDS_WAIT, MAX_ANSWER_BYTES, ProgressLine, QUOTE_CHARS,
+    SpawnError, Spawned, StartupRule, keep_reports, parse_progress, parse_reply, progress_json,
+    said, spawn_child,
 };
-use crate::handler::{Handler, Outcome};
+use crate::handler::{Handler, Outcome, Reports};
 use workerpool_queue::job::{Job, SharedText};
 use workerpool_queue::text;
 
@@ -89,6 +98,11 @@ struct Entry {
     /// Where its outcome goes; `None` once cancelled (its answer then only
     /// frees the slot).
     waiter: Option<oneshot::Sender<Outcome>>,
+    /// The child was written its cancel line (a producer's cancel or the
+    /// timeout): it is never written twice.
+    cancel_sent: bool,
+    /// A progress report over the limit was logged for it.
+    progress_warned: bool,
 }
 
 #[derive(Default)]
@@ -151,6 +165,8 @@ struct Inner {
     closing: AtomicBool,
     /// [`CANCEL_GRACE`], shorter in tests.
     cancel_grace: Duration,
+    /// Where the jobs' progress goes, once the worker says.
+    reports: OnceLock<Arc<dyn Reports>>,
 }
 
 /// The pool: `children` processes sharing the slots.
@@ -220,6 +236,7 @@ impl ExecMux {
             seq: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             cancel_grace,
+            reports: OnceLock::new(),
         });
         let mut procs = Vec::new();
         for share in shares(slots, children) {
@@ -272,6 +289,14 @@ impl Handler for ExecMux {
         let (at, why) = hung.as_ref()?;
         let ago = at.elapsed();
         (ago < HUNG_SHOWN_FOR).then(|| format!("{why} ({} s ago)", ago.as_secs()))
+    }
+
+    fn cancel(&self, id: &str) {
+        self.inner.producer_cancel(id);
+    }
+
+    fn set_reports(&self, reports: Arc<dyn Reports>) {
+        keep_reports(&self.inner.reports, reports);
     }
 }
 
@@ -375,6 +400,8 @@ impl Inner {
             Entry {
                 seq,
                 waiter: Some(waiter),
+                cancel_sent: false,
+                progress_warned: false,
             },
         );
         if proc.lines.send(Line::Job(line.clone())).is_err() {
@@ -397,12 +424,15 @@ impl Inner {
     /// An attempt ended without its answer: the child is told to cancel
     /// the job, which keeps its slot until the child answers it.
     fn cancel(self: &Arc<Self>, proc: &Arc<Proc>, id: &str, seq: u64) {
-        {
+        let sent = {
             let mut held = proc.in_hand();
-            match held.jobs.get_mut(id) {
-                Some(entry) if entry.seq == seq => entry.waiter = None,
+            let sent = match held.jobs.get_mut(id) {
+                Some(entry) if entry.seq == seq => {
+                    entry.waiter = None;
+                    std::mem::replace(&mut entry.cancel_sent, true)
+                }
                 _ => return,
-            }
+            };
             if held.dead {
                 return;
             }
@@ -414,9 +444,12 @@ impl Inner {
                 proc.kill();
                 return;
             }
+            sent
+        };
+        // A producer's cancel may have been written already.
+        if !sent {
+            let _ = proc.lines.send(cancel_line(id));
         }
-        let cancel = serde_json::json!({ "cancel": id }).to_string();
-        let _ = proc.lines.send(Line::Cancel(cancel));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -449,12 +482,98 @@ impl Inner {
         });
     }
 
-    /// One line from a child: the answer to a job it holds, or something
-    /// to log and drop.
+    /// A producer asked to cancel job `id`: each child of the multiplexed
+    /// protocol holding it, still waited for and not yet told, gets the
+    /// cancel line. The attempt waits for the answer as before.
+    fn producer_cancel(&self, id: &str) {
+        let procs: Vec<_> = self.procs().iter().map(Arc::clone).collect();
+        for proc in procs {
+            // The one-job protocol knows no cancel line.
+            if proc.share == 1 {
+                continue;
+            }
+            {
+                let mut held = proc.in_hand();
+                if held.dead {
+                    continue;
+                }
+                match held.jobs.get_mut(id) {
+                    Some(entry) if entry.waiter.is_some() && !entry.cancel_sent => {
+                        entry.cancel_sent = true;
+                    }
+                    _ => continue,
+                }
+            }
+            tracing::debug!(
+                pid = %proc.pid(),
+                id = %text::escaped(id.as_bytes(), QUOTE_CHARS),
+                "a producer cancels the job: the child is told"
+            );
+            let _ = proc.lines.send(cancel_line(id));
+        }
+    }
+
+    /// A progress line from a child: reported for the job it names, when
+    /// the child holds it and it is still waited for; otherwise logged (a
+    /// job the child does not hold) and dropped.
+    fn progress(&self, proc: &Proc, line: &[u8], progress: ProgressLine) {
+        let mut held = proc.in_hand();
+        let id = match progress.id {
+            Some(serde_json::Value::String(id)) => id,
+            // The one-job protocol: the progress is the one job's.
+            None if proc.share == 1 && held.jobs.len() == 1 => {
+                held.jobs.keys().next().cloned().unwrap_or_default()
+            }
+            _ => {
+                let holds = held.jobs.len();
+                drop(held);
+                tracing::warn!(
+                    program = %self.command.program,
+                    pid = %proc.pid(),
+                    "handler broke the protocol: a progress line names no job (\"id\", a string) while the child holds {holds}; dropped: \"{}\"",
+                    text::escaped(line.trim_ascii_end(), QUOTE_CHARS)
+                );
+                return;
+            }
+        };
+        let Some(entry) = held.jobs.get_mut(&id) else {
+            drop(held);
+            tracing::warn!(
+                program = %self.command.program,
+                pid = %proc.pid(),
+                "handler broke the protocol: a progress line names job \"{}\", which the child does not hold (never given to it, or answered already); dropped",
+                text::escaped(id.as_bytes(), QUOTE_CHARS)
+            );
+            return;
+        };
+        // Its attempt ended (its timeout): no one runs it any more.
+        let Some(reports) = self.reports.get().filter(|_| entry.waiter.is_some()) else {
+            return;
+        };
+        let json = progress_json(
+            &self.command.program,
+            &id,
+            &progress.value,
+            &mut entry.progress_warned,
+        );
+        // The lock is not held while the report is handed on.
+        drop(held);
+        if let Some(json) = json {
+            reports.progress(&id, json);
+        }
+    }
+
+    /// One line from a child: the answer to a job it holds, progress for
+    /// one, or something to log and drop.
     fn answer(&self, proc: &Proc, line: &[u8]) {
         let (id, outcome) = match parse_reply(line) {
             Ok(reply) => reply,
             Err(error) => {
+                // A line with "progress" and no "ok" is no answer.
+                if let Some(progress) = parse_progress(line) {
+                    self.progress(proc, line, progress);
+                    return;
+                }
                 tracing::warn!(
                     program = %self.command.program,
                     pid = %proc.pid(),
@@ -575,6 +694,11 @@ impl Inner {
     }
 }
 
+/// The line that tells a child to cancel job `id`.
+fn cancel_line(id: &str) -> Line {
+    Line::Cancel(serde_json::json!({ "cancel": id }).to_string())
+}
+
 /// Writes the lines for one child. A write that fails means the child
 /// cannot take jobs any more: it is killed, so that its jobs fail now
 /// rather than at their timeout.
@@ -661,7 +785,7 @@ mod tests {
 import json, os, sys, threading, time
 share = int(os.environ["WORKERPOOL_JOBS_PER_CHILD"])
 lock = threading.Lock()
-held, cancels, barrier = {}, {}, []
+held, cancels, barrier, cancel_lines = {}, {}, [], {}
 def say(obj):
     with lock:
         sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
@@ -677,6 +801,22 @@ def run(job):
         cancels[jid].wait(); say({"id": jid, "ok": False, "error": "cancelled"}); return
     if act == "ignore":
         time.sleep(3600)
+    if act == "progress":
+        say({"id": jid, "progress": {"step": 1}}); say({"id": jid, "progress": "two"})
+        say({"id": jid, "ok": True, "result": {"n": 2}}); return
+    if act == "stray_progress":
+        say({"id": "nobody", "progress": 1}); say({"progress": "no id"}); say({"id": 5, "progress": 1})
+        say({"id": jid, "progress": 1})
+    if act == "big_progress":
+        say({"id": jid, "progress": "x" * 4095}); say({"id": jid, "progress": "y" * 9000})
+        say({"id": jid, "progress": "z" * 4094})
+    if act == "honour_ok":
+        cancels[jid].wait(); time.sleep(0.2)
+        say({"id": jid, "ok": True, "result": cancel_lines.get(jid)}); return
+    if act == "unheeding":
+        time.sleep(d["ms"] / 1000); say({"id": jid, "ok": True, "result": cancel_lines.get(jid)}); return
+    if act == "report":
+        say({"id": jid, "ok": True, "result": cancel_lines.get(d["of"])}); return
     if act == "flood":
         with lock: sys.stdout.write("x" * (3 << 20)); sys.stdout.flush()
         time.sleep(3600)
@@ -692,6 +832,7 @@ for line in sys.stdin:
     if (msg.get("data") or {}).get("do") == "stall":
         time.sleep(3600)
     if "cancel" in msg:
+        cancel_lines.setdefault(msg["cancel"], []).append(line.rstrip("\n"))
         ev = cancels.get(msg["cancel"])
         if ev: ev.set()
         continue
@@ -727,6 +868,59 @@ for line in sys.stdin:
             Intake::Run { job, .. } => job,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The reports a pool handed on, in order.
+    #[derive(Default)]
+    struct Collected(Mutex<Vec<(String, String)>>);
+
+    impl Reports for Collected {
+        fn progress(&self, id: &str, value: String) {
+            self.0
+                .lock()
+                .expect("reports")
+                .push((id.to_string(), value));
+        }
+    }
+
+    impl Collected {
+        fn of(&self, id: &str) -> Vec<String> {
+            let all = self.0.lock().expect("reports");
+            all.iter()
+                .filter(|(i, _)| i == id)
+                .map(|(_, v)| v.clone())
+                .collect()
+        }
+
+        fn all(&self) -> Vec<(String, String)> {
+            self.0.lock().expect("reports").clone()
+        }
+    }
+
+    fn reported(pool: &ExecMux) -> Arc<Collected> {
+        let reports = Arc::new(Collected::default());
+        pool.set_reports(reports.clone());
+        reports
+    }
+
+    /// The JSON a job returned, parsed.
+    fn returned(outcome: &Outcome) -> serde_json::Value {
+        match outcome {
+            Outcome::Returned(json) => serde_json::from_str(json).expect("JSON"),
+            other => panic!("expected a result, got {other:?}"),
+        }
+    }
+
+    /// Starts `fut` and lets it run until its job is in a child.
+    async fn started<F: std::future::Future<Output = Outcome>>(
+        fut: std::pin::Pin<&mut F>,
+    ) -> std::pin::Pin<&mut F> {
+        let mut fut = fut;
+        tokio::select! {
+            o = &mut fut => panic!("ended before it was cancelled: {o:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        fut
     }
 
     fn failed(outcome: &Outcome) -> &str {
@@ -991,5 +1185,137 @@ for line in sys.stdin:
         .await
         .expect("every job answered");
         assert!(outcomes.iter().all(|o| *o == Outcome::Done), "{outcomes:?}");
+    }
+
+    #[tokio::test]
+    async fn progress_lines_are_reported_in_order_for_their_job_and_the_answer_settles_it() {
+        let pool = mux(4, 1, CANCEL_GRACE);
+        let reports = reported(&pool);
+        let jobs = [
+            job("p1", serde_json::json!({"do": "progress"})),
+            job("p2", serde_json::json!({"do": "progress"})),
+        ];
+        let outcomes = futures::future::join_all(jobs.iter().map(|j| pool.handle(j))).await;
+        for outcome in &outcomes {
+            assert_eq!(returned(outcome), serde_json::json!({"n": 2}));
+        }
+        for id in ["p1", "p2"] {
+            assert_eq!(reports.of(id), [r#"{"step":1}"#, r#""two""#], "{id}");
+        }
+        assert_eq!(reports.all().len(), 4);
+        assert_eq!(pool.inner.restarts.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn progress_for_a_job_the_child_does_not_hold_is_dropped_and_fails_nothing() {
+        let pool = mux(4, 1, CANCEL_GRACE);
+        let reports = reported(&pool);
+        let jobs = [
+            job("s", serde_json::json!({"do": "stray_progress"})),
+            job("p", serde_json::json!({"do": "progress"})),
+        ];
+        let outcomes = futures::future::join_all(jobs.iter().map(|j| pool.handle(j))).await;
+        assert_eq!(outcomes[0], Outcome::Done);
+        assert_eq!(returned(&outcomes[1]), serde_json::json!({"n": 2}));
+        // "nobody", no id and a number for an id: none reported.
+        assert_eq!(reports.of("s"), ["1"]);
+        assert_eq!(reports.of("p"), [r#"{"step":1}"#, r#""two""#]);
+        assert_eq!(reports.all().len(), 3, "{:?}", reports.all());
+        assert_eq!(pool.inner.restarts.get(), 0);
+        // Without reports set, progress is dropped and the job is as ever.
+        let quiet = mux(2, 1, CANCEL_GRACE);
+        let p = job("p", serde_json::json!({"do": "progress"}));
+        assert_eq!(
+            returned(&quiet.handle(&p).await),
+            serde_json::json!({"n": 2})
+        );
+    }
+
+    #[tokio::test]
+    async fn progress_over_the_limit_is_dropped_and_the_rest_is_reported() {
+        let pool = mux(2, 1, CANCEL_GRACE);
+        let reports = reported(&pool);
+        let big = job("big", serde_json::json!({"do": "big_progress"}));
+        assert_eq!(pool.handle(&big).await, Outcome::Done);
+        let got = reports.of("big");
+        // 4095 x's and their quotes are 4097 bytes, 9000 y's more: both
+        // dropped; 4094 z's are 4096 bytes, the limit: reported.
+        assert_eq!(
+            got.len(),
+            1,
+            "{:?}",
+            got.iter().map(String::len).collect::<Vec<_>>()
+        );
+        assert_eq!(got[0].len(), workerpool_queue::outcome::MAX_PROGRESS_BYTES);
+        assert!(got[0].starts_with("\"zzz"));
+        assert_eq!(pool.inner.restarts.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_producers_cancel_writes_the_cancel_line_once_and_the_job_ends_with_its_answer() {
+        // A grace far shorter than the job: a producer's cancel starts none.
+        let pool = mux(2, 1, Duration::from_millis(50));
+        let honour = job("c1", serde_json::json!({"do": "honour_ok"}));
+        let running = pool.handle(&honour);
+        tokio::pin!(running);
+        let running = started(running).await;
+        pool.cancel("c1");
+        pool.cancel("c1");
+        pool.cancel("not-held");
+        // The child saw one cancel line, as a timeout writes it, and
+        // answered ok: the job ends done with that answer.
+        assert_eq!(
+            returned(&running.await),
+            serde_json::json!([r#"{"cancel":"c1"}"#])
+        );
+        assert_eq!(pool.inner.restarts.get(), 0);
+        assert!(pool.problem().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_child_that_ignores_a_producers_cancel_finishes_the_job_and_is_not_killed() {
+        let pool = mux(2, 1, Duration::from_millis(50));
+        let unheeding = job("c2", serde_json::json!({"do": "unheeding", "ms": 600}));
+        let running = pool.handle(&unheeding);
+        tokio::pin!(running);
+        let running = started(running).await;
+        pool.cancel("c2");
+        let outcome = tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .expect("answered");
+        assert_eq!(
+            returned(&outcome),
+            serde_json::json!([r#"{"cancel":"c2"}"#])
+        );
+        assert_eq!(pool.inner.restarts.get(), 0, "no grace kill");
+        assert!(pool.problem().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_job_cancelled_by_a_producer_then_timed_out_gets_no_second_cancel_line() {
+        let pool = mux(2, 1, CANCEL_GRACE);
+        let slow = job("c3", serde_json::json!({"do": "unheeding", "ms": 400}));
+        let running = pool.handle(&slow);
+        tokio::pin!(running);
+        let running = started(running).await;
+        pool.cancel("c3");
+        let timed_out = tokio::time::timeout(Duration::from_millis(50), running).await;
+        assert!(timed_out.is_err());
+        let report = job("r", serde_json::json!({"do": "report", "of": "c3"}));
+        assert_eq!(
+            returned(&pool.handle(&report).await),
+            serde_json::json!([r#"{"cancel":"c3"}"#])
+        );
+        // The timed-out job's late answer frees its slot, as ever.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while pool.in_hand() != [0] {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                pool.in_hand()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(pool.inner.restarts.get(), 0);
     }
 }

@@ -18,9 +18,15 @@
 //! doubles up to [`RESTART_MAX`], and the worker reports not ready with
 //! the children's last words ([`Handler::problem`]). One child that
 //! answers ends it.
+//!
+//! Before its answer a child may write progress lines, `{"progress": <any
+//! JSON>}` (a JSON object with `"progress"` and no `"ok"`): each is handed
+//! to the [`Reports`] given by [`Handler::set_reports`] for the job the
+//! child runs, and the worker reads on for the answer. A one-job child
+//! knows no cancel line: a producer's cancel tells it nothing.
 
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::BoxFuture;
 use prometheus::IntCounter;
@@ -28,8 +34,9 @@ use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use crate::handler::{Handler, Outcome};
+use crate::handler::{Handler, Outcome, Reports};
 use workerpool_queue::job::Job;
+use workerpool_queue::outcome::MAX_PROGRESS_BYTES;
 use workerpool_queue::text;
 
 /// The longest answer line a child may write; a longer one is a protocol
@@ -204,6 +211,8 @@ pub struct ExecPool {
     idle: Mutex<Vec<Proc>>,
     restarts: IntCounter,
     rule: StartupRule,
+    /// Where the jobs' progress goes, once the worker says.
+    reports: OnceLock<Arc<dyn Reports>>,
 }
 
 impl std::fmt::Debug for ExecPool {
@@ -256,6 +265,7 @@ impl ExecPool {
             idle: Mutex::new(idle),
             restarts,
             rule: StartupRule::new(&command_program),
+            reports: OnceLock::new(),
         })
     }
 
@@ -356,6 +366,32 @@ impl ExecPool {
     }
 }
 
+impl ExecPool {
+    /// A progress line from the child running `job`: reported for it,
+    /// unless it names another job (then logged and dropped).
+    fn progress(&self, job: &Job, progress: ProgressLine, warned: &mut bool) {
+        match &progress.id {
+            None => {}
+            Some(serde_json::Value::String(id)) if id == job.id() => {}
+            Some(other) => {
+                tracing::warn!(
+                    program = %self.command.program,
+                    "handler broke the protocol: a progress line names job {} while the child runs job \"{}\"; dropped",
+                    text::escaped(other.to_string().as_bytes(), QUOTE_CHARS),
+                    text::escaped(job.id().as_bytes(), QUOTE_CHARS)
+                );
+                return;
+            }
+        }
+        if let Some(reports) = self.reports.get()
+            && let Some(json) =
+                progress_json(&self.command.program, job.id(), &progress.value, warned)
+        {
+            reports.progress(job.id(), json);
+        }
+    }
+}
+
 /// An error with what the child last wrote on stderr, when it wrote
 /// anything.
 pub(crate) fn said(error: &str, last_words: &str) -> String {
@@ -374,6 +410,76 @@ impl Handler for ExecPool {
     fn problem(&self) -> Option<String> {
         self.rule.problem()
     }
+
+    fn set_reports(&self, reports: Arc<dyn Reports>) {
+        keep_reports(&self.reports, reports);
+    }
+}
+
+/// Keeps the worker's [`Reports`]: given once; a second is ignored.
+pub(crate) fn keep_reports(slot: &OnceLock<Arc<dyn Reports>>, reports: Arc<dyn Reports>) {
+    if slot.set(reports).is_err() {
+        tracing::debug!("the handler was given its reports already; the later ones are ignored");
+    }
+}
+
+/// A progress line: a JSON object with a `"progress"` key and no `"ok"`.
+#[derive(Debug)]
+pub(crate) struct ProgressLine {
+    /// The `"id"` it names, as written (a string names a job).
+    pub(crate) id: Option<serde_json::Value>,
+    /// What it reports.
+    pub(crate) value: serde_json::Value,
+}
+
+/// Reads `line` as a progress line, if it is one. Only lines that are not
+/// answers are worth asking about: a line with `"ok"` never is one.
+pub(crate) fn parse_progress(line: &[u8]) -> Option<ProgressLine> {
+    if line.len() > MAX_ANSWER_BYTES {
+        return None;
+    }
+    let line = std::str::from_utf8(line.trim_ascii_end()).ok()?;
+    let mut fields: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line).ok()?;
+    if fields.contains_key("ok") {
+        return None;
+    }
+    let value = fields.remove("progress")?;
+    Some(ProgressLine {
+        id: fields.remove("id"),
+        value,
+    })
+}
+
+/// The JSON text of job `id`'s progress `value`, to report; `None` (the
+/// report dropped) when it is over [`MAX_PROGRESS_BYTES`], with a warning
+/// once per job (`warned` says whether it was given).
+pub(crate) fn progress_json(
+    program: &str,
+    id: &str,
+    value: &serde_json::Value,
+    warned: &mut bool,
+) -> Option<String> {
+    let json = match serde_json::to_string(value) {
+        Ok(json) => json,
+        Err(e) => {
+            tracing::warn!(program, id = %text::escaped(id.as_bytes(), QUOTE_CHARS), error = %e, "a progress report cannot be written as JSON; dropped");
+            return None;
+        }
+    };
+    if json.len() > MAX_PROGRESS_BYTES {
+        if !*warned {
+            *warned = true;
+            tracing::warn!(
+                program,
+                "job \"{}\" reported progress of {} bytes of JSON, over the limit of {MAX_PROGRESS_BYTES}: dropped (and any more like it, unlogged): \"{}\"",
+                text::escaped(id.as_bytes(), QUOTE_CHARS),
+                json.len(),
+                text::escaped(json.as_bytes(), QUOTE_CHARS)
+            );
+        }
+        return None;
+    }
+    Some(json)
 }
 
 /// A child checked out for one attempt. Dropped without `release` (the
@@ -386,22 +492,33 @@ struct Lease<'a> {
 impl Lease<'_> {
     /// One request/response exchange. `Err` means the child is unusable.
     async fn exchange(&mut self, job: &Job) -> Result<Outcome, String> {
+        let pool = self.pool;
         let proc = self
             .proc
             .as_mut()
             .expect("a lease holds its child until released");
         let line = job.json_line();
         let mut reply = Vec::new();
-        let read = async {
+        let mut warned = false;
+        let read: std::io::Result<usize> = async {
             super::write_line(&mut proc.stdin, &line).await?;
             proc.stdin.flush().await?;
             // Bytes, not text: an answer that is not UTF-8 is a protocol
             // break to report, not a read error to wait out.
             let limit = MAX_ANSWER_BYTES as u64 + 1;
-            (&mut proc.stdout)
-                .take(limit)
-                .read_until(b'\n', &mut reply)
-                .await
+            loop {
+                reply.clear();
+                let read = (&mut proc.stdout)
+                    .take(limit)
+                    .read_until(b'\n', &mut reply)
+                    .await?;
+                // Progress lines come before the answer; anything else is
+                // the answer, good or bad.
+                match parse_progress(&reply) {
+                    Some(progress) if read > 0 => pool.progress(job, progress, &mut warned),
+                    _ => break Ok(read),
+                }
+            }
         }
         .await;
         match read {
@@ -620,6 +737,14 @@ mod tests {
 
     const ECHO_HANDLER: &str = r#"while read -r line; do
       case "$line" in
+        *'"progress"'*) echo '{"progress":{"pct":10}}'
+           echo '{"id":"someone-else","progress":1}'
+           echo '{"id":"p1", "progress": "half"}'
+           echo '{"ok":true,"result":1}' ;;
+        *'"big_progress"'*) printf '{"progress":"%s"}\n' "$(head -c 5000 /dev/zero | tr '\0' x)"
+           echo '{"progress":2}'; echo '{"ok":true}' ;;
+        *'"progress_and_bad_ok"'*) echo '{"progress":1,"ok":"maybe"}' ;;
+        *'"no_ok"'*) echo '{"id":"n","note":"no ok, no progress"}' ;;
         *'"fail"'*) echo '{"ok":false,"error":"asked to fail","retry":false}' ;;
         *'"returns"'*) echo '{"ok":true,"result":{"n":1.10, "s":"x"}}' ;;
         *'"too_large"'*) echo '{"ok":true,"result_error":"the result was not kept: 3000000 bytes"}' ;;
@@ -747,5 +872,72 @@ mod tests {
         let err = ExecPool::start(missing, 1, IntCounter::new("r", "r").expect("counter"))
             .expect_err("must fail");
         assert!(err.to_string().contains("/nonexistent/handler"), "{err}");
+    }
+
+    /// The reports a pool handed on, in order.
+    #[derive(Default)]
+    struct Collected(Mutex<Vec<(String, String)>>);
+
+    impl Reports for Collected {
+        fn progress(&self, id: &str, value: String) {
+            self.0
+                .lock()
+                .expect("reports")
+                .push((id.to_string(), value));
+        }
+    }
+
+    impl Collected {
+        fn all(&self) -> Vec<(String, String)> {
+            self.0.lock().expect("reports").clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn progress_lines_before_the_answer_are_reported_and_the_answer_settles_the_job() {
+        let p = pool(ECHO_HANDLER, 1);
+        let reports = Arc::new(Collected::default());
+        p.set_reports(reports.clone());
+        assert_eq!(
+            p.handle(&job(r#"{"id":"p1","task":"progress"}"#)).await,
+            Outcome::Returned("1".into())
+        );
+        // The line naming another job is dropped, the two others reported.
+        assert_eq!(
+            reports.all(),
+            [
+                ("p1".to_string(), r#"{"pct":10}"#.to_string()),
+                ("p1".to_string(), r#""half""#.to_string()),
+            ]
+        );
+        // Over the limit: dropped; the next one is reported.
+        assert_eq!(
+            p.handle(&job(r#"{"id":"b1","task":"big_progress"}"#)).await,
+            Outcome::Done
+        );
+        assert_eq!(reports.all()[2..], [("b1".to_string(), "2".to_string())]);
+        assert_eq!(p.restarts.get(), 0, "progress keeps the child");
+        // Without reports set, progress is read past and dropped.
+        let quiet = pool(ECHO_HANDLER, 1);
+        assert_eq!(
+            quiet.handle(&job(r#"{"id":"p1","task":"progress"}"#)).await,
+            Outcome::Returned("1".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_that_is_neither_progress_nor_an_answer_is_a_protocol_break_as_before() {
+        let p = pool(ECHO_HANDLER, 1);
+        p.set_reports(Arc::new(Collected::default()));
+        for task in ["progress_and_bad_ok", "no_ok"] {
+            match p.handle(&job(&format!(r#"{{"task":"{task}"}}"#))).await {
+                Outcome::Failed { error, retry: true } => {
+                    assert!(error.contains("protocol"), "{task}: {error}")
+                }
+                other => panic!("{task}: {other:?}"),
+            }
+        }
+        assert_eq!(p.restarts.get(), 2);
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
     }
 }
