@@ -944,7 +944,7 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
         "+time", "+zrange", "+multi", "+llen", "+zcount", "+zcard", "+get", "+lindex", "+exists",
         "+hget", "+exec",
     ];
-    let prelude = ["guard", "now", "clock"];
+    let prelude = ["guard", "now", "clock", "outcome"];
     let worker = union(
         &[
             &prelude[..],
@@ -961,20 +961,18 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
                 "heartbeat",
                 "reap",
                 "deregister",
+                "start",
+                "progress",
             ],
         ]
         .concat(),
-        // outcome::running, as a kept job starts: one transaction.
+        // outcome::cancel_requested: one HEXISTS per running kept job.
         &[
             "+blmove",
             "+lrange",
             "+zrange",
             "+zrangebyscore",
-            "+multi",
-            "+hset",
-            "+hdel",
-            "+persist",
-            "+exec",
+            "+hexists",
         ],
     );
     let optional = ["+client|id", "+client|unblock", "+client|reply", "+info"];
@@ -990,22 +988,28 @@ fn every_line_grants_the_commands_of_its_scripts_and_nothing_unused() {
             "+exists", "+time", "+zrange", "+hgetall", "+lrange", "+llen",
         ],
     ]);
-    let enqueue = union(&["guard", "now", "enqueue"], &["+time", "+lpush", "+zadd"]);
+    let enqueue = union(
+        &["guard", "now", "outcome", "enqueue"],
+        &["+time", "+lpush", "+zadd"],
+    );
     let dead = union(
         &["guard", "now", "resurrect", "purge", "remove", "dead_pick"],
         &[&dead_page[..], &["+exists", "+time", "+llen"]].concat(),
     );
     let operator = union(
-        &["guard", "now", "enqueue", "fire"],
+        &["guard", "now", "outcome", "enqueue", "fire"],
         &[&snapshot[..], &dead_page, &["+hkeys", "+hdel", "+hget"]].concat(),
     );
     // outcome::read and outcome::wait (`job show`, `job wait`).
     let job = plain(&[&["+hgetall", "+xread"]]);
+    // outcome::cancel (`job cancel`).
+    let cancel = union(&["guard", "now", "unique", "outcome", "cancel"], &[]);
     let cli: BTreeSet<String> = read
         .iter()
         .chain(&enqueue)
         .chain(&dead)
         .chain(&job)
+        .chain(&cancel)
         .cloned()
         .collect();
     let cli_read: BTreeSet<String> = read.iter().chain(&job).cloned().collect();
