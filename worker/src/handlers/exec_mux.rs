@@ -983,7 +983,13 @@ for line in sys.stdin:
             }
         }
         // The second answer to "t" settled nothing: a new job with its id
-        // gets its own answer.
+        // gets its own answer. The child writes that second answer right
+        // after the first, from the job's thread: a job sent after it (and
+        // a moment) makes sure the line was read, and dropped, before a new
+        // "t" is held.
+        let sync = job("s", serde_json::json!({}));
+        assert_eq!(pool.handle(&sync).await, Outcome::Done);
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let again = job("t", serde_json::json!({"do": "fail"}));
         assert_eq!(pool.handle(&again).await, Outcome::permanent("asked"));
         assert_eq!(long.await, Outcome::Done);
