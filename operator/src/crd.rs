@@ -511,6 +511,16 @@ pub struct WorkerSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 536870912))]
     pub max_payload_bytes: Option<i64>,
+
+    /// Seconds the worker keeps every job's outcome (its state, result or
+    /// error) in Redis after the job ends (`--keep-outcomes`), for jobs
+    /// that do not ask for a time of their own with `keep`; producers read
+    /// it with `workerpool job show` or a client's `status` and `wait`. At
+    /// most 604800 (a week). Unset: outcomes are kept only for jobs that
+    /// ask with their own `keep`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604800))]
+    pub keep_outcomes_seconds: Option<i32>,
 }
 
 impl Default for WorkerSettings {
@@ -522,6 +532,7 @@ impl Default for WorkerSettings {
             job_timeout_seconds: six_hundred(),
             rate_limit: None,
             max_payload_bytes: None,
+            keep_outcomes_seconds: None,
         }
     }
 }
@@ -1008,6 +1019,10 @@ mod tests {
             (json!(1.0), json!(2147483647.0))
         );
         assert_eq!(
+            bounds(&spec["worker"]["properties"]["keepOutcomesSeconds"]),
+            (json!(1.0), json!(604800.0))
+        );
+        assert_eq!(
             bounds(&spec["tracing"]["properties"]["samplePercent"]),
             (json!(0.0), json!(100.0))
         );
@@ -1042,7 +1057,8 @@ mod tests {
                 "livenessProbe": {"httpGet": {"port": 65535}}}],
                 "terminationGracePeriodSeconds": LARGEST_INTEGER}},
             "replicas": i32::MAX,
-            "worker": {"concurrency": i32::MAX, "children": i32::MAX, "maxAttempts": i32::MAX, "jobTimeoutSeconds": i32::MAX},
+            "worker": {"concurrency": i32::MAX, "children": i32::MAX, "maxAttempts": i32::MAX, "jobTimeoutSeconds": i32::MAX,
+                "keepOutcomesSeconds": 604800},
             "shutdown": {"gracePeriodSeconds": i32::MAX},
             "schedules": [{"name": "a", "schedule": "@hourly", "startingDeadlineSeconds": LARGEST_INTEGER}],
             "disruption": {"maxUnavailable": i32::MAX, "protectAfterSeconds": 86400},
@@ -1140,6 +1156,70 @@ mod tests {
             serde_json::to_value(WorkerSettings::default())
                 .expect("json")
                 .get("children")
+                .is_none(),
+            "unset is left out"
+        );
+    }
+
+    #[test]
+    fn keep_outcomes_up_to_a_week_pass_and_unset_keeps_only_jobs_that_ask() {
+        // Checked as local mode checks a manifest: the schema's bounds with
+        // the API server's wording, then the CEL rules.
+        let check = |worker: serde_json::Value| {
+            let manifest = json!({
+                "apiVersion": "workerpool.dev/v1alpha1",
+                "kind": "WorkerPool",
+                "metadata": {"name": "mail"},
+                "spec": {
+                    "queue": {"redis": {"url": "redis://redis:6379", "key": "mail"}},
+                    "template": template(),
+                    "replicas": 1,
+                    "worker": worker,
+                },
+            });
+            crate::local::manifest::parse(&manifest.to_string(), None)
+        };
+        for seconds in [1, 3600, 86400, 604800] {
+            let pool = check(json!({"keepOutcomesSeconds": seconds}))
+                .unwrap_or_else(|e| panic!("{seconds}: {e}"));
+            assert_eq!(pool.spec.worker.keep_outcomes_seconds, Some(seconds));
+        }
+        for (seconds, fix) in [
+            (0, "greater than or equal to 1"),
+            (604801, "less than or equal to 604800"),
+        ] {
+            let error = check(json!({"keepOutcomesSeconds": seconds}))
+                .err()
+                .unwrap_or_else(|| panic!("{seconds} passed"));
+            assert!(
+                error.contains(&format!(
+                    "spec.worker.keepOutcomesSeconds in body should be {fix}"
+                )),
+                "{seconds}: {error}"
+            );
+        }
+        // The schema's bound is the week the worker allows.
+        let crd = serde_json::to_value(crd()).expect("json");
+        let worker = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["worker"];
+        let field = &worker["properties"]["keepOutcomesSeconds"];
+        assert_eq!(
+            field["maximum"].as_f64(),
+            Some(workerpool_queue::ops::MAX_KEEP.as_secs() as f64)
+        );
+        assert!(field.get("default").is_none());
+        assert!(
+            !worker["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("keepOutcomesSeconds")))
+        );
+        let unset = check(json!({})).expect("valid");
+        assert_eq!(unset.spec.worker.keep_outcomes_seconds, None);
+        assert_eq!(WorkerSettings::default().keep_outcomes_seconds, None);
+        assert!(
+            serde_json::to_value(WorkerSettings::default())
+                .expect("json")
+                .get("keepOutcomesSeconds")
                 .is_none(),
             "unset is left out"
         );

@@ -106,6 +106,9 @@ pub fn worker_settings(
         queues: spec.queue.redis.queue_names(),
         concurrency: positive(worker.concurrency),
         children: worker.children.map(positive),
+        keep_outcomes: worker
+            .keep_outcomes_seconds
+            .map(|seconds| Duration::from_secs(positive(seconds).into())),
         max_attempts: positive(worker.max_attempts),
         max_payload_bytes: worker
             .max_payload_bytes
@@ -783,6 +786,37 @@ pub(crate) mod tests {
             (Some(json!("10")), Some(json!("3")))
         );
         assert_eq!(with(json!({"concurrency": 4})), (Some(json!("4")), None));
+    }
+
+    #[test]
+    fn keep_outcomes_in_the_spec_reach_the_worker_and_unset_keeps_only_jobs_that_ask() {
+        let with = |worker: serde_json::Value| {
+            let p = pool(json!({
+                "queue": {"redis": {"url": "redis://r:6379", "key": "fetch"}},
+                "template": {"spec": {"containers": [{"name": "worker", "image": "x"}]}},
+                "worker": worker,
+                "replicas": 1
+            }));
+            let env = env_of(&build(&p, 1).expect("build"));
+            env.as_array()
+                .expect("env")
+                .iter()
+                .find(|v| v["name"] == settings::KEEP_OUTCOMES)
+                .map(|v| v["value"].as_str().expect("a value").to_string())
+        };
+        let written = with(json!({"keepOutcomesSeconds": 86400})).expect("set");
+        assert_eq!(written, "86400s");
+        // Read back as the worker's flag reads it.
+        assert_eq!(
+            humantime::parse_duration(&written),
+            Ok(Duration::from_secs(86_400))
+        );
+        let week = with(json!({"keepOutcomesSeconds": 604800})).expect("set");
+        assert_eq!(
+            humantime::parse_duration(&week),
+            Ok(workerpool_queue::ops::MAX_KEEP)
+        );
+        assert_eq!(with(json!({"concurrency": 4})), None);
     }
 
     #[test]

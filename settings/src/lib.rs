@@ -102,6 +102,10 @@ pub struct WorkerSettings {
     /// How many exec handler processes share those slots; `None`: one per
     /// slot, the worker's default.
     pub children: Option<u32>,
+    /// How long every settled job's outcome is kept when the job does not
+    /// say (`keep`); `None`: only jobs that ask are kept, the worker's
+    /// default. Written in whole seconds when it is a whole number of them.
+    pub keep_outcomes: Option<Duration>,
     /// Attempts before a job is dead-lettered.
     pub max_attempts: u32,
     /// The longest payload in bytes; `None`: the worker's default.
@@ -148,6 +152,9 @@ impl WorkerSettings {
         }
         if let Some(children) = self.children {
             env.push((CHILDREN, children.to_string()));
+        }
+        if let Some(keep) = self.keep_outcomes {
+            env.push((KEEP_OUTCOMES, duration(keep)));
         }
         if let Some(rate) = &self.rate_limit {
             env.push((RATE_LIMIT, rate.clone()));
@@ -288,6 +295,7 @@ mod tests {
             rate_limit: None,
             instance_file: None,
             children: None,
+            keep_outcomes: None,
         }
     }
 
@@ -310,9 +318,11 @@ mod tests {
         s.tls.client_key = Some("/k/tls.key".into());
         s.instance_file = Some("/run/workerpool/instance".into());
         s.children = Some(1);
+        s.keep_outcomes = Some(Duration::from_secs(86_400));
         let env = s.to_env();
         assert!(env.contains(&(JOB_TIMEOUT, "1500ms".into())), "{env:?}");
         assert!(env.contains(&(CHILDREN, "1".into())), "{env:?}");
+        assert!(env.contains(&(KEEP_OUTCOMES, "86400s".into())), "{env:?}");
         assert_eq!(
             env[env.len() - 3..],
             [
@@ -320,6 +330,36 @@ mod tests {
                 (REDIS_TLS_INSECURE_SKIP_VERIFY, "true".into()),
                 (INSTANCE_FILE, "/run/workerpool/instance".into()),
             ]
+        );
+    }
+
+    /// The worker reads `--keep-outcomes` with `humantime::parse_duration`:
+    /// what is written reads back as the same duration, up to the week the
+    /// worker allows.
+    #[test]
+    fn keep_outcomes_reads_back_as_the_same_duration() {
+        for keep in [
+            Duration::from_secs(1),
+            Duration::from_secs(86_400),
+            Duration::from_secs(604_800),
+            Duration::from_millis(1_500),
+        ] {
+            let mut s = settings();
+            s.keep_outcomes = Some(keep);
+            let env = s.to_env();
+            let written = env
+                .iter()
+                .find(|(name, _)| *name == KEEP_OUTCOMES)
+                .map(|(_, value)| value.as_str())
+                .unwrap_or_else(|| panic!("{KEEP_OUTCOMES} in {env:?}"));
+            assert_eq!(humantime::parse_duration(written), Ok(keep), "{written}");
+        }
+        assert!(
+            settings()
+                .to_env()
+                .iter()
+                .all(|(name, _)| *name != KEEP_OUTCOMES),
+            "unset writes none"
         );
     }
 

@@ -721,6 +721,7 @@ mod tests {
             queues: vec!["{mail}:high".into(), "{mail}:low".into()],
             concurrency: 7,
             children: Some(3),
+            keep_outcomes: Some(Duration::from_secs(86_400)),
             max_attempts: 3,
             max_payload_bytes: Some(1_048_576),
             job_timeout: Duration::from_secs(120),
@@ -757,6 +758,7 @@ mod tests {
         assert_eq!(config.queues, settings.queues);
         assert_eq!(config.concurrency, 7);
         assert_eq!(config.children, Some(3));
+        assert_eq!(config.keep_outcomes, settings.keep_outcomes);
         assert_eq!(config.max_attempts, settings.max_attempts);
         assert_eq!(Some(config.max_payload_bytes), settings.max_payload_bytes);
         assert_eq!(config.job_timeout, settings.job_timeout);
@@ -777,6 +779,7 @@ mod tests {
         assert_ne!(config.redis_mode, defaults.redis_mode);
         assert_ne!(config.tls, defaults.tls);
         assert_ne!(config.instance_file, defaults.instance_file);
+        assert_ne!(config.keep_outcomes, defaults.keep_outcomes);
     }
 
     /// The documented rule, WORKERPOOL_<FLAG>, holds for every flag: a

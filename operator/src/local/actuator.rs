@@ -607,7 +607,7 @@ spec:
         - {name: WORKERPOOL_CONCURRENCY, value: "99"}
         - name: TOKEN
           valueFrom: {secretKeyRef: {name: s, key: t}}
-  worker: {concurrency: 3, children: 2, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s, maxPayloadBytes: 1048576}
+  worker: {concurrency: 3, children: 2, maxAttempts: 7, jobTimeoutSeconds: 20, rateLimit: 20/s, maxPayloadBytes: 1048576, keepOutcomesSeconds: 86400}
   replicas: 2
   shutdown: {gracePeriodSeconds: 10}
 "#;
@@ -634,6 +634,7 @@ spec:
         assert_eq!(env["WORKERPOOL_RATE_LIMIT"], "20/s");
         assert_eq!(env["WORKERPOOL_MAX_PAYLOAD_BYTES"], "1048576");
         assert_eq!(env["WORKERPOOL_CHILDREN"], "2");
+        assert_eq!(env["WORKERPOOL_KEEP_OUTCOMES"], "86400s");
         assert!(!env.contains_key("TOKEN"));
         assert!(notes.iter().any(|n| n.contains("TOKEN")), "{notes:?}");
 

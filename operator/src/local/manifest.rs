@@ -342,6 +342,16 @@ spec:
                 "concurrency: 2, children: 0",
                 "spec.worker.children",
             ),
+            (
+                "concurrency: 2",
+                "concurrency: 2, keepOutcomesSeconds: 0",
+                "spec.worker.keepOutcomesSeconds in body should be greater than or equal to 1",
+            ),
+            (
+                "concurrency: 2",
+                "concurrency: 2, keepOutcomesSeconds: 604801",
+                "spec.worker.keepOutcomesSeconds in body should be less than or equal to 604800",
+            ),
         ] {
             assert!(VALID.contains(from), "{from}");
             let message = error(&VALID.replace(from, to));
