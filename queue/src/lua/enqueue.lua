@@ -52,10 +52,8 @@ for i = 1, #ARGV, 7 do
     end
     local at = tonumber(ARGV[i + 5])
     if at and at > 0 then
-      local hash = KEYS[at]
-      redis.call('DEL', hash)
-      redis.call('HSET', hash, 'keep', ARGV[i + 6])
-      outcome_open(hash, KEYS[at + 1], run_at == '' and 'waiting' or 'scheduled', now, run_at)
+      outcome_new(KEYS[at], KEYS[at + 1], ARGV[i + 6], run_at == '' and 'waiting' or 'scheduled',
+        now, run_at)
     end
   end
   out[#out + 1] = ok

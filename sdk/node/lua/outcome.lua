@@ -24,6 +24,15 @@ local function outcome_open(hash, ending, state, at, due)
   redis.call('DEL', ending)
 end
 
+-- outcome_new(hash, ending, keep, state, at, due): a job just enqueued
+-- that keeps its outcome (final, `keep` ms): whatever an earlier job of
+-- its id left goes, and it starts `state` (waiting, scheduled).
+local function outcome_new(hash, ending, keep, state, at, due)
+  redis.call('DEL', hash)
+  redis.call('HSET', hash, 'keep', keep)
+  outcome_open(hash, ending, state, at, due)
+end
+
 -- outcome_end(hash, ending, state, at, ttl): writes a final state (done,
 -- dead, cancelled) at `at`, kept `ttl` ms (the hash's own `keep` when
 -- `ttl` is '' or nil, else MAX_KEEP_MS), and gives the end stream its one
