@@ -106,6 +106,7 @@ fn a_pool_capped_at_what_its_rate_limit_keeps_busy_waits_as_long_as_the_limit_ma
             concurrency: case.concurrency,
             seed,
             rate_limit: Some(format!("{}/s", case.count).parse().expect("a limit")),
+            downstream: workerpool_operator::simulate::Downstream::default(),
         };
         let reports = simulate::run_each(&config);
         let (capped, roomy, blind) = (&reports[0], &reports[1], &reports[2]);

@@ -44,6 +44,7 @@ fn costs(spike: u64, seed: u64) -> (f64, f64) {
         concurrency: 4,
         seed,
         rate_limit: None,
+        downstream: workerpool_operator::simulate::Downstream::default(),
     };
     let comparison = Comparison::run(&config, &ScalingSpec::default());
     let keda = comparison

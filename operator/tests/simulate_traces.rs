@@ -47,6 +47,7 @@ fn misses(workers: &Workers) -> Vec<String> {
             concurrency: workers.concurrency,
             seed: workers.seed,
             rate_limit: None,
+            downstream: workerpool_operator::simulate::Downstream::default(),
         };
         let comparison = Comparison::run(&config, &ScalingSpec::default());
         let engine = &comparison.engine;
@@ -110,6 +111,7 @@ fn on_a_rate_limited_queue_the_engine_waits_no_longer_than_keda_at_far_fewer_rep
         concurrency: 1,
         seed: 1,
         rate_limit: Some("20/s".parse().expect("limit")),
+        downstream: workerpool_operator::simulate::Downstream::default(),
     };
     let comparison = Comparison::run(&config, &ScalingSpec::default());
     let engine = &comparison.engine;

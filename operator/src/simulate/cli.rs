@@ -56,6 +56,15 @@ pub struct SimulateArgs {
     /// engine knows it (spec.worker.rateLimit).
     #[arg(long, value_name = "N/PERIOD", value_parser = parse_rate_limit)]
     rate_limit: Option<workerpool_queue::rate::RateLimit>,
+    /// A downstream every job uses that serves N jobs at once at full speed (a
+    /// database's connection pool): with more in service, each slows to N/in-service
+    /// of its speed. Neither policy is told; the workers see their jobs take longer.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    downstream_capacity: Option<u32>,
+    /// A downstream every job uses that admits R jobs a second (an external API's
+    /// limit the pool does not know): each job waits its turn in its slot.
+    #[arg(long, value_name = "R", value_parser = parse_positive)]
+    downstream_rate: Option<f64>,
     /// Waiting jobs per replica for both policies (KEDA's listLength).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     target_backlog: u32,
@@ -158,6 +167,10 @@ pub fn run(args: &SimulateArgs) -> Result<String, SimulateError> {
             concurrency: args.concurrency,
             seed: args.seed,
             rate_limit: args.rate_limit,
+            downstream: crate::simulate::Downstream {
+                capacity: args.downstream_capacity,
+                rate: args.downstream_rate,
+            },
         };
         if several && !args.json {
             if !out.is_empty() {
@@ -357,6 +370,13 @@ fn timeline(name: &str, report: &PolicyReport) -> String {
 }
 
 /// `--rate-limit`, with the accepted forms in the error.
+fn parse_positive(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("{text:?} is not a number above 0")),
+    }
+}
+
 fn parse_rate_limit(text: &str) -> Result<workerpool_queue::rate::RateLimit, String> {
     text.parse()
         .map_err(|e: workerpool_queue::rate::RateLimitError| e.to_string())

@@ -231,6 +231,7 @@ mod tests {
             concurrency: 1,
             seed: 1,
             rate_limit: None,
+            downstream: crate::simulate::Downstream::default(),
         };
         let comparison = Comparison::run(&config, &ScalingSpec::default());
         assert_eq!(comparison.keda.len(), keda_settings(5, 100).len());

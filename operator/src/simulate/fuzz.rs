@@ -212,6 +212,7 @@ impl Case {
                 concurrency,
                 seed,
                 rate_limit,
+                downstream: crate::simulate::Downstream::default(),
             },
         }
     }

@@ -5,8 +5,10 @@
 //! up to `concurrency` at a time, and on scale-down stop taking jobs and finish the ones
 //! they hold before they go. Both policies see the same arrivals and the same job
 //! durations. A queue with a rate limit starts jobs no faster than the workers' Redis
-//! bucket lets them (the same GCRA, on the virtual clock). [`run`] is pure and
-//! deterministic for a seed.
+//! bucket lets them (the same GCRA, on the virtual clock). A [`Downstream`] the jobs
+//! share (a database pool, an external service) slows them once it is saturated, which
+//! neither policy is told of: the workers only see their jobs take longer. [`run`] is
+//! pure and deterministic for a seed.
 
 pub mod cli;
 pub mod compare;
@@ -84,6 +86,29 @@ pub struct SimConfig {
     pub seed: u64,
     /// The queue's rate limit (`spec.worker.rateLimit`), which the engine knows too.
     pub rate_limit: Option<RateLimit>,
+    /// What the jobs call, which no policy knows of.
+    pub downstream: Downstream,
+}
+
+/// A resource every running job uses, which the pool is not told of: a database's
+/// connection pool, an external API. Unset fields put no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Downstream {
+    /// Jobs it serves at full speed at once. With `n` above it in service across the
+    /// pool, each progresses at `capacity / n` of its speed (processor sharing): a job
+    /// of `d` seconds alone takes `d * n / capacity`, and the pool's completions stay
+    /// at `capacity / d` a second however many run.
+    pub capacity: Option<u32>,
+    /// Jobs it admits a second: each job waits in its slot for its turn (first come,
+    /// first served), then runs its duration.
+    pub rate: Option<f64>,
+}
+
+impl Downstream {
+    /// Whether it limits anything.
+    pub fn is_set(&self) -> bool {
+        self.capacity.is_some() || self.rate.is_some()
+    }
 }
 
 /// The outcome of one policy.
@@ -201,6 +226,11 @@ enum Event {
     PodReady(usize),
     /// A pod finished a job that took this many seconds.
     JobDone(usize, f64),
+    /// A job the downstream admits now: its pod, its duration alone, when it started.
+    Admit(usize, f64, f64),
+    /// The shared downstream's next job may be done (stale unless the generation is
+    /// the current one).
+    Shared(u64),
     /// The rate limit allows the next start.
     RateAllows,
     /// A controller's periodic tick; the number tells which loop (KEDA has two).
@@ -273,6 +303,43 @@ struct World<'a> {
     job_seconds: Option<f64>,
     /// The mean of the squared job durations, kept beside it.
     job_seconds_sq: Option<f64>,
+    /// The downstream's next free admission time (its rate).
+    admit_at: f64,
+    /// The jobs sharing the downstream's capacity.
+    shared: Shared,
+}
+
+/// Jobs sharing a downstream of limited capacity (processor sharing), in virtual
+/// work: every job in service progresses at the same speed, `min(1, capacity / n)`, so
+/// the order they finish in is the order of their finishing work, fixed at entry.
+#[derive(Default)]
+struct Shared {
+    /// Work each job in service has done so far, in seconds of its duration alone.
+    work: f64,
+    /// When `work` was last brought up to date.
+    at: f64,
+    /// Jobs in service: the work at which each is done, its pod, its start.
+    jobs: BinaryHeap<std::cmp::Reverse<(OrdF64, usize, OrdF64)>>,
+    /// The generation of the one [`Event::Shared`] that counts.
+    generation: u64,
+}
+
+/// An `f64` ordered by `total_cmp`, for the shared downstream's heap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct OrdF64(f64);
+
+impl Eq for OrdF64 {}
+
+impl Ord for OrdF64 {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl World<'_> {
@@ -357,8 +424,89 @@ impl World<'_> {
             self.pods[pod].busy += 1;
             self.in_flight += 1;
             self.waits.push((self.now - arrived) as f32);
-            self.schedule(self.now + duration, Event::JobDone(pod, duration));
+            self.start_service(pod, duration);
         }
+    }
+
+    /// A job starts on `pod`: without a downstream it is done `duration` from now;
+    /// with one, when the downstream admits it and has served it.
+    fn start_service(&mut self, pod: usize, duration: f64) {
+        let downstream = self.config.downstream;
+        if !downstream.is_set() {
+            self.schedule(self.now + duration, Event::JobDone(pod, duration));
+            return;
+        }
+        match downstream.rate.filter(|r| *r > 0.0) {
+            Some(rate) => {
+                let turn = self.admit_at.max(self.now);
+                self.admit_at = turn + 1.0 / rate;
+                self.schedule(turn, Event::Admit(pod, duration, self.now));
+            }
+            None => self.admit(pod, duration, self.now),
+        }
+    }
+
+    /// The downstream serves a job of `pod` that started at `started`.
+    fn admit(&mut self, pod: usize, duration: f64, started: f64) {
+        match self.config.downstream.capacity {
+            None => {
+                let at = self.now + duration;
+                self.schedule(at, Event::JobDone(pod, at - started));
+            }
+            Some(_) => {
+                self.share_until_now();
+                let done_at = self.shared.work + duration;
+                self.shared
+                    .jobs
+                    .push(std::cmp::Reverse((OrdF64(done_at), pod, OrdF64(started))));
+                self.share_next();
+            }
+        }
+    }
+
+    /// How fast each job in the shared downstream progresses now.
+    fn share_speed(&self) -> f64 {
+        let n = self.shared.jobs.len() as f64;
+        match self.config.downstream.capacity {
+            Some(capacity) if n > f64::from(capacity) => f64::from(capacity.max(1)) / n,
+            _ => 1.0,
+        }
+    }
+
+    /// Brings the work done in the shared downstream up to now.
+    fn share_until_now(&mut self) {
+        let speed = self.share_speed();
+        self.shared.work += (self.now - self.shared.at) * speed;
+        self.shared.at = self.now;
+    }
+
+    /// Schedules the shared downstream's next completion at the speed of now.
+    fn share_next(&mut self) {
+        self.shared.generation += 1;
+        if let Some(std::cmp::Reverse((OrdF64(done_at), _, _))) = self.shared.jobs.peek() {
+            let at = self.now + (done_at - self.shared.work).max(0.0) / self.share_speed();
+            let generation = self.shared.generation;
+            self.schedule(at, Event::Shared(generation));
+        }
+    }
+
+    /// The shared downstream's jobs whose work is done finish.
+    fn shared_done(&mut self, generation: u64) {
+        if generation != self.shared.generation {
+            return;
+        }
+        self.share_until_now();
+        while let Some(&std::cmp::Reverse((OrdF64(done_at), pod, OrdF64(started)))) =
+            self.shared.jobs.peek()
+        {
+            if done_at > self.shared.work + 1e-9 {
+                break;
+            }
+            self.shared.jobs.pop();
+            let seconds = self.now - started;
+            self.job_done(pod, seconds);
+        }
+        self.share_next();
     }
 
     /// Folds the jobs finished since the last reading into the mean job
@@ -474,6 +622,8 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         busy: 0.0,
         job_seconds: None,
         job_seconds_sq: None,
+        admit_at: 0.0,
+        shared: Shared::default(),
     };
     let (mut controller, periods) = match policy {
         Policy::Engine(spec) => {
@@ -531,6 +681,8 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                 match e.event {
                     Event::PodReady(pod) => world.pod_ready(pod),
                     Event::JobDone(pod, seconds) => world.job_done(pod, seconds),
+                    Event::Admit(pod, duration, started) => world.admit(pod, duration, started),
+                    Event::Shared(generation) => world.shared_done(generation),
                     Event::RateAllows => world.rate_wake = false,
                     Event::Tick(kind) => {
                         world.fold_job_durations();

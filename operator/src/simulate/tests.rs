@@ -11,6 +11,7 @@ fn config(trace: &str, policies: Vec<Policy>) -> SimConfig {
         concurrency: 1,
         seed: 1,
         rate_limit: None,
+        downstream: crate::simulate::Downstream::default(),
     }
 }
 
@@ -102,4 +103,113 @@ fn a_rate_limit_starts_jobs_no_faster_than_it_allows_however_many_pods_run() {
     }
     let unlimited = run(&config("0,200\n0.01,0\n600,0\n", both()));
     assert!(unlimited.policies["keda"].p99_wait_s < report.policies["keda"].p99_wait_s);
+}
+
+/// `jobs` jobs at once, on a pool KEDA holds at `pods` (a backlog per replica of one),
+/// each job `d` seconds alone; the p99 wait.
+fn burst_on_pods(jobs: u64, pods: i32, d: f64, downstream: Downstream) -> f64 {
+    let mut c = config(
+        &format!("0,{jobs}\n1,0\n20000,0\n"),
+        vec![Policy::Keda(KedaSettings::defaults(1, pods))],
+    );
+    c.job_duration = DurationDist::Const(d);
+    c.downstream = downstream;
+    let report = run(&c);
+    let keda = &report.policies["keda"];
+    assert_eq!(keda.jobs, jobs);
+    keda.p99_wait_s
+}
+
+#[test]
+fn a_downstream_bounds_completions_however_many_pods_run_and_no_downstream_changes_nothing() {
+    use rand::Rng;
+    let mut rng = StdRng::seed_from_u64(7);
+    let jobs = 300u64;
+    // Job k (0-based) starts once k - pods + 1 jobs are done; done ones come at most
+    // `rate` a second once pods are ready (at least 10 s in): its wait is at least the
+    // low bound. At most: as long as without the downstream (the same pods, as soon),
+    // and the time the downstream takes to serve every job before it.
+    let k = (0.99 * jobs as f64).ceil() - 1.0;
+    let bounds = |pods: i32, rate: f64, d: f64| {
+        let low = 10.0 + ((k - f64::from(pods) + 1.0) / rate).max(0.0);
+        let high = burst_on_pods(jobs, pods, d, Downstream::default()) + (k + 1.0) / rate + d;
+        (low, high)
+    };
+    for _ in 0..25 {
+        let pods = rng.random_range(1..=30);
+        let d = rng.random_range(0.2..3.0f64);
+        let capacity = rng.random_range(1..=12u32);
+        let per_s = rng.random_range(0.5..20.0f64);
+        let p = f64::from(pods);
+        let shared = burst_on_pods(
+            jobs,
+            pods,
+            d,
+            Downstream {
+                capacity: Some(capacity),
+                rate: None,
+            },
+        );
+        let (low, high) = bounds(pods, p.min(f64::from(capacity)) / d, d);
+        assert!(
+            (low - 1e-6..=high).contains(&shared),
+            "capacity {capacity}, {pods} pods, {d:.2} s jobs: p99 wait {shared} not in {low:.1}..{high:.1}"
+        );
+        let limited = burst_on_pods(
+            jobs,
+            pods,
+            d,
+            Downstream {
+                capacity: None,
+                rate: Some(per_s),
+            },
+        );
+        let (low, high) = bounds(pods, per_s.min(p / d), d);
+        assert!(
+            (low - 1e-6..=high).contains(&limited),
+            "{per_s:.2}/s, {pods} pods, {d:.2} s jobs: p99 wait {limited} not in {low:.1}..{high:.1}"
+        );
+        // A capacity no pool reaches changes nothing.
+        let roomy = burst_on_pods(
+            jobs,
+            pods,
+            d,
+            Downstream {
+                capacity: Some(1000),
+                rate: None,
+            },
+        );
+        assert_eq!(roomy, burst_on_pods(jobs, pods, d, Downstream::default()));
+    }
+}
+
+#[test]
+fn jobs_sharing_a_saturated_downstream_run_at_its_share_of_their_speed() {
+    // 20 warm pods (KEDA's minReplicaCount), then 40 one-second jobs at once on a
+    // downstream of 4: the first 20 run together at a fifth of their speed, 5 s,
+    // and the next 20 wait for them; alone, they would wait 1 s.
+    let warm = KedaSettings {
+        min_replicas: 20,
+        ..KedaSettings::defaults(1000, 20)
+    };
+    let mut c = config("60,40\n60.001,0\n600,0\n", vec![Policy::Keda(warm)]);
+    c.downstream = Downstream {
+        capacity: Some(4),
+        rate: None,
+    };
+    let shared = run(&c).policies["keda"].clone();
+    assert_eq!(shared.jobs, 40);
+    assert_eq!(shared.p50_wait_s, 0.0, "{shared:?}");
+    assert!((4.99..=5.01).contains(&shared.p99_wait_s), "{shared:?}");
+    c.downstream = Downstream::default();
+    let alone = run(&c).policies["keda"].clone();
+    assert_eq!(alone.p50_wait_s, 0.0, "{alone:?}");
+    assert!((0.99..=1.01).contains(&alone.p99_wait_s), "{alone:?}");
+    // The same pods for as long, their slots busy about five times as long (the
+    // share is rounded to a thousandth).
+    assert_eq!(shared.replica_seconds, alone.replica_seconds);
+    assert!(
+        shared.utilization >= 4.0 * alone.utilization,
+        "{shared:?} {alone:?}"
+    );
 }
