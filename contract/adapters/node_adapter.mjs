@@ -7,9 +7,59 @@
 import fs from 'node:fs';
 import readline from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { App, Client, Permanent } from '../../sdk/node/index.mjs';
+import { App, Client, Permanent, WaitTimeout } from '../../sdk/node/index.mjs';
 
 const given = (v) => (v === null ? undefined : v);
+
+// The library's status (camelCase) as the protocol's outcome object, which
+// uses the queue crate's names; absent fields are null.
+const OUTCOME_NAMES = {
+  id: 'id',
+  state: 'state',
+  attempt: 'attempt',
+  worker: 'worker',
+  result: 'result',
+  resultError: 'result_error',
+  error: 'error',
+  nextAtMs: 'next_at_ms',
+  updatedAtMs: 'updated_at_ms',
+  endedAtMs: 'ended_at_ms',
+  progress: 'progress',
+  progressAtMs: 'progress_at_ms',
+  cancelRequestedAtMs: 'cancel_requested_at_ms',
+};
+
+function outcome(status) {
+  if (status === null || status === undefined) {
+    return null;
+  }
+  const out = {};
+  for (const [ours, theirs] of Object.entries(OUTCOME_NAMES)) {
+    out[theirs] = status[ours] ?? null;
+  }
+  return out;
+}
+
+// The answer to a status, wait or cancel request.
+async function ask(client, req) {
+  switch (req.op) {
+    case 'status':
+      return { status: outcome(await client.status(req.queue, req.id)) };
+    case 'wait':
+      try {
+        return { status: outcome(await client.wait(req.queue, req.id, { timeoutMs: req.timeout_ms })) };
+      } catch (e) {
+        if (e instanceof WaitTimeout) {
+          return { timeout: outcome(e.last) };
+        }
+        throw e;
+      }
+    case 'cancel':
+      return { cancel: await client.cancel(req.queue, req.id) };
+    default:
+      throw new Error(`unknown op ${JSON.stringify(req.op)}`);
+  }
+}
 
 async function produce() {
   const clients = new Map();
@@ -34,6 +84,11 @@ async function produce() {
         client = new Client(req.url, options);
         clients.set(key, client);
       }
+      if (req.op !== undefined) {
+        answer = await ask(client, req);
+        process.stdout.write(`${JSON.stringify(answer)}\n`);
+        continue;
+      }
       const jobs = (req.jobs ?? []).map((j) => ({
         task: j.task,
         data: j.data,
@@ -42,6 +97,7 @@ async function produce() {
         runAt: given(j.run_at_ms),
         uniqueKey: given(j.unique_key),
         uniqueFor: given(j.unique_for_s),
+        keepResultFor: given(j.keep_s),
       }));
       let ids;
       if (req.many) {
@@ -79,6 +135,32 @@ async function handle() {
   app.task('sleep', async (data, job) => {
     await sleep(data.ms);
     record(job);
+  });
+  app.task('returning', (data, job) => {
+    record(job);
+    return data.value;
+  });
+  app.task('progress', async (data, job) => {
+    const steps = data.steps ?? [];
+    for (let i = 0; i < steps.length; i += 1) {
+      if (i > 0) await sleep(data.step_ms ?? 50);
+      job.progress(steps[i]);
+    }
+    record(job);
+    return data.value;
+  });
+  // job.signal is aborted when a producer cancels the job (the worker's
+  // cancel line, when the process holds several jobs).
+  app.task('hold', async (data, job) => {
+    record(job);
+    await new Promise((resolve) => {
+      const timer = setTimeout(resolve, data.ms ?? 10000);
+      job.signal.addEventListener('abort', () => {
+        clearTimeout(timer);
+        resolve();
+      }, { once: true });
+    });
+    if (job.signal.aborted) throw new Error('stopped as asked');
   });
   app.task('print', (data, job) => {
     console.log('stray output');

@@ -9,12 +9,14 @@ Run with the library from the checkout: PYTHONPATH=sdk/python/src.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 
-from workerpool_client import App, Client, Job, Permanent
+from workerpool_client import App, Client, Job, Permanent, WaitTimeout
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -31,7 +33,28 @@ def job_of(spec: dict) -> Job:
         run_at=None if run_at is None else EPOCH + timedelta(milliseconds=run_at),
         unique_key=spec.get("unique_key"),
         unique_for=spec.get("unique_for_s"),
+        keep=spec.get("keep_s"),
     )
+
+
+def outcome(status) -> dict | None:
+    """A JobStatus as the protocol's outcome object (the queue crate's names)."""
+    return None if status is None else dataclasses.asdict(status)
+
+
+def ask(client: Client, request: dict) -> dict:
+    """The answer to a status, wait or cancel request."""
+    op, queue, id = request["op"], request["queue"], request["id"]
+    if op == "status":
+        return {"status": outcome(client.status(queue, id))}
+    if op == "wait":
+        try:
+            return {"status": outcome(client.wait(queue, id, timeout=request["timeout_ms"] / 1000))}
+        except WaitTimeout as e:
+            return {"timeout": outcome(e.status)}
+    if op == "cancel":
+        return {"cancel": client.cancel(queue, id)}
+    raise ValueError(f"unknown op {op!r}")
 
 
 def produce() -> None:
@@ -52,6 +75,11 @@ def produce() -> None:
                                     key=tls.get("key"),
                                     cluster=True if request.get("cluster") else None)
                     clients[key] = client
+                if "op" in request:
+                    answer = ask(client, request)
+                    out.write(json.dumps(answer) + "\n")
+                    out.flush()
+                    continue
                 jobs = [job_of(spec) for spec in request["jobs"]]
                 queue = request["queue"]
                 if request.get("many"):
@@ -59,7 +87,7 @@ def produce() -> None:
                 else:
                     ids = [client.enqueue(queue, j.task, j.data, id=j.id, delay=j.delay,
                                           run_at=j.run_at, unique_key=j.unique_key,
-                                          unique_for=j.unique_for) for j in jobs]
+                                          unique_for=j.unique_for, keep=j.keep) for j in jobs]
                 answer = {"ids": ids}
             except Exception as e:  # every failure is an answer; the next request goes on
                 answer = {"error": f"{type(e).__name__}: {e}"}
@@ -93,6 +121,35 @@ def record_task(data, job):
 async def sleep_task(data, job):
     await asyncio.sleep(data["ms"] / 1000)
     record(job)
+
+
+@app.task("returning")
+def returning_task(data, job):
+    record(job)
+    return data.get("value")
+
+
+@app.task("progress")
+async def progress_task(data, job):
+    steps = data.get("steps", [])
+    for i, value in enumerate(steps):
+        if i:
+            await asyncio.sleep(data.get("step_ms", 50) / 1000)
+        job.progress(value)
+    record(job)
+    return data.get("value")
+
+
+@app.task("hold")
+def hold_task(data, job):
+    # On a thread when the process holds several jobs: job.cancelled turns
+    # True when a producer cancels the job (the worker's cancel line).
+    record(job)
+    until = time.monotonic() + data.get("ms", 10000) / 1000
+    while not job.cancelled and time.monotonic() < until:
+        time.sleep(0.01)
+    if job.cancelled:
+        raise RuntimeError("stopped as asked")
 
 
 @app.task("print")

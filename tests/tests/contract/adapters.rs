@@ -359,6 +359,86 @@ pub(crate) fn parse_answer(answer: Value, jobs: usize) -> Result<Answer, String>
         .map(Ok)
 }
 
+/// Seconds as JSON: an integer when whole.
+fn whole(s: f64) -> Value {
+    if s.fract() == 0.0 && s >= 0.0 {
+        Value::from(s as u64)
+    } else {
+        Value::from(s)
+    }
+}
+
+/// The CLI's answer to a `status`, `wait` or `cancel` request of the
+/// adapter protocol, through `workerpool job show|wait|cancel --json`.
+pub(crate) fn cli_op(bins: &Path, flags: &[String], request: &Value) -> Result<Value, String> {
+    let op = request["op"].as_str().unwrap_or_default();
+    let (queue, id) = (
+        request["queue"].as_str().unwrap_or_default(),
+        request["id"].as_str().unwrap_or_default(),
+    );
+    let action = match op {
+        "status" => "show",
+        "wait" | "cancel" => op,
+        other => return Err(format!("no such request: {other:?}")),
+    };
+    let mut cmd = Program {
+        name: "rust".into(),
+        argv: vec![bins.join("workerpool").display().to_string()],
+        env: vec![],
+    }
+    .std_command();
+    cmd.args(["job", action])
+        .args(flags)
+        .args(["--queue", queue]);
+    if op == "wait" {
+        let ms = request["timeout_ms"].as_u64().unwrap_or(60_000);
+        cmd.arg("--timeout").arg(format!("{ms}ms"));
+    }
+    let out = cmd
+        .arg("--json")
+        .arg(id)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run workerpool job {action}: {e}"))?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let json = |text: &str| -> Result<Value, String> {
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        serde_json::from_str(last).map_err(|e| {
+            format!(
+                "workerpool job {action} printed no JSON ({e}): {:?} {:?}",
+                stdout.trim(),
+                stderr.trim()
+            )
+        })
+    };
+    let key = if op == "cancel" { "cancel" } else { "status" };
+    if out.status.success() {
+        return Ok(serde_json::json!({ key: json(&stdout)? }));
+    }
+    // Exit 1: no outcome kept (show), a job that did not end done or in
+    // time (wait, its outcome on the last line of stderr).
+    if op == "status" && stderr.contains("no outcome is kept") {
+        return Ok(serde_json::json!({"status": null}));
+    }
+    if op == "wait" && stderr.contains("did not end within") {
+        if stderr.contains("no outcome is kept") {
+            return Ok(serde_json::json!({"timeout": null}));
+        }
+        return Ok(serde_json::json!({"timeout": json(&stderr)?}));
+    }
+    if op == "wait" && stderr.contains(" is ") {
+        return Ok(serde_json::json!({"status": json(&stderr)?}));
+    }
+    Ok(serde_json::json!({"error": stderr.trim()}))
+}
+
 /// The CLI's answer to one adapter request: one `workerpool enqueue` per
 /// job, or one for all of them when `many`.
 pub(crate) fn cli_produce(
@@ -383,12 +463,10 @@ pub(crate) fn cli_produce(
             fields.insert("unique_key".into(), key.into());
         }
         if let Some(s) = job["unique_for_s"].as_f64() {
-            let n = if s.fract() == 0.0 && s >= 0.0 {
-                Value::from(s as u64)
-            } else {
-                Value::from(s)
-            };
-            fields.insert("unique_for".into(), n);
+            fields.insert("unique_for".into(), whole(s));
+        }
+        if let Some(s) = job["keep_s"].as_f64() {
+            fields.insert("keep".into(), whole(s));
         }
         if let Some(id) = job["id"].as_str() {
             fields.insert("id".into(), id.into());

@@ -41,6 +41,9 @@ pub(crate) enum Step {
     Produce(Produce),
     Worker(WorkerStep),
     Expect(Expect),
+    Status(StatusStep),
+    Wait(WaitStep),
+    Cancel(CancelStep),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -69,6 +72,7 @@ pub(crate) struct CaseJob {
     pub(crate) run_at_in_ms: Option<u64>,
     pub(crate) unique_key: Option<String>,
     pub(crate) unique_for_s: Option<f64>,
+    pub(crate) keep_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -86,7 +90,75 @@ pub(crate) struct WorkerStep {
     pub(crate) backoff_base: String,
     #[serde(default = "backoff_max")]
     pub(crate) backoff_max: String,
+    /// `--heartbeat-interval` (the worker's default when absent): how soon
+    /// a running job learns of a cancel.
+    #[serde(default)]
+    pub(crate) heartbeat: Option<String>,
 }
+
+/// Reads a job's outcome through the producer under test.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StatusStep {
+    pub(crate) queue: String,
+    pub(crate) job: Option<String>,
+    /// A literal id instead of a job's label (one no job has).
+    pub(crate) id: Option<String>,
+    /// Reads again (every 50 ms) until `expect` holds, for up to this long;
+    /// 0: one read.
+    #[serde(default)]
+    pub(crate) within_ms: u64,
+    /// null: no outcome is kept; else an object of outcome fields, each a
+    /// value or a matcher.
+    pub(crate) expect: Value,
+}
+
+/// Waits for a job's final outcome through the producer under test.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WaitStep {
+    pub(crate) queue: String,
+    pub(crate) job: Option<String>,
+    pub(crate) id: Option<String>,
+    #[serde(default = "wait_ms")]
+    pub(crate) timeout_ms: u64,
+    /// The wait must run out of time; `expect` is then the last outcome read.
+    #[serde(default)]
+    pub(crate) times_out: bool,
+    pub(crate) expect: Value,
+}
+
+/// Cancels a job through the producer under test.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CancelStep {
+    pub(crate) queue: String,
+    pub(crate) job: Option<String>,
+    pub(crate) id: Option<String>,
+    /// `did` and `from` or `state`, each a value or a matcher.
+    pub(crate) expect: Value,
+}
+
+/// The fields of an outcome (the queue crate's `Outcome`) a status or wait
+/// step may expect.
+pub(crate) const OUTCOME_FIELDS: [&str; 13] = [
+    "id",
+    "state",
+    "attempt",
+    "worker",
+    "result",
+    "result_error",
+    "error",
+    "next_at_ms",
+    "updated_at_ms",
+    "ended_at_ms",
+    "progress",
+    "progress_at_ms",
+    "cancel_requested_at_ms",
+];
+
+/// The fields of a cancel's answer (the queue crate's `Cancel`).
+pub(crate) const CANCEL_FIELDS: [&str; 3] = ["did", "from", "state"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -141,9 +213,43 @@ fn backoff_max() -> String {
 fn timeout_ms() -> u64 {
     20_000
 }
+fn wait_ms() -> u64 {
+    5_000
+}
 
 /// Tasks the reference handler knows; a producer-side case may use only these.
-pub(crate) const REFERENCE_TASKS: [&str; 3] = ["record", "fail", "permanent"];
+pub(crate) const REFERENCE_TASKS: [&str; 6] = [
+    "record",
+    "fail",
+    "permanent",
+    "returning",
+    "progress",
+    "hold",
+];
+
+/// Checks the `expect` of a status, wait or cancel step: null (no outcome,
+/// where `null_ok`) or an object of `fields`, each a value or a matcher
+/// (`crate::json::matches`).
+fn check_outcome_expect(expect: &Value, fields: &[&str], null_ok: bool) -> Result<(), String> {
+    let Some(object) = expect.as_object() else {
+        if expect.is_null() && null_ok {
+            return Ok(());
+        }
+        return Err(format!(
+            "\"expect\" must be an object{}",
+            if null_ok { " or null" } else { "" }
+        ));
+    };
+    for (field, want) in object {
+        if !fields.contains(&field.as_str()) {
+            return Err(format!(
+                "\"expect\" names {field:?}, which is none of {fields:?}"
+            ));
+        }
+        crate::json::check_matcher(want).map_err(|e| format!("\"expect\".{field}: {e}"))?;
+    }
+    Ok(())
+}
 
 /// Reads and checks one case file; the error names the file.
 pub(crate) fn load_case(path: &Path) -> Result<Case, String> {
@@ -215,6 +321,32 @@ pub(crate) fn load_case(path: &Path) -> Result<Case, String> {
                     ));
                 }
                 worker = true;
+            }
+            Step::Status(StatusStep {
+                job, id, expect, ..
+            })
+            | Step::Wait(WaitStep {
+                job, id, expect, ..
+            })
+            | Step::Cancel(CancelStep {
+                job, id, expect, ..
+            }) => {
+                match (job, id) {
+                    (Some(label), None) if !labels.contains(label) => {
+                        return bad(format!(
+                            "step {n}: job {label:?} is not produced by an earlier step"
+                        ));
+                    }
+                    (Some(_), None) | (None, Some(_)) => {}
+                    _ => return bad(format!("step {n}: name either \"job\" (a label) or \"id\"")),
+                }
+                let checked = match step {
+                    Step::Cancel(_) => check_outcome_expect(expect, &CANCEL_FIELDS, false),
+                    _ => check_outcome_expect(expect, &OUTCOME_FIELDS, true),
+                };
+                if let Err(e) = checked {
+                    return bad(format!("step {n}: {e}"));
+                }
             }
             Step::Expect(e) => {
                 if !worker {

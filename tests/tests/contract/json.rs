@@ -62,3 +62,58 @@ pub(crate) fn difference(want: &Value, got: &Value, path: &str) -> Option<String
         _ => differs(),
     }
 }
+
+/// The matchers an expectation may use in place of a value: an object with
+/// one of these keys alone (contract/README.md, "Outcomes").
+const MATCHERS: [&str; 3] = ["present", "contains", "one_of"];
+
+/// The matcher `want` is, if it is one: `(name, argument)`.
+fn matcher(want: &Value) -> Option<(&str, &Value)> {
+    let object = want.as_object()?;
+    let (name, arg) = object.iter().next()?;
+    (object.len() == 1 && MATCHERS.contains(&name.as_str())).then_some((name.as_str(), arg))
+}
+
+/// Whether `want` (a value or a matcher) is well formed.
+pub(crate) fn check_matcher(want: &Value) -> Result<(), String> {
+    match matcher(want) {
+        Some(("present", arg)) if !arg.is_boolean() => {
+            Err("\"present\" takes true or false".into())
+        }
+        Some(("contains", arg)) if !arg.is_string() => Err("\"contains\" takes a string".into()),
+        Some(("one_of", arg)) if !arg.is_array() => {
+            Err("\"one_of\" takes an array of values".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Where `got` (null when absent) fails `want`, or None: `want` is a value
+/// (compared as [`difference`] does) or a matcher: `{"present": bool}`
+/// (not null / null), `{"contains": text}` (a string containing it),
+/// `{"one_of": [values]}` (equal to one of them).
+pub(crate) fn mismatch(want: &Value, got: &Value, path: &str) -> Option<String> {
+    match matcher(want) {
+        Some(("present", Value::Bool(present))) => (got.is_null() == *present).then(|| {
+            if *present {
+                format!("{path} is absent, it must be present")
+            } else {
+                format!("{path} is {got}, it must be absent")
+            }
+        }),
+        Some(("contains", Value::String(text))) => {
+            (!got.as_str().is_some_and(|s| s.contains(text.as_str())))
+                .then(|| format!("{path} is {got}, it must be a string containing {text:?}"))
+        }
+        Some(("one_of", Value::Array(values))) => values
+            .iter()
+            .all(|v| difference(v, got, path).is_some())
+            .then(|| {
+                format!(
+                    "{path} is {got}, it must be one of {}",
+                    Value::from(values.clone())
+                )
+            }),
+        _ => difference(want, got, path),
+    }
+}

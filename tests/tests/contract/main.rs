@@ -4,8 +4,9 @@
 //! producer (the `workerpool enqueue` command line and each client's
 //! adapter in `produce` mode, checked by the reference handler) and once per
 //! handler adapter (`handle` mode under `--handler exec`, fed by the command
-//! line). `CONTRACT_ADAPTERS=rust,python,node` (a comma list) picks the
-//! adapters; unset, all run.
+//! line). The outcome steps (`status`, `wait`, `cancel`) ask the producer
+//! under test. `CONTRACT_ADAPTERS=rust,python,node` (a comma list) picks
+//! the adapters; unset, all run.
 
 mod adapters;
 mod case;
@@ -21,7 +22,7 @@ use std::time::Instant;
 use adapters::{
     Producer, Program, adapter, bins, chosen_adapters, reference_handler, system_python,
 };
-use case::{Case, RedisKind, SideKind, load_cases};
+use case::{Case, RedisKind, SideKind, Step, load_cases};
 use run::run_case;
 use workerpool_tests::root;
 
@@ -390,6 +391,52 @@ fn a_producer_that_ignores_delays_is_caught() {
         .expect_err("a job run at once must fail the case");
     assert!(
         err.contains("job \"delayed\": a delayed job must carry \"run_at\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_result_that_differs_is_caught() {
+    let mut case = cases_by_name()["outcome_result"].clone();
+    for step in &mut case.steps {
+        if let Step::Wait(w) = step
+            && w.expect["result"]["doubled"] == 4
+        {
+            w.expect["result"]["doubled"] = 5.into();
+        }
+    }
+    let err = run_case(&case, &Producer::Cli, &reference_handler())
+        .expect_err("a result other than the one expected must fail the case");
+    assert!(
+        err.contains(
+            "the final outcome of the wait for job \"kept\": at result.doubled: 4 instead of 5"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_handler_that_never_hears_a_cancel_is_caught() {
+    // One job per child: the worker sends no cancel line, so the held job
+    // runs to its end (done) instead of ending cancelled.
+    let mut case = cases_by_name()["outcome_cancel"].clone();
+    for step in &mut case.steps {
+        match step {
+            Step::Worker(w) => w.children = None,
+            Step::Produce(p) => {
+                for job in &mut p.jobs {
+                    if job.task == "hold" {
+                        job.data = serde_json::json!({"ms": 300});
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let err = run_case(&case, &Producer::Cli, &reference_handler())
+        .expect_err("a job that ran to its end must fail the case");
+    assert!(
+        err.contains("the final outcome of the wait for job \"held\": at state: \"done\" instead of \"cancelled\""),
         "{err}"
     );
 }

@@ -11,10 +11,13 @@ use tokio::process::Child;
 use workerpool_tests::{TestRedis, TestRedisCluster, TestTlsRedis, free_port};
 
 use crate::adapters::{
-    AdapterProcess, Answer, Producer, Program, bins, cli_produce, parse_answer, tail,
+    AdapterProcess, Answer, Producer, Program, bins, cli_op, cli_produce, parse_answer, tail,
 };
-use crate::case::{Case, CaseJob, DeadExpect, Expect, Produce, RedisKind, Step, WorkerStep};
-use crate::json::difference;
+use crate::case::{
+    CancelStep, Case, CaseJob, DeadExpect, Expect, Produce, RedisKind, StatusStep, Step, WaitStep,
+    WorkerStep,
+};
+use crate::json::{difference, mismatch};
 
 /// How far `enqueued_at` (and the times derived from the clock: a delayed
 /// job's `run_at`) may stray from the Redis clock during the call: a
@@ -188,6 +191,7 @@ impl Run<'_> {
                     "run_at_ms": j.run_at_in_ms.map(|d| now + d),
                     "unique_key": j.unique_key,
                     "unique_for_s": j.unique_for_s,
+                    "keep_s": j.keep_s,
                 })
             })
             .collect();
@@ -423,6 +427,30 @@ impl Run<'_> {
             if let Some(diff) = difference(&job.data, &data, "data") {
                 return fail(format!("the payload's data differs: {diff}"));
             }
+            match (job.keep_s, fields.get("keep")) {
+                (None, None) => {}
+                (Some(s), Some(k)) if k.as_f64() == Some(s) => {
+                    // Kept from the start: the enqueue wrote its outcome.
+                    let state: Option<String> = self
+                        .conn
+                        .query(
+                            redis::cmd("HGET")
+                                .arg(format!("{q}:job:{}", produced.id))
+                                .arg("state"),
+                        )
+                        .await?;
+                    if !matches!(state.as_deref(), Some("waiting" | "scheduled")) {
+                        return fail(format!(
+                            "a job enqueued with keep must read waiting (or scheduled) at once: {q}:job:{} has the state {state:?}",
+                            produced.id
+                        ));
+                    }
+                }
+                (Some(s), _) => return fail(format!("\"keep\" must be {s}, as asked")),
+                (None, Some(_)) => {
+                    return fail("a job without keep_s must not carry \"keep\"".into());
+                }
+            }
             match fields.get("enqueued_at").and_then(Value::as_u64) {
                 Some(at)
                     if (t0.saturating_sub(ENQUEUED_AT_SLACK_MS)..=t1 + ENQUEUED_AT_SLACK_MS)
@@ -544,6 +572,9 @@ impl Run<'_> {
         }
         if let Some(children) = w.children {
             cmd.args(["--children", &children.to_string()]);
+        }
+        if let Some(beat) = &w.heartbeat {
+            cmd.args(["--heartbeat-interval", beat]);
         }
         cmd.args(["--concurrency", &w.concurrency.to_string()])
             .args(["--max-attempts", &w.max_attempts.to_string()])
@@ -813,6 +844,182 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The id a status, wait or cancel step names, and how a failure names
+    /// the job.
+    fn named(&self, job: &Option<String>, id: &Option<String>) -> (String, String) {
+        match (job, id) {
+            (Some(label), _) => (self.jobs[label].id.clone(), format!("job {label:?}")),
+            (None, Some(id)) => (id.clone(), format!("the id {id:?}")),
+            (None, None) => unreachable!("checked at load"),
+        }
+    }
+
+    /// Sends a `status`, `wait` or `cancel` request through the producer
+    /// under test; its answer (an `error` answer is a failure).
+    async fn ask(
+        &mut self,
+        op: &str,
+        queue: &str,
+        id: &str,
+        timeout_ms: Option<u64>,
+    ) -> Result<Value, String> {
+        let mut request = json!({
+            "op": op,
+            "url": self.server.url(),
+            "tls": self.server.tls(),
+            "cluster": matches!(self.server, Server::Cluster(_)),
+            "queue": queue,
+            "id": id,
+        });
+        if let Some(ms) = timeout_ms {
+            request["timeout_ms"] = ms.into();
+        }
+        let (answer, said) = match self.producer.clone() {
+            Producer::Cli => (
+                cli_op(&self.bins, &self.server.flags(), &request)?,
+                String::new(),
+            ),
+            Producer::Adapter(program) => {
+                if self.adapter.is_none() {
+                    self.adapter = Some(AdapterProcess::start(&program)?);
+                }
+                let a = self.adapter.as_mut().expect("started");
+                a.send(&request).await?;
+                (a.answer().await?, a.said())
+            }
+        };
+        if let Some(e) = answer.get("error") {
+            return Err(format!("the producer raised: {e}{said}"));
+        }
+        Ok(answer)
+    }
+
+    /// Where the outcome `got` (null: none kept) fails `expect` (null: none
+    /// must be kept), or None.
+    fn outcome_mismatch(expect: &Value, got: &Value, id: &str) -> Option<String> {
+        match (expect, got) {
+            (Value::Null, Value::Null) => None,
+            (Value::Null, _) => Some("must be null (no outcome kept)".into()),
+            (_, Value::Null) => Some("is null (no outcome kept)".into()),
+            (_, Value::Object(fields)) => {
+                if let Some(other) = fields.get("id").and_then(Value::as_str)
+                    && other != id
+                {
+                    return Some(format!("names the job {other:?}"));
+                }
+                expect.as_object()?.iter().find_map(|(field, want)| {
+                    mismatch(want, fields.get(field).unwrap_or(&Value::Null), field)
+                })
+            }
+            _ => Some("is not a JSON object or null".into()),
+        }
+    }
+
+    async fn status_step(&mut self, n: usize, st: &StatusStep) -> Result<(), String> {
+        let (id, name) = self.named(&st.job, &st.id);
+        let deadline = Instant::now() + Duration::from_millis(st.within_ms);
+        loop {
+            let answer = self
+                .ask("status", &st.queue, &id, None)
+                .await
+                .map_err(|e| format!("step {n}: the status of {name}: {e}"))?;
+            let Some(got) = answer.get("status") else {
+                return Err(format!(
+                    "step {n}: the status of {name}: the answer {answer} has no \"status\""
+                ));
+            };
+            let Some(why) = Self::outcome_mismatch(&st.expect, got, &id) else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                let within = if st.within_ms > 0 {
+                    format!(" (for {} ms)", st.within_ms)
+                } else {
+                    String::new()
+                };
+                return Err(format!(
+                    "step {n}: the status of {name}{within}: {why}; it is {}{}",
+                    short(&got.to_string()),
+                    self.worker_log()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_step(&mut self, n: usize, w: &WaitStep) -> Result<(), String> {
+        let (id, name) = self.named(&w.job, &w.id);
+        let answer = self
+            .ask("wait", &w.queue, &id, Some(w.timeout_ms))
+            .await
+            .map_err(|e| format!("step {n}: the wait for {name}: {e}"))?;
+        let (timed_out, got) = match (answer.get("status"), answer.get("timeout")) {
+            (Some(got), None) => (false, got),
+            (None, Some(got)) => (true, got),
+            _ => {
+                return Err(format!(
+                    "step {n}: the wait for {name}: the answer {answer} has neither \"status\" nor \"timeout\" (one of them)"
+                ));
+            }
+        };
+        if timed_out != w.times_out {
+            return Err(format!(
+                "step {n}: the wait for {name} {} within {} ms; {}{}",
+                if timed_out {
+                    "did not end"
+                } else {
+                    "must time out, it ended"
+                },
+                w.timeout_ms,
+                short(&got.to_string()),
+                self.worker_log()
+            ));
+        }
+        if let Some(why) = Self::outcome_mismatch(&w.expect, got, &id) {
+            return Err(format!(
+                "step {n}: the {} of the wait for {name}: {why}; it is {}{}",
+                if timed_out {
+                    "last outcome"
+                } else {
+                    "final outcome"
+                },
+                short(&got.to_string()),
+                self.worker_log()
+            ));
+        }
+        Ok(())
+    }
+
+    async fn cancel_step(&mut self, n: usize, c: &CancelStep) -> Result<(), String> {
+        let (id, name) = self.named(&c.job, &c.id);
+        let answer = self
+            .ask("cancel", &c.queue, &id, None)
+            .await
+            .map_err(|e| format!("step {n}: the cancel of {name}: {e}"))?;
+        let Some(got) = answer.get("cancel").filter(|g| g.is_object()) else {
+            return Err(format!(
+                "step {n}: the cancel of {name}: the answer {answer} has no \"cancel\" object"
+            ));
+        };
+        let expect = c.expect.as_object().expect("checked at load");
+        if let Some(why) = expect
+            .iter()
+            .find_map(|(field, want)| mismatch(want, got.get(field).unwrap_or(&Value::Null), field))
+        {
+            return Err(format!(
+                "step {n}: the cancel of {name}: {why}; it answered {got}{}",
+                self.worker_log()
+            ));
+        }
+        if got["did"] == "removed"
+            && let Some(held) = self.held.get_mut(&c.queue)
+        {
+            // No longer on the queue: the payload checks count it out.
+            *held = held.saturating_sub(1);
+        }
+        Ok(())
+    }
+
     async fn steps(&mut self) -> Result<(), String> {
         let steps = self.case.steps.clone();
         for (i, step) in steps.iter().enumerate() {
@@ -820,6 +1027,9 @@ impl Run<'_> {
                 Step::Produce(p) => self.produce_step(i + 1, p).await?,
                 Step::Worker(w) => self.start_worker(w)?,
                 Step::Expect(e) => self.expect_step(i + 1, e).await?,
+                Step::Status(st) => self.status_step(i + 1, st).await?,
+                Step::Wait(w) => self.wait_step(i + 1, w).await?,
+                Step::Cancel(c) => self.cancel_step(i + 1, c).await?,
             }
         }
         Ok(())
