@@ -8,4 +8,4 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="$("$root/scripts/sdk-env-python.sh")"
 cd "$root"
 "$python" -m pytest -q sdk/python/tests "$@"
-"$python" -m ruff check sdk/python contract/adapters/python_adapter.py
+"$python" -m ruff check sdk/python contract/adapters/python_adapter.py examples/video-platform/python
