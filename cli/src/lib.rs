@@ -425,7 +425,8 @@ pub async fn execute(cli: Cli) -> Result<String, CliError> {
                 }
             }
             JobAction::Cancel { target, id, json } => {
-                let (mut c, q) = connect(&target, true).await?;
+                // A queue with no keys at all holds no such job: `unknown`.
+                let (mut c, q) = connect(&target, false).await?;
                 let did = outcome::cancel(&mut c, &q, &id).await?;
                 if json {
                     return Ok(json!(did).to_string() + "\n");
