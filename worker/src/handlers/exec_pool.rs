@@ -22,9 +22,18 @@
 //! Before its answer a child may write progress lines, `{"progress": <any
 //! JSON>}` (a JSON object with `"progress"` and no `"ok"`): each is handed
 //! to the [`Reports`] given by [`Handler::set_reports`] for the job the
-//! child runs, and the worker reads on for the answer. A one-job child
-//! knows no cancel line: a producer's cancel tells it nothing.
+//! child runs, and the worker reads on for the answer.
+//!
+//! A child that reads stdin while it runs a job may say so with an accepts
+//! line, `{"accepts": ["cancel"]}` (a JSON object with an `"accepts"` array
+//! and no `"ok"`), before or with its first answer. A producer's cancel of
+//! the job such a child runs ([`Handler::cancel`]) then writes
+//! `{"cancel":"<id>"}` to it, once per attempt, and the worker waits for the
+//! answer as usual. A child that never says so is told nothing: a program
+//! written for the one-job protocol would read the line as its next job. A
+//! child replaced after it died accepts nothing until it says so again.
 
+use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -90,7 +99,9 @@ struct Proc {
     /// Its process group: dropped with it (replaced, or left idle when the
     /// pool ends), the child and whatever it started are killed.
     _group: super::GroupGuard,
-    stdin: ChildStdin,
+    /// Shared with a cancel line being written, which holds it while it
+    /// writes: the next job line waits for the whole of it.
+    stdin: Arc<tokio::sync::Mutex<ChildStdin>>,
     stdout: BufReader<ChildStdout>,
     /// The last lines of its stderr, kept by a task that copies them to
     /// the worker's stderr.
@@ -99,6 +110,8 @@ struct Proc {
     log: Option<tokio::task::JoinHandle<()>>,
     /// Whether it has answered a job.
     answered: bool,
+    /// Whether it said it takes a cancel line while it runs a job.
+    accepts_cancel: bool,
 }
 
 impl Proc {
@@ -213,6 +226,40 @@ pub struct ExecPool {
     rule: StartupRule,
     /// Where the jobs' progress goes, once the worker says.
     reports: OnceLock<Arc<dyn Reports>>,
+    /// The attempts under way, by a number of their own (two jobs with one
+    /// id may run at once, in two children): what a producer's cancel needs.
+    running: Arc<Mutex<Running>>,
+}
+
+/// The attempts under way.
+#[derive(Default)]
+struct Running {
+    next: u64,
+    attempts: HashMap<u64, Attempt>,
+}
+
+/// An attempt under way, as a producer's cancel sees it.
+struct Attempt {
+    id: String,
+    /// Its child's stdin.
+    stdin: Arc<tokio::sync::Mutex<ChildStdin>>,
+    /// Whether its child said it takes a cancel line.
+    accepts: bool,
+    /// Whether a producer asked to cancel it.
+    requested: bool,
+    /// Whether its cancel line was sent (once per attempt).
+    sent: bool,
+}
+
+impl Attempt {
+    /// Whether its cancel line is due now; marks it sent if so.
+    fn cancel_due(&mut self) -> bool {
+        if self.requested && self.accepts && !self.sent {
+            self.sent = true;
+            return true;
+        }
+        false
+    }
 }
 
 impl std::fmt::Debug for ExecPool {
@@ -266,6 +313,7 @@ impl ExecPool {
             restarts,
             rule: StartupRule::new(&command_program),
             reports: OnceLock::new(),
+            running: Arc::default(),
         })
     }
 
@@ -367,6 +415,115 @@ impl ExecPool {
 }
 
 impl ExecPool {
+    fn running(&self) -> std::sync::MutexGuard<'_, Running> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes an attempt of job `id` starting on a child with `stdin`, which
+    /// has said whether it `accepts` a cancel line; returns its number.
+    fn begin(&self, id: &str, stdin: &Arc<tokio::sync::Mutex<ChildStdin>>, accepts: bool) -> u64 {
+        let mut running = self.running();
+        running.next += 1;
+        let seq = running.next;
+        running.attempts.insert(
+            seq,
+            Attempt {
+                id: id.to_string(),
+                stdin: Arc::clone(stdin),
+                accepts,
+                requested: false,
+                sent: false,
+            },
+        );
+        seq
+    }
+
+    /// The child running attempt `seq` said whether it `accepts` a cancel
+    /// line: one asked for already is sent now.
+    fn accepts(&self, seq: u64, accepts: bool) {
+        let due = {
+            let mut running = self.running();
+            let Some(attempt) = running.attempts.get_mut(&seq) else {
+                return;
+            };
+            attempt.accepts = accepts;
+            attempt
+                .cancel_due()
+                .then(|| (attempt.id.clone(), Arc::clone(&attempt.stdin)))
+        };
+        if let Some((id, stdin)) = due {
+            self.send_cancel(seq, id, stdin);
+        }
+    }
+
+    /// Writes the cancel line of attempt `seq` on a task of its own, so a
+    /// child that does not read its stdin holds up no one: the task holds
+    /// the child's stdin until the line is written (the next job line to
+    /// that child waits for it), and writes nothing once the attempt has
+    /// ended.
+    fn send_cancel(&self, seq: u64, id: String, stdin: Arc<tokio::sync::Mutex<ChildStdin>>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(id = %text::escaped(id.as_bytes(), QUOTE_CHARS), "no runtime to write the cancel line on; the child is not told");
+            return;
+        };
+        let running = Arc::downgrade(&self.running);
+        let program = self.command.program.clone();
+        runtime.spawn(async move {
+            let mut stdin = stdin.lock().await;
+            let under_way = running.upgrade().is_some_and(|r| {
+                r.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .attempts
+                    .contains_key(&seq)
+            });
+            if !under_way {
+                return;
+            }
+            let line = serde_json::json!({ "cancel": id }).to_string();
+            let written = match super::write_line(&mut *stdin, &line).await {
+                Ok(()) => stdin.flush().await,
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok(()) => tracing::debug!(
+                    program,
+                    id = %text::escaped(id.as_bytes(), QUOTE_CHARS),
+                    "a producer cancels the job: the child is told"
+                ),
+                // The child has gone: its attempt learns so from its stdout.
+                Err(e) => tracing::debug!(program, error = %e, "cannot write the cancel line"),
+            }
+        });
+    }
+
+    /// A producer asked to cancel job `id`: each attempt of it under way
+    /// whose child accepts a cancel line gets one (once), and one whose
+    /// child says so later gets it then.
+    fn producer_cancel(&self, id: &str) {
+        let due: Vec<_> = {
+            let mut running = self.running();
+            running
+                .attempts
+                .iter_mut()
+                .filter(|(_, a)| a.id == id)
+                .filter_map(|(seq, a)| {
+                    a.requested = true;
+                    if !a.accepts {
+                        tracing::debug!(
+                            program = %self.command.program,
+                            id = %text::escaped(id.as_bytes(), QUOTE_CHARS),
+                            "a producer cancels the job; its child has not said it takes a cancel line, so it is not told"
+                        );
+                    }
+                    a.cancel_due().then(|| (*seq, Arc::clone(&a.stdin)))
+                })
+                .collect()
+        };
+        for (seq, stdin) in due {
+            self.send_cancel(seq, id.to_string(), stdin);
+        }
+    }
+
     /// A progress line from the child running `job`: reported for it,
     /// unless it names another job (then logged and dropped).
     fn progress(&self, job: &Job, progress: ProgressLine, warned: &mut bool) {
@@ -413,6 +570,10 @@ impl Handler for ExecPool {
 
     fn set_reports(&self, reports: Arc<dyn Reports>) {
         keep_reports(&self.reports, reports);
+    }
+
+    fn cancel(&self, id: &str) {
+        self.producer_cancel(id);
     }
 }
 
@@ -482,6 +643,59 @@ pub(crate) fn progress_json(
     Some(json)
 }
 
+/// A line a one-job child writes before its answer, or its answer.
+enum Before {
+    Progress(ProgressLine),
+    /// An accepts line: whether it names `"cancel"`.
+    Accepts(bool),
+    /// Anything else: the answer, good or bad.
+    Answer,
+}
+
+/// What a line from a one-job child is: a progress line (a JSON object
+/// with `"progress"` and no `"ok"`), an accepts line (one with an
+/// `"accepts"` array, no `"ok"` and no `"progress"`; values other than
+/// `"cancel"` are ignored), or the answer.
+fn before_answer(line: &[u8]) -> Before {
+    if line.len() > MAX_ANSWER_BYTES {
+        return Before::Answer;
+    }
+    let Ok(line) = std::str::from_utf8(line.trim_ascii_end()) else {
+        return Before::Answer;
+    };
+    let Ok(mut fields) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line)
+    else {
+        return Before::Answer;
+    };
+    if fields.contains_key("ok") {
+        return Before::Answer;
+    }
+    if let Some(value) = fields.remove("progress") {
+        return Before::Progress(ProgressLine {
+            id: fields.remove("id"),
+            value,
+        });
+    }
+    match fields.get("accepts") {
+        Some(serde_json::Value::Array(what)) => {
+            Before::Accepts(what.iter().any(|w| w.as_str() == Some("cancel")))
+        }
+        _ => Before::Answer,
+    }
+}
+
+/// Attempt `seq` under way, until dropped (answered, or abandoned).
+struct UnderWay<'a> {
+    pool: &'a ExecPool,
+    seq: u64,
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.pool.running().attempts.remove(&self.seq);
+    }
+}
+
 /// A child checked out for one attempt. Dropped without `release` (the
 /// attempt was abandoned mid-exchange), the child is killed and replaced.
 struct Lease<'a> {
@@ -500,9 +714,19 @@ impl Lease<'_> {
         let line = job.json_line();
         let mut reply = Vec::new();
         let mut warned = false;
+        // Its stdin first (a cancel line of its last job may be on its
+        // way), then the attempt is under way: a cancel line for it comes
+        // after the job line.
+        let stdin = Arc::clone(&proc.stdin);
+        let mut writing = stdin.lock().await;
+        let under_way = UnderWay {
+            pool,
+            seq: pool.begin(job.id(), &proc.stdin, proc.accepts_cancel),
+        };
         let read: std::io::Result<usize> = async {
-            super::write_line(&mut proc.stdin, &line).await?;
-            proc.stdin.flush().await?;
+            super::write_line(&mut *writing, &line).await?;
+            writing.flush().await?;
+            drop(writing);
             // Bytes, not text: an answer that is not UTF-8 is a protocol
             // break to report, not a read error to wait out.
             let limit = MAX_ANSWER_BYTES as u64 + 1;
@@ -512,15 +736,22 @@ impl Lease<'_> {
                     .take(limit)
                     .read_until(b'\n', &mut reply)
                     .await?;
-                // Progress lines come before the answer; anything else is
-                // the answer, good or bad.
-                match parse_progress(&reply) {
-                    Some(progress) if read > 0 => pool.progress(job, progress, &mut warned),
-                    _ => break Ok(read),
+                // Progress and accepts lines come before the answer;
+                // anything else is the answer, good or bad.
+                match before_answer(&reply) {
+                    _ if read == 0 => break Ok(read),
+                    Before::Progress(progress) => pool.progress(job, progress, &mut warned),
+                    Before::Accepts(cancel) => {
+                        proc.accepts_cancel = cancel;
+                        pool.accepts(under_way.seq, cancel);
+                    }
+                    Before::Answer => break Ok(read),
                 }
             }
         }
         .await;
+        // Answered (or gone): no cancel line for it from here on.
+        drop(under_way);
         match read {
             Ok(0) | Err(_) => {
                 // Its stdout closed or a pipe broke: it has exited, or is
@@ -641,11 +872,12 @@ fn spawn(command: &ExecCommand) -> Result<Proc, SpawnError> {
     Ok(Proc {
         child: c.child,
         _group: c.group,
-        stdin: c.stdin,
+        stdin: Arc::new(tokio::sync::Mutex::new(c.stdin)),
         stdout: c.stdout,
         last_words: c.last_words,
         log: Some(c.log),
         answered: false,
+        accepts_cancel: false,
     })
 }
 
@@ -939,5 +1171,186 @@ mod tests {
         }
         assert_eq!(p.restarts.get(), 2);
         assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    /// Waits until `p` runs `n` attempts (the job line is on its way).
+    async fn until_under_way(p: &ExecPool, n: usize) {
+        for _ in 0..500 {
+            if p.running().attempts.len() == n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("no attempt under way");
+    }
+
+    /// A handler that says it takes a cancel line; "wait" answers when its
+    /// cancel comes, "ignore" finishes after a moment whatever comes.
+    const ACCEPTS_CANCEL: &str = r#"echo '{"accepts":["pause","cancel"]}'
+    while read -r line; do
+      case "$line" in
+        '{"cancel":'*) [ -n "$waiting" ] && echo '{"ok":false,"error":"stopped","retry":false}'; waiting= ;;
+        *'"wait"'*) waiting=1 ;;
+        *'"late"'*) sleep 0.3; echo '{"accepts":["cancel"]}'; waiting=1 ;;
+        *'"ignore"'*) sleep 0.5; echo '{"ok":true,"result":"finished"}' ;;
+        *) echo '{"ok":true}' ;;
+      esac
+    done"#;
+
+    #[tokio::test]
+    async fn a_child_that_accepts_cancel_is_told_and_its_answer_ends_the_job() {
+        let p = pool(ACCEPTS_CANCEL, 1);
+        let cancel = async {
+            until_under_way(&p, 1).await;
+            p.cancel("other");
+            p.cancel("c1");
+            // Once per attempt.
+            p.cancel("c1");
+        };
+        let j = job(r#"{"id":"c1","task":"wait"}"#);
+        let (outcome, ()) = tokio::join!(p.handle(&j), cancel);
+        assert_eq!(outcome, Outcome::permanent("stopped"));
+        // The child reads on: the next job is answered, no line left over.
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+        assert_eq!(p.restarts.get(), 0, "the accepts line is no protocol break");
+        // A cancel of a job no child runs tells no one.
+        p.cancel("c1");
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_before_the_child_says_it_accepts_is_sent_once_it_does() {
+        let p = ExecPool::start(
+            sh(&ACCEPTS_CANCEL.replacen("echo", "true", 1)),
+            1,
+            IntCounter::new("r", "r").expect("counter"),
+        )
+        .expect("start");
+        // The child says it accepts a moment after it gets the job: the
+        // cancel comes before.
+        let cancel = async {
+            until_under_way(&p, 1).await;
+            p.cancel("c2");
+        };
+        let j = job(r#"{"id":"c2","task":"late"}"#);
+        let (outcome, ()) = tokio::join!(p.handle(&j), cancel);
+        assert_eq!(outcome, Outcome::permanent("stopped"));
+    }
+
+    #[tokio::test]
+    async fn a_child_that_accepts_cancel_may_ignore_it_and_finish() {
+        let p = pool(ACCEPTS_CANCEL, 1);
+        let cancel = async {
+            until_under_way(&p, 1).await;
+            p.cancel("i1");
+        };
+        let j = job(r#"{"id":"i1","task":"ignore"}"#);
+        let (outcome, ()) = tokio::join!(p.handle(&j), cancel);
+        assert_eq!(outcome, Outcome::Returned(r#""finished""#.into()));
+        assert_eq!(p.handle(&job(r#"{"task":"a"}"#)).await, Outcome::Done);
+        assert_eq!(p.restarts.get(), 0);
+    }
+
+    /// A handler that writes every line it reads to `$LINES`; "say_accepts"
+    /// says it takes a cancel line, "die" exits, "slow" answers after a
+    /// moment. It starts saying it accepts only what the worker knows not.
+    fn recording(lines: &std::path::Path) -> String {
+        format!(
+            r#"echo '{{"accepts":["pause"]}}'
+    while read -r line; do
+      printf '%s\n' "$line" >> '{}'
+      case "$line" in
+        '{{"cancel":'*) ;;
+        *'"say_accepts"'*) echo '{{"accepts":["cancel"]}}'; echo '{{"ok":true}}' ;;
+        *'"die"'*) exit 3 ;;
+        *'"slow"'*) sleep 0.5; echo '{{"ok":true}}' ;;
+        *) echo '{{"ok":true}}' ;;
+      esac
+    done"#,
+            lines.display()
+        )
+    }
+
+    fn read_lines(path: &std::path::Path) -> Vec<String> {
+        std::fs::read_to_string(path)
+            .expect("lines")
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                match (v.get("cancel"), v.get("id")) {
+                    (Some(c), _) => format!("cancel {}", c.as_str().expect("id")),
+                    (None, Some(id)) => format!("job {}", id.as_str().expect("id")),
+                    _ => panic!("{l}"),
+                }
+            })
+            .collect()
+    }
+
+    async fn cancelled_while_slow(p: &ExecPool, id: &str) -> Outcome {
+        let cancel = async {
+            until_under_way(p, 1).await;
+            p.cancel(id);
+        };
+        let j = job(&format!(r#"{{"id":"{id}","task":"slow"}}"#));
+        tokio::join!(p.handle(&j), cancel).0
+    }
+
+    #[tokio::test]
+    async fn a_child_that_never_says_it_accepts_cancel_gets_no_cancel_line() {
+        let dir = tempfile::tempdir().expect("dir");
+        let lines = dir.path().join("lines");
+        let p = pool(&recording(&lines), 1);
+        assert_eq!(cancelled_while_slow(&p, "s1").await, Outcome::Done);
+        assert_eq!(
+            p.handle(&job(r#"{"id":"a1","task":"a"}"#)).await,
+            Outcome::Done
+        );
+        assert_eq!(read_lines(&lines), ["job s1", "job a1"]);
+        assert_eq!(
+            p.restarts.get(),
+            0,
+            "an accepts line of unknown values only"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_child_replaced_after_a_crash_gets_no_cancel_line_until_it_says_it_accepts() {
+        let dir = tempfile::tempdir().expect("dir");
+        let lines = dir.path().join("lines");
+        let p = pool(&recording(&lines), 1);
+        let said = |id: &str| job(&format!(r#"{{"id":"{id}","task":"say_accepts"}}"#));
+        let y1 = said("y1");
+        assert_eq!(p.handle(&y1).await, Outcome::Done);
+        // Told while it accepts.
+        assert_eq!(cancelled_while_slow(&p, "s1").await, Outcome::Done);
+        // Dies: its replacement has said nothing.
+        match p.handle(&job(r#"{"id":"d1","task":"die"}"#)).await {
+            Outcome::Failed { error, retry: true } => assert!(error.contains("exited"), "{error}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.restarts.get(), 1);
+        assert_eq!(cancelled_while_slow(&p, "s2").await, Outcome::Done);
+        // Until it says so again.
+        let y2 = said("y2");
+        assert_eq!(p.handle(&y2).await, Outcome::Done);
+        assert_eq!(cancelled_while_slow(&p, "s3").await, Outcome::Done);
+        assert_eq!(
+            p.handle(&job(r#"{"id":"a1","task":"a"}"#)).await,
+            Outcome::Done
+        );
+        assert_eq!(
+            read_lines(&lines),
+            [
+                "job y1",
+                "job s1",
+                "cancel s1",
+                "job d1",
+                "job s2",
+                "job y2",
+                "job s3",
+                "cancel s3",
+                "job a1"
+            ]
+        );
     }
 }
