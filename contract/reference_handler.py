@@ -11,8 +11,9 @@ answers a permanent one; `returning` records and answers data.value as the
 result; `progress` writes a progress line for each of data.steps
 (data.step_ms, default 50, apart), then records and answers data.value;
 `hold` records, then waits until the worker's cancel line (several jobs per
-child only) or data.ms (default 10000) passes, failing "stopped as asked"
-when cancelled.
+child only: with one job at a time this handler never says it accepts a
+cancel line, so the worker sends none) or data.ms (default 10000) passes,
+failing "stopped as asked" when cancelled.
 """
 
 import json

@@ -144,11 +144,10 @@ export class Job<D = unknown> {
   /** The whole object the worker sent, stamp included. */
   readonly raw: Record<string, unknown>;
   /**
-   * Aborted (with an Error saying so) when the worker cancels the job:
-   * its attempt passed `--job-timeout`, or a producer cancelled it
-   * (`client.cancel`) while it ran. Only with several jobs per process
-   * (`--children` below `--concurrency`); never aborted otherwise, and the
-   * job then runs to its end.
+   * Aborted (with an Error saying so) when the worker cancels the job: a
+   * producer cancelled it (`client.cancel`) while it ran, or, with several
+   * jobs per process (`--children` below `--concurrency`), its attempt
+   * passed `--job-timeout` (a process of one job is killed then).
    */
   readonly signal: AbortSignal;
   /**

@@ -14,9 +14,8 @@
 // system's temp dir). A missing `src` fails for good (Permanent:
 // dead-lettered at once). A producer's cancel (client.cancel) aborts
 // job.signal: the task stops between steps (and kills a running ffmpeg) and
-// throws "cancelled at N%", which ends the job `cancelled`. The worker
-// passes a cancel on only to a process that holds several jobs (--children
-// below --concurrency); see the README.
+// throws "cancelled at N%", which ends the job `cancelled`, with one job
+// per process (the pool's concurrency: 1) as with several.
 //
 // The example imports the library from this checkout (sdk/node, after
 // `npm ci` there); in a project of your own: import ... from '@workerpool-dev/client'.

@@ -14,8 +14,8 @@ Outputs go to $TRANSCODE_OUT/<job id>/ (default: a folder under the system's
 temp dir). A missing `src` fails for good (Permanent: dead-lettered at once).
 A producer's cancel (`Client.cancel`) is seen between steps (and stops a
 running ffmpeg), and the task then fails with "cancelled at N%", which ends
-the job `cancelled`. The worker passes a cancel on only to a process that
-holds several jobs (`--children` below `--concurrency`); see the README.
+the job `cancelled`, with one job per process (the pool's `concurrency: 1`)
+as with several.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@
 // aborts that job's `job.signal` (docs/worker.md, "Many jobs in one child").
 // `job.progress(value)` writes `{"progress":<value>}` (naming the job with
 // "id" in the multiplexed protocol) before the job's answer, never after it;
-// a progress line has no "ok".
+// a progress line has no "ok". With a share of one, the process says at start
+// that it reads stdin while a job runs (`{"accepts":["cancel"]}`), and a
+// `{"cancel":"<id>"}` line (a producer's cancel of the running job) aborts
+// its `job.signal` (docs/worker.md, "Writing a handler (exec)").
 
 const readline = require('node:readline');
 const { InvalidProgressError, Permanent, WorkerpoolError } = require('./errors');
@@ -32,6 +35,10 @@ const ANSWER_LINE_BYTES = MAX_ANSWER_BYTES;
 const JOBS_PER_CHILD = 'WORKERPOOL_JOBS_PER_CHILD';
 /** The reason `job.signal` is aborted with when a cancel line names the job. */
 const CANCELLED = 'the worker cancelled the job: its attempt passed the timeout (--job-timeout)';
+/** The reason `job.signal` is aborted with when a producer cancels the job a one-job process runs. */
+const PRODUCER_CANCELLED = 'a producer cancelled the job (client.cancel) while it ran';
+/** What a one-job process says at start: it reads stdin while a job runs, so it may get a cancel line. */
+const ACCEPTS_LINE = '{"accepts":["cancel"]}\n';
 
 function cap(text) {
   return text.length > ERROR_CHARS ? `${text.slice(0, ERROR_CHARS)}… (cut at ${ERROR_CHARS} characters)` : text;
@@ -188,11 +195,11 @@ class Job {
     this.task = raw.task;
     this.data = raw.data;
     /**
-     * Aborted when the worker cancels the job: its attempt passed
-     * `--job-timeout`, or a producer cancelled it (`client.cancel`) while
-     * it ran. Only with several jobs per process: a process that takes one
-     * job at a time gets no cancel, and its job runs to its end. Hand it to
-     * `fetch`, timers and the like to stop the work.
+     * Aborted when the worker cancels the job: a producer cancelled it
+     * (`client.cancel`) while it ran, or, with several jobs per process,
+     * its attempt passed `--job-timeout` (a process taking one job at a
+     * time is killed then). Hand it to `fetch`, timers and the like to stop
+     * the work; a task that ignores it finishes normally.
      */
     this.signal = signal;
     Object.defineProperty(this, REPORT, { value: report });
@@ -323,17 +330,56 @@ class App {
   /**
    * One job at a time: read a line, answer it, read the next. The job's
    * progress lines go out as it reports, before its answer; a report after
-   * the answer (from a timer the task left behind) is dropped.
+   * the answer (from a timer the task left behind) is dropped. stdin is
+   * read on while a job runs: the process said so at start, and a cancel
+   * line naming the job aborts its `job.signal`.
    */
   async _serveInTurn(lines, send, write) {
-    for await (const line of lines) {
+    write(ACCEPTS_LINE);
+    /** Job lines read and not yet started, with their parse and controller. */
+    const queued = [];
+    /** The job read last (the one running: the worker sends the next after its answer). */
+    let latest;
+    let closed = false;
+    let wake;
+    lines.on('line', (line) => {
+      const parsed = parseJob(line);
+      const { raw } = parsed;
+      if (raw !== undefined && raw.id === undefined && typeof raw.cancel === 'string') {
+        if (latest !== undefined && latest.id === raw.cancel) {
+          latest.controller.abort(new Error(PRODUCER_CANCELLED));
+        }
+        return;
+      }
+      latest = { id: raw?.id, controller: new AbortController() };
+      queued.push({ parsed, controller: latest.controller });
+      wake?.();
+    });
+    lines.on('close', () => {
+      closed = true;
+      wake?.();
+    });
+    for (;;) {
+      if (queued.length === 0) {
+        if (closed) {
+          return;
+        }
+        await new Promise((resolve) => {
+          wake = resolve;
+        });
+        wake = undefined;
+        continue;
+      }
+      const { parsed, controller } = queued.shift();
       let open = true;
       const report = (text) => {
         if (open) {
           write(`{"progress":${text}}\n`);
         }
       };
-      const answer = await this._handle(line, report);
+      const answer = parsed.refusal !== undefined
+        ? { ok: false, error: parsed.refusal, retry: false }
+        : await this._run(parsed.raw, controller.signal, report);
       open = false;
       await send(answer);
     }

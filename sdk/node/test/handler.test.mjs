@@ -141,6 +141,8 @@ describe('the protocol, line by line', () => {
   test('lines that are not jobs get a permanent failure and the process keeps serving', async () => {
     const child = spawn(process.execPath, [APP], { stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, RECORD: recordFile } });
     const answers = readline.createInterface({ input: child.stdout })[Symbol.asyncIterator]();
+    // First, before any answer: it reads stdin while a job runs (a cancel line).
+    assert.equal((await answers.next()).value, '{"accepts":["cancel"]}');
     const ask = async (line) => {
       child.stdin.write(`${line}\n`);
       const { value } = await answers.next();

@@ -289,7 +289,9 @@ export async function startCluster() {
 export async function startWorker(url, args, env = {}) {
   const bin = path.join(binDir(), 'workerpool-worker');
   const listen = `127.0.0.1:${await freePort()}`;
-  const child = spawn(bin, ['--redis-url', url, '--listen', listen, '--heartbeat-interval', '1s', ...args], {
+  // A heartbeat of 1 s unless `args` names one.
+  const heartbeat = args.includes('--heartbeat-interval') ? [] : ['--heartbeat-interval', '1s'];
+  const child = spawn(bin, ['--redis-url', url, '--listen', listen, ...heartbeat, ...args], {
     stdio: ['ignore', 'ignore', 'pipe'],
     env: { ...process.env, ...env },
   });

@@ -12,6 +12,9 @@ import { SDK, eventually, tempDir } from './helpers.mjs';
 
 const FIXTURE = path.join(SDK, 'test', 'fixtures', 'many.mjs');
 const CANCELLED = 'Error: the worker cancelled the job: its attempt passed the timeout (--job-timeout)';
+const PRODUCER_CANCELLED = 'Error: a producer cancelled the job (client.cancel) while it ran';
+/** The first line of a process taking one job at a time: it reads stdin while a job runs. */
+const ACCEPTS = { accepts: ['cancel'] };
 
 /** A fixture as a child with `share` in WORKERPOOL_JOBS_PER_CHILD (undefined: unset). */
 function startApp(share, fixture = FIXTURE, extraEnv = {}) {
@@ -225,17 +228,38 @@ describe('one job per process', () => {
       app.send({ attempt: 1, id: 'b', task: 'signal' });
       app.send({ attempt: 1, id: 'c', task: 'permanent', data: { message: 'no' } });
       assert.equal(await app.stop(), 0);
-      assert.deepEqual(app.answers, [{ ok: true }, { ok: true }, { ok: false, error: 'no', retry: false }]);
+      assert.deepEqual(app.answers, [ACCEPTS, { ok: true }, { ok: true }, { ok: false, error: 'no', retry: false }]);
       assert.equal(app.log, '');
     }));
   }
+
+  test('a cancel line for the running job aborts its job.signal; one for another job is ignored', () => withApp(undefined, async (app) => {
+    await app.answered(1);
+    assert.deepEqual(app.answers, [ACCEPTS], 'it says so first, before any job');
+    app.send({ attempt: 1, id: 'hung', task: 'sleep', data: { ms: 60000 } });
+    app.send({ cancel: 'someone-else' });
+    app.send({ cancel: 'hung' });
+    const [, hung] = await app.answered(2, 5000);
+    assert.deepEqual(Object.keys(hung), ['ok', 'error'], 'answered in turn, without an id');
+    assert.ok(hung.error.startsWith(PRODUCER_CANCELLED), hung.error);
+    // A task that ignores the signal finishes and is answered then; a cancel
+    // after the answer, for a job no longer running, is ignored.
+    app.send({ attempt: 1, id: 'stubborn', task: 'stubborn', data: { ms: 300 } });
+    app.send({ cancel: 'stubborn' });
+    await app.answered(3);
+    app.send({ cancel: 'stubborn' });
+    app.send({ attempt: 1, id: 'b', task: 'signal' });
+    assert.equal(await app.stop(), 0);
+    assert.deepEqual(app.answers.slice(2), [{ ok: true }, { ok: true }]);
+    assert.equal(app.log, '');
+  }));
 
   for (const bad of ['many', '0', '-3', '2.5']) {
     test(`WORKERPOOL_JOBS_PER_CHILD=${bad}: one warning, then jobs in turn`, () => withApp(bad, async (app) => {
       app.send({ attempt: 1, id: 'a', task: 'sleep', data: { ms: 50 } });
       app.send({ attempt: 1, id: 'b', task: 'ok' });
       assert.equal(await app.stop(), 0);
-      assert.deepEqual(app.answers, [{ ok: true }, { ok: true }]);
+      assert.deepEqual(app.answers, [ACCEPTS, { ok: true }, { ok: true }]);
       assert.equal(app.log, `workerpool: WORKERPOOL_JOBS_PER_CHILD="${bad}" is not a whole number of at least 1; serving one job at a time\n`);
     }));
   }

@@ -40,6 +40,11 @@ function startApp(share) {
     },
   };
   readline.createInterface({ input: child.stdout }).on('line', (line) => {
+    // Taking one job at a time, it first says it reads stdin while a job runs.
+    if (app.raw.length === 0 && app.accepts === undefined && line === '{"accepts":["cancel"]}') {
+      app.accepts = line;
+      return;
+    }
     app.raw.push(line);
     app.lines.push(JSON.parse(line));
   });
@@ -70,6 +75,7 @@ describe('job.progress', () => {
         { progress: 1 }, { ok: true, ...result },
       ]);
       assert.equal(app.raw[0], '{"progress":10}');
+      assert.equal(app.accepts, '{"accepts":["cancel"]}', 'the accepts line came first');
       assert.equal(await app.stop(), 0);
     }));
 

@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import readline from 'node:readline';
 import { App, Client, InvalidJobError, WaitTimeout } from '../index.mjs';
-import { SDK, commandCalls, raw, startCluster, startRedis, startWorker } from './helpers.mjs';
+import { SDK, commandCalls, eventually, raw, startCluster, startRedis, startWorker } from './helpers.mjs';
 
 const RESULTS = path.join(SDK, 'test', 'fixtures', 'results.mjs');
 const contract = JSON.parse(fs.readFileSync(path.join(SDK, 'contract.json'), 'utf8')).outcomes;
@@ -278,6 +278,29 @@ describe('App answers with results', () => {
     assert.deepEqual(Object.keys(plain), ['ok']);
   });
 
+  test('a producer\'s cancel aborts job.signal in a process of one job (the default, no --children)', async () => {
+    const q = 'results-cancel-one';
+    const worker = await startWorker(server.url, ['--queue', q, '--concurrency', '1', '--heartbeat-interval', '200ms',
+      '--handler', 'exec', '--', process.execPath, RESULTS]);
+    try {
+      const id = await client.enqueue(q, 'until_cancelled', { ms: 20000 }, { keepResultFor: 60 });
+      await eventually('the task to start', async () => (await client.status(q, id))?.progress === 'waiting for a cancel');
+      assert.deepEqual(await client.cancel(q, id), { did: 'requested', state: 'running' });
+      const started = Date.now();
+      const status = await client.wait(q, id, { timeoutMs: 15000 });
+      const took = Date.now() - started;
+      assert.equal(status.state, 'cancelled', worker.log);
+      assert.match(status.error, /stopped: job\.signal aborted/);
+      assert.ok(took < 5000, `the task stopped ${took} ms after the cancel`);
+      // The next job runs in the same child, unconfused by the cancel line.
+      const next = await client.enqueue(q, 'double', { n: 3 }, { keepResultFor: 60 });
+      assert.deepEqual((await client.wait(q, next, { timeoutMs: 15000 })).result, { doubled: 6 });
+      assert.doesNotMatch(worker.log, /exited/);
+    } finally {
+      await worker.stop();
+    }
+  });
+
   /** Runs the App in a child (results.mjs) with `env`, writes `lines`, and returns its stdout lines and stderr. */
   async function drive(lines, env) {
     const child = spawn(process.execPath, [RESULTS], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, ...env } });
@@ -299,7 +322,7 @@ describe('App answers with results', () => {
       '{"id":"b","task":"nothing"}',
       '{"id":"c","task":"bigint"}',
     ], { WORKERPOOL_JOBS_PER_CHILD: '' });
-    assert.deepEqual(out, ['{"ok":true,"result":{"doubled":8}}', '{"ok":true}', '{"ok":true}']);
+    assert.deepEqual(out, ['{"accepts":["cancel"]}', '{"ok":true,"result":{"doubled":8}}', '{"ok":true}', '{"ok":true}']);
     assert.match(stderr, /^workerpool: task "bigint": its result cannot be written as JSON \(.*BigInt.*\); the job is done without it$/m);
   });
 

@@ -24,12 +24,10 @@ def env(out: Path) -> dict:
     return e
 
 
-def worker(url: str, queue: str, out: Path, *, children: bool = False) -> Worker:
-    # The README's command; with `children`, two slots in one process, so the
-    # process hears a producer's cancel (a process of one job hears none).
-    extra = FAST + (("--children", "1") if children else ())
+def worker(url: str, queue: str, out: Path) -> Worker:
+    # The README's command, as the transcode pool runs it: one job per process.
     return Worker(url, [queue], [sys.executable, str(EXAMPLE / "transcode.py")],
-                  concurrency=2 if children else 1, extra=extra, env=env(out))
+                  concurrency=1, extra=FAST, env=env(out))
 
 
 def produce(url: str, queue: str, src: str, *renditions: str) -> list:
@@ -80,7 +78,7 @@ def test_a_cancel_stops_a_running_transcode_between_steps(redis_server, queue, t
     src = tmp_path / "long.mp4"
     src.write_bytes(b"")
     renditions = [f"{h}p" for h in range(100, 2100, 100)]  # 20 x 0.5 s: 10 s if not cancelled
-    with worker(redis_server.url, queue, tmp_path / "out", children=True) as w, \
+    with worker(redis_server.url, queue, tmp_path / "out") as w, \
             Client(redis_server.url) as client:
         proc = subprocess.Popen(produce(redis_server.url, queue, str(src), *renditions),
                                 stdout=subprocess.PIPE, text=True, env=python_env())

@@ -125,8 +125,13 @@ def run_app(lines: bytes) -> subprocess.CompletedProcess:
     """handler_app on its own, lines on stdin: what it answers on stdout."""
     env = python_env()
     env["HANDLER_RECORD"] = "/dev/null"
-    return subprocess.run(python_handler("handler_app"), input=lines, capture_output=True,
-                          env=env, timeout=30)
+    out = subprocess.run(python_handler("handler_app"), input=lines, capture_output=True,
+                         env=env, timeout=30)
+    # First, before any answer: it reads stdin while a job runs (a cancel line).
+    accepts = b'{"accepts":["cancel"]}\n'
+    assert out.stdout.startswith(accepts), out.stdout[:200]
+    out.stdout = out.stdout[len(accepts):]
+    return out
 
 
 def test_malformed_lines_get_a_permanent_answer_and_the_app_goes_on():

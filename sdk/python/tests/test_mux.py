@@ -17,6 +17,8 @@ import pytest
 from support import eventually, python_env, python_handler
 
 CANCELLED = "cancelled by the worker (the attempt passed its timeout)"
+#: What a process taking one job at a time writes first: it reads stdin while a job runs.
+ACCEPTS = b'{"accepts":["cancel"]}\n'
 
 
 class MuxApp:
@@ -210,9 +212,25 @@ def test_one_job_at_a_time_answers_without_an_id(value):
         app.job("a", "sleep", {"ms": 0})
         app.job("b", "permanent", {"message": "no"})
         assert app.close() == 0
-        assert app.raw == [b'{"ok":true}\n',
+        assert app.raw == [ACCEPTS, b'{"ok":true}\n',
                            b'{"ok": false, "error": "no", "retry": false}\n']
         assert "WORKERPOOL_JOBS_PER_CHILD" not in app.log()
+
+
+@pytest.mark.parametrize("task", ["poll_cancel", "async_poll_cancel"])
+def test_one_job_at_a_time_a_cancel_line_for_the_running_job_sets_job_cancelled(task):
+    with MuxApp(None) as app:
+        assert app.lines.get(timeout=15) == {"accepts": ["cancel"]}, app.log()
+        app.job("c", task)
+        eventually(lambda: "c polling" in app.log(), what="the task to start")
+        app.send({"cancel": "someone-else"}, {"cancel": "c"})
+        assert app.answer() == {"ok": False, "error": "saw the cancel", "retry": False}
+        # Ignored, after its answer; the next job runs and is not cancelled.
+        app.send({"cancel": "c"})
+        app.job("d", task, {"s": 0.3})
+        assert app.answer() == {"ok": True}
+        assert app.close() == 0
+        assert app.raw[0] == ACCEPTS and len(app.raw) == 3
 
 
 @pytest.mark.parametrize("value", ["many", "0", "-3", ""])
@@ -220,7 +238,7 @@ def test_a_malformed_share_is_warned_about_and_taken_as_one(value):
     with MuxApp(value) as app:
         app.job("a", "sleep", {"ms": 0})
         assert app.close() == 0
-        assert app.raw == [b'{"ok":true}\n']
+        assert app.raw == [ACCEPTS, b'{"ok":true}\n']
     log = app.log()
     assert log.count(f"WORKERPOOL_JOBS_PER_CHILD={value!r} is not a positive integer") == 1
 

@@ -179,6 +179,33 @@ def test_many_jobs_in_one_child_answer_with_their_results(redis_server, queue, t
     assert "task unencodable" in log and "cannot be written as JSON" in log
 
 
+@pytest.mark.parametrize("task", ["until_cancelled", "async_until_cancelled"])
+def test_a_producer_cancel_reaches_a_task_in_a_process_of_one_job(redis_server, queue,
+                                                                  tmp_path, task):
+    # The default: one child per slot, one job each. The worker learns of the
+    # cancel at its heartbeat and writes the cancel line the App asked for.
+    with Client(redis_server.url) as client, \
+            worker(redis_server.url, queue, tmp_path,
+                   extra=FAST + ("--heartbeat-interval", "200ms")) as w:
+        job = client.enqueue(queue, task, {"s": 20}, keep=60)
+        deadline = time.monotonic() + 15
+        while (client.status(queue, job).progress != "waiting for a cancel"
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert client.cancel(queue, job) == {"did": "requested", "state": "running"}
+        started = time.monotonic()
+        status = client.wait(queue, job, timeout=15)
+        took = time.monotonic() - started
+        # The next job runs in the same child, unconfused by the cancel line.
+        after = client.enqueue(queue, "double", {"n": 2}, keep=60)
+        assert client.wait(queue, after, timeout=15).result == {"doubled": 4}
+        log = w.read_log()
+    assert status.state == "cancelled", log
+    assert "RuntimeError: stopped: job.cancelled" in status.error
+    assert took < 5, f"the task stopped {took:.1f} s after the cancel"
+    assert "exited" not in log, log
+
+
 def test_async_status_and_wait(redis_server, queue, tmp_path):
     async def main():
         async with AsyncClient(redis_server.url, timeout=2) as client:

@@ -13,11 +13,14 @@ from workerpool_client import App, InvalidProgress, WorkerpoolError
 
 LIMIT = json.loads((files("workerpool_client") / "contract.json").read_text(
     encoding="utf-8"))["outcomes"]["max_progress_bytes"]
+#: The first line of a process taking one job at a time: it reads stdin while a job runs.
+ACCEPTS = {"accepts": ["cancel"]}
 
 
 @pytest.mark.parametrize("task", ["progress", "async_progress"])
 def test_one_job_at_a_time_progress_lines_come_before_the_answer(task):
     with MuxApp(None) as app:
+        assert app.answer() == ACCEPTS
         app.send({"attempt": 1, "id": "a", "task": task,
                   "data": {"values": [10, {"done": 2, "of": 3}, "é"]}})
         assert app.answer() == {"progress": 10}
@@ -30,8 +33,8 @@ def test_one_job_at_a_time_progress_lines_come_before_the_answer(task):
         assert app.answer() == {"ok": True, "result": "reported"}
         assert app.close() == 0
     # One line each, with no "ok" and no id in a progress line; ASCII, as answers are.
-    assert app.raw[0] == b'{"progress": 10}\n'
-    assert app.raw[2] == b'{"progress": "\\u00e9"}\n'
+    assert app.raw[1] == b'{"progress": 10}\n'
+    assert app.raw[3] == b'{"progress": "\\u00e9"}\n'
 
 
 @pytest.mark.parametrize("task", ["progress", "async_progress"])
@@ -51,6 +54,8 @@ def test_many_jobs_at_once_progress_lines_name_their_job_before_its_answer(task)
 @pytest.mark.parametrize("k", [None, "4"])
 def test_a_report_from_a_thread_the_task_started_comes_before_the_answer(k):
     with MuxApp(k) as app:
+        if k is None:
+            assert app.answer() == ACCEPTS
         app.job("t", "progress_from_a_thread", {"value": [1, 2]})
         first, second = app.answer(), app.answer()
         assert app.close() == 0
@@ -62,6 +67,8 @@ def test_a_report_from_a_thread_the_task_started_comes_before_the_answer(k):
 @pytest.mark.parametrize("k", [None, "4"])
 def test_an_oversized_progress_raises_in_the_task_and_sends_nothing(k):
     with MuxApp(k) as app:
+        if k is None:
+            assert app.answer() == ACCEPTS
         app.job("big", "progress_too_big", {"size": LIMIT})  # "x"*LIMIT is LIMIT + 2 bytes
         answer = app.answer()
         app.job("fits", "progress_too_big", {"size": LIMIT - 2})

@@ -417,8 +417,9 @@ fn a_result_that_differs_is_caught() {
 
 #[test]
 fn a_handler_that_never_hears_a_cancel_is_caught() {
-    // One job per child: the worker sends no cancel line, so the held job
-    // runs to its end (done) instead of ending cancelled.
+    // One job per child, and the reference handler never says it accepts a
+    // cancel line: the worker sends none, so the held job runs to its end
+    // (done) instead of ending cancelled.
     let mut case = cases_by_name()["outcome_cancel"].clone();
     for step in &mut case.steps {
         match step {

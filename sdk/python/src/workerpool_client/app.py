@@ -13,6 +13,11 @@ answers come in any order, and `{"cancel":"<id>"}` lines cancel a job.
 A task's `job.progress(value)` writes a progress line before the job's answer:
 `{"progress": <value>}`, or `{"id": <job id>, "progress": <value>}` in the
 multiplexed protocol. A progress line has no "ok".
+
+Taking one job at a time, the process says at start that it reads stdin while
+a job runs (`{"accepts":["cancel"]}`), and a reader thread reads it: a
+`{"cancel":"<id>"}` line (a producer's cancel of the running job) sets that
+job's `cancelled`, and job lines go to the main thread in order.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import inspect
 import json
 import logging
 import os
+import queue
 import sys
 import threading
 import traceback
@@ -42,13 +48,16 @@ JOBS_PER_CHILD = "WORKERPOOL_JOBS_PER_CHILD"
 class JobContext:
     """The job a task runs: what the worker handed over.
 
-    `cancelled` turns True when the worker cancels the job: its attempt passed
-    `--job-timeout`, or a producer cancelled it (`Client.cancel`) while it
-    ran. Only in the multiplexed protocol (`WORKERPOOL_JOBS_PER_CHILD` above
-    1): a process that takes one job at a time gets no cancel, and its job
-    runs to its end. An `async def` task sees `asyncio.CancelledError`
-    instead; a plain `def` task running on a thread cannot be stopped, and
-    may poll `job.cancelled` to give up early.
+    `cancelled` turns True when the worker cancels the job: a producer
+    cancelled it (`Client.cancel`) while it ran, or, in the multiplexed
+    protocol (`WORKERPOOL_JOBS_PER_CHILD` above 1), its attempt passed
+    `--job-timeout` (a process taking one job at a time is killed then). A
+    task polls it to give up early, raising an error (the job then ends
+    cancelled with it) or returning (done). Taking one job at a time, that
+    is all a cancel does, for `def` and `async def` tasks alike; in the
+    multiplexed protocol an `async def` task also sees
+    `asyncio.CancelledError`, and a `def` task, on a thread that cannot be
+    stopped, only the flag.
 
     `progress(value)` reports how far the task has got.
     """
@@ -64,8 +73,8 @@ class JobContext:
 
     @property
     def cancelled(self) -> bool:
-        """True once the worker has cancelled this job (a timeout, or a producer's
-        cancel; multiplexed protocol only)."""
+        """True once the worker has cancelled this job (a producer's cancel; in the
+        multiplexed protocol, a timeout too)."""
         return self._cancel.is_set()
 
     def progress(self, value: Any) -> None:
@@ -199,15 +208,23 @@ def _progress_line(text: str, job_id: Optional[str] = None) -> bytes:
     return (head + '"progress": ' + text + "}\n").encode("ascii")
 
 
+#: The line a process taking one job at a time writes at start: it reads stdin
+#: while a job runs, so the worker may send a producer's cancel.
+ACCEPTS_LINE = b'{"accepts":["cancel"]}\n'
+
+
 class _InTurn:
     """The one-job protocol's stdout for one job: its progress lines, then its
     answer, and nothing after the answer (a thread the task left behind may
-    still report)."""
+    still report). Also the job's cancel: set by the reader thread when a
+    cancel line names the job."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, job_id: Any = None) -> None:
         self._fd = fd
         self._lock = threading.Lock()
         self._open = True
+        self.job_id = job_id
+        self.cancel = threading.Event()
 
     def progress(self, text: str) -> None:
         with self._lock:
@@ -334,16 +351,17 @@ class App:
         go nowhere here."""
         return self._handle(line, None)
 
-    def _handle(self, line: bytes, report: Optional[Callable[[str], None]]) -> bytes:
-        try:
-            raw = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as e:
-            return _encode(_failed(f"malformed job line, not JSON ({e}): {line[:200]!r}",
+    def _handle(self, line: bytes, report: Optional[Callable[[str], None]],
+                parsed: Any = None, cancel: Optional[threading.Event] = None) -> bytes:
+        """`parsed`: the line read already, `(raw, error)`."""
+        raw, error = parsed if parsed is not None else _parse_line(line)
+        if error is not None:
+            return _encode(_failed(f"malformed job line, not JSON ({error}): {line[:200]!r}",
                                    retry=False))
         if not isinstance(raw, dict):
             return _encode(_failed(f"malformed job line: a job is a JSON object, got "
                                    f"{type(raw).__name__}", retry=False))
-        prepared = self._prepare(raw, report)
+        prepared = self._prepare(raw, report, cancel)
         if isinstance(prepared, dict):
             return _encode(prepared)
         job, task = prepared
@@ -359,9 +377,10 @@ class App:
         return _encode(_outcome(job, None, result))
 
     def _prepare(self, raw: dict, report: Optional[Callable[[str], None]] = None,
+                 cancel: Optional[threading.Event] = None,
                  ) -> Union[dict, tuple[JobContext, _Task]]:
-        """The job (its progress reports going to `report`) and its task, or the
-        answer to a job no task takes."""
+        """The job (its progress reports going to `report`, cancelled by setting
+        `cancel`) and its task, or the answer to a job no task takes."""
         name = raw.get("task")
         task = self._tasks.get(name) if isinstance(name, str) else None
         if task is None:
@@ -372,7 +391,9 @@ class App:
         job_id = raw.get("id")
         job = JobContext(id=job_id if isinstance(job_id, str) else None,
                          attempt=attempt if isinstance(attempt, int) else 1,
-                         task=name, data=raw.get("data"), raw=raw, _report=report)
+                         task=name, data=raw.get("data"), raw=raw,
+                         _cancel=cancel if cancel is not None else threading.Event(),
+                         _report=report)
         return job, task
 
     def _run_coroutine(self, awaitable: Any) -> Any:
@@ -397,9 +418,11 @@ class App:
         cannot swallow the next job.
 
         With `WORKERPOOL_JOBS_PER_CHILD` unset or 1, one job at a time, in
-        turn. Above 1 (k), k jobs at once on an asyncio event loop in this
-        thread: `async def` tasks run concurrently on the loop, and plain
-        `def` tasks on a pool of k threads. Threads suit blocking I/O (a
+        turn; the process says it accepts cancel lines, and a producer's cancel
+        of the running job sets its `job.cancelled`. Above 1 (k), k jobs at
+        once on an asyncio event loop in this thread: `async def` tasks run
+        concurrently on the loop, and plain `def` tasks on a pool of k
+        threads. Threads suit blocking I/O (a
         socket wait or a `time.sleep` releases the GIL); CPU-bound Python
         holds the GIL, so it wants one child per core and one job each, the
         worker's default. Each answer names its job's id and is written as
@@ -439,15 +462,66 @@ class App:
                 asyncio.set_event_loop(self._loop)
                 serve(self, self._loop, in_fd, out_fd, k)
             else:
-                with os.fdopen(in_fd, "rb", buffering=1 << 16) as jobs:
-                    for line in jobs:
-                        out = _InTurn(out_fd)
-                        out.answer(self._handle(line, out.progress))
+                self._serve_in_turn(in_fd, out_fd)
         finally:
             if self._loop is not None:
                 self._loop.close()
                 self._loop = None
             os.close(out_fd)
+
+
+    def _serve_in_turn(self, in_fd: int, out_fd: int) -> None:
+        """One job at a time: a reader thread reads stdin, handing each job line
+        here in order and setting the running job's cancel on a cancel line."""
+        sys.stderr.flush()
+        _write_all(out_fd, ACCEPTS_LINE)
+        jobs: queue.SimpleQueue = queue.SimpleQueue()
+        reader = threading.Thread(target=_read_in_turn, args=(in_fd, out_fd, jobs),
+                                  name="workerpool-stdin", daemon=True)
+        reader.start()
+        while True:
+            item = jobs.get()
+            if item is None:
+                break
+            line, parsed, out = item
+            out.answer(self._handle(line, out.progress, parsed, out.cancel))
+
+
+def _parse_line(line: bytes) -> tuple:
+    """A line as JSON: `(value, None)`, or `(None, why not)`."""
+    try:
+        return json.loads(line), None
+    except (ValueError, UnicodeDecodeError) as e:
+        return None, e
+
+
+def _read_in_turn(in_fd: int, out_fd: int, jobs: queue.SimpleQueue) -> None:
+    """The reader thread of the one-job protocol: each job line goes to `jobs`
+    with its parse and its `_InTurn`; a cancel line (`{"cancel": id}`, no "id")
+    sets the cancel of the job read last, the one running (the worker sends the
+    next job only after its answer), when it names it. None at the end."""
+    latest: Optional[_InTurn] = None
+    try:
+        with os.fdopen(in_fd, "rb", buffering=1 << 16) as lines:
+            for line in lines:
+                raw, error = _parse_line(line)
+                if (error is None and isinstance(raw, dict) and "id" not in raw
+                        and isinstance(raw.get("cancel"), str)):
+                    if latest is not None and latest.job_id == raw["cancel"]:
+                        if not latest.cancel.is_set():
+                            log.info("job %s: cancelled by a producer", raw["cancel"])
+                        latest.cancel.set()
+                    else:
+                        log.debug("cancel for job %s, which is not running: ignored",
+                                  raw["cancel"])
+                    continue
+                job_id = raw.get("id") if isinstance(raw, dict) else None
+                latest = _InTurn(out_fd, job_id)
+                jobs.put((line, (raw, error), latest))
+    except Exception as e:  # stdin broke: as good as closed
+        log.warning("reading stdin failed: %s", e)
+    finally:
+        jobs.put(None)
 
 
 def _write_all(fd: int, data: bytes) -> None:

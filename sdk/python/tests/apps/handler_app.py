@@ -89,5 +89,28 @@ def unencodable(data):
     return {"when": object()}
 
 
+@app.task("until_cancelled")
+def until_cancelled(data, job):
+    # Says it runs, then waits for a producer's cancel (or gives up after data["s"]).
+    job.progress("waiting for a cancel")
+    deadline = time.time() + data["s"]
+    while not job.cancelled:
+        if time.time() > deadline:
+            return "never cancelled"
+        time.sleep(0.02)
+    raise RuntimeError("stopped: job.cancelled")
+
+
+@app.task("async_until_cancelled")
+async def async_until_cancelled(data, job):
+    job.progress("waiting for a cancel")
+    deadline = time.time() + data["s"]
+    while not job.cancelled:
+        if time.time() > deadline:
+            return "never cancelled"
+        await asyncio.sleep(0.02)
+    raise RuntimeError("stopped: job.cancelled")
+
+
 if __name__ == "__main__":
     app.run()

@@ -40,11 +40,22 @@ async def wait_forever(data):
 @app.task("poll_cancel")
 def poll_cancel(data, job):
     print(f"{job.id} polling", flush=True)  # stdout is stderr here
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + (data or {}).get("s", 10)
     while not job.cancelled:
         if time.monotonic() > deadline:
             return
         time.sleep(0.01)
+    raise Permanent("saw the cancel")
+
+
+@app.task("async_poll_cancel")
+async def async_poll_cancel(data, job):
+    print(f"{job.id} polling", flush=True)  # stdout is stderr here
+    deadline = time.monotonic() + (data or {}).get("s", 10)
+    while not job.cancelled:
+        if time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.01)
     raise Permanent("saw the cancel")
 
 
