@@ -1,7 +1,8 @@
 //! The claim docs/scaling.md makes, on every shipped trace: with its defaults, the engine
 //! is not beaten by KEDA as its users tune it (`minReplicaCount` 0 or 1, `cooldownPeriod`
-//! and scale-down window of 30 s or 300 s: no setting waits within 1 s of the engine's p95
-//! at 90 % or less of its replica-seconds), and with the simulator's default workers it
+//! and scale-down window of 30 s or 300 s: no setting waits within 1 s of the engine's at
+//! both the p95 and the p99 at 90 % or less of its replica-seconds), and with the
+//! simulator's default workers it
 //! waits less than KEDA's defaults at fewer replica-seconds.
 //!
 //! On a rate-limited queue (`traces/rate-limited.csv` at 20 jobs/s), where KEDA keeps

@@ -1,9 +1,10 @@
 //! The engine against KEDA as its users tune it: `minReplicaCount` 0 and 1, a short and
 //! the default `cooldownPeriod`, a short and the default scale-down stabilization window.
 //!
-//! A KEDA setting *beats* the engine on a trace when its p95 wait is within
-//! [`P95_MARGIN_SECONDS`] of the engine's and it costs at most [`COST_SHARE`] of the
-//! engine's replica-seconds: a user comparing the two would pick KEDA.
+//! A KEDA setting *beats* the engine on a trace when it costs at most [`COST_SHARE`] of
+//! the engine's replica-seconds and waits no longer at both the p95 and the p99, within
+//! [`WAIT_MARGIN_SECONDS`] of the engine's at each: a user comparing the two would pick
+//! KEDA. A setting cheaper only because its slowest jobs wait longer does not win.
 
 use serde::Serialize;
 
@@ -11,8 +12,9 @@ use super::keda::{DEFAULT_COOLDOWN_SECONDS, DEFAULT_SCALE_DOWN_WINDOW_SECONDS};
 use super::{KedaSettings, Policy, PolicyReport, SimConfig, run_each};
 use crate::scaling::ScalingSpec;
 
-/// How much longer KEDA's p95 wait may be, in seconds, and still count as level.
-pub const P95_MARGIN_SECONDS: f64 = 1.0;
+/// How much longer KEDA's p95 and p99 waits may each be, in seconds, and still count
+/// as level.
+pub const WAIT_MARGIN_SECONDS: f64 = 1.0;
 /// The share of the engine's replica-seconds at or below which KEDA is cheaper enough to win.
 pub const COST_SHARE: f64 = 0.9;
 /// The short `cooldownPeriod` and scale-down window users set, in seconds.
@@ -74,11 +76,17 @@ pub struct Comparison {
     pub keda: Vec<KedaRow>,
 }
 
-/// Whether `keda` beats `engine`: p95 wait within [`P95_MARGIN_SECONDS`] and at most
+/// Whether `keda` waits as little as `engine`: p95 and p99 each within
+/// [`WAIT_MARGIN_SECONDS`] of the engine's.
+pub fn waits_as_little(keda: &PolicyReport, engine: &PolicyReport) -> bool {
+    keda.p95_wait_s <= engine.p95_wait_s + WAIT_MARGIN_SECONDS
+        && keda.p99_wait_s <= engine.p99_wait_s + WAIT_MARGIN_SECONDS
+}
+
+/// Whether `keda` beats `engine`: it waits as little ([`waits_as_little`]) at most
 /// [`COST_SHARE`] of the replica-seconds.
 pub fn beats(keda: &PolicyReport, engine: &PolicyReport) -> bool {
-    keda.p95_wait_s <= engine.p95_wait_s + P95_MARGIN_SECONDS
-        && keda.replica_seconds <= COST_SHARE * engine.replica_seconds
+    waits_as_little(keda, engine) && keda.replica_seconds <= COST_SHARE * engine.replica_seconds
 }
 
 impl Comparison {

@@ -243,17 +243,15 @@ impl Outcome {
     }
 
     /// The KEDA setting that comes closest to beating the engine, and by how much: the
-    /// engine's replica-seconds over that setting's, among the settings whose p95 wait
-    /// is within the margin of the engine's (above [`super::compare::COST_SHARE`]'s
+    /// engine's replica-seconds over that setting's, among the settings that wait as
+    /// little ([`super::compare::waits_as_little`]; above [`super::compare::COST_SHARE`]'s
     /// inverse, the setting beats the engine). `None` when no setting waits as little.
     pub fn closest(&self) -> Option<(&super::compare::KedaRow, f64)> {
         let engine = &self.comparison.engine;
         self.comparison
             .keda
             .iter()
-            .filter(|row| {
-                row.report.p95_wait_s <= engine.p95_wait_s + super::compare::P95_MARGIN_SECONDS
-            })
+            .filter(|row| super::compare::waits_as_little(&row.report, engine))
             .map(|row| {
                 let ratio = if row.report.replica_seconds > 0.0 {
                     engine.replica_seconds / row.report.replica_seconds
@@ -265,16 +263,6 @@ impl Outcome {
                 (row, ratio)
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
-    }
-
-    /// Whether a setting that beats the engine (by p95 and cost, the verdict's measure)
-    /// also keeps its p99 wait within the same margin of the engine's: a win at the tail
-    /// too, not one that makes the slowest jobs wait longer.
-    pub fn beaten_at_the_tail_too(&self) -> bool {
-        let engine = &self.comparison.engine;
-        self.comparison.beaten_by().iter().any(|row| {
-            row.report.p99_wait_s <= engine.p99_wait_s + super::compare::P95_MARGIN_SECONDS
-        })
     }
 
     /// One line: the seed, the verdict, the engine's figures and the closest KEDA setting.
@@ -362,7 +350,7 @@ mod tests {
     }
 
     #[test]
-    fn a_win_at_the_tail_too_needs_a_winning_setting_whose_p99_is_within_the_margin() {
+    fn a_setting_wins_only_cheaper_by_the_margin_and_as_quick_at_both_p95_and_p99() {
         let report = PolicyReport::waits;
         let row = |report: PolicyReport, engine: &PolicyReport| KedaRow {
             setting: "s".into(),
@@ -382,22 +370,20 @@ mod tests {
                 keda,
             },
         };
-        // Cheaper, as quick at p95, far slower at p99: beaten, not at the tail.
+        // Cheaper, as quick at p95, far slower at p99: no win, and not the closest.
         let slow_tail = outcome(vec![row(report(5.0, 40.0, 800.0), &engine)]);
-        assert!(!slow_tail.comparison.beaten_by().is_empty());
-        assert!(!slow_tail.beaten_at_the_tail_too());
-        // Another setting that wins with a p99 within 1 s: beaten at the tail too.
+        assert!(slow_tail.comparison.beaten_by().is_empty());
+        assert!(slow_tail.closest().is_none());
+        // Within 1 s at both, at 85 % of the cost: beaten.
         let both = outcome(vec![
             row(report(5.0, 40.0, 800.0), &engine),
-            row(report(5.5, 6.9, 850.0), &engine),
+            row(report(5.9, 6.9, 850.0), &engine),
         ]);
-        assert!(both.beaten_at_the_tail_too());
-        // A p99 within the margin from a setting that does not win counts for nothing.
-        let dear = outcome(vec![
-            row(report(5.0, 40.0, 800.0), &engine),
-            row(report(5.0, 6.0, 950.0), &engine),
-        ]);
-        assert!(!dear.beaten_at_the_tail_too());
+        assert_eq!(both.comparison.beaten_by().len(), 1);
+        // As quick at both, at 95 % of the cost: not cheaper by the margin.
+        let dear = outcome(vec![row(report(5.0, 6.0, 950.0), &engine)]);
+        assert!(dear.comparison.beaten_by().is_empty());
+        assert!(dear.closest().is_some());
     }
 
     #[test]
