@@ -105,8 +105,9 @@ pub trait Handler: Send + Sync + 'static {
     /// (`workerpool job cancel`, a client's `cancel`). This only tells the
     /// handler: the attempt still ends with the outcome `handle` returns,
     /// and a job that fails once asked ends cancelled rather than retried.
-    /// An exec child that takes many jobs gets a cancel line; other
-    /// handlers are told nothing by default. Called at most once per
+    /// An exec child that takes many jobs gets a cancel line, and so does a
+    /// one-job child that said it reads them (`{"accepts": ["cancel"]}`);
+    /// other handlers are told nothing by default. Called at most once per
     /// attempt, from the worker's maintenance, and must not block.
     fn cancel(&self, _id: &str) {}
 

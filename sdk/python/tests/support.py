@@ -246,6 +246,17 @@ class Worker:
             self.log.flush()
         return Path(self.log_path).read_text(errors="replace")
 
+    def wait_log(self, *texts: str, timeout: float = 10) -> str:
+        """The log once it holds every one of `texts` (a child's stderr reaches it on
+        its own, after the answer that settles the job may have), or as it is at
+        `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self.read_log()
+            if all(t in log for t in texts) or time.monotonic() > deadline:
+                return log
+            time.sleep(0.05)
+
     def stop(self) -> str:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -172,7 +172,7 @@ def test_many_jobs_in_one_child_answer_with_their_results(redis_server, queue, t
         with worker(redis_server.url, queue, tmp_path, concurrency=4,
                     extra=FAST + ("--children", "1")) as w:
             got = [client.wait(queue, i, timeout=30) for i in ids]
-            log = w.read_log()
+            log = w.wait_log("task unencodable", "cannot be written as JSON")
     assert [s.state for s in got] == ["done"] * 6, log
     assert [s.result for s in got] == [{"doubled": 0}, {"doubled": 2}, {"doubled": 4},
                                        {"doubled": 6}, {"doubled": 20}, None]

@@ -125,6 +125,9 @@ struct Proc {
     group: Mutex<Option<super::GroupGuard>>,
     lines: mpsc::UnboundedSender<Line>,
     in_hand: Mutex<InHand>,
+    /// A child whose share is one said it reads cancel lines
+    /// (`{"accepts": ["cancel"]}`); every other child reads them anyway.
+    accepts_cancel: std::sync::atomic::AtomicBool,
 }
 
 impl Proc {
@@ -321,6 +324,7 @@ impl Inner {
             group: Mutex::new(Some(group)),
             lines,
             in_hand: Mutex::new(InHand::default()),
+            accepts_cancel: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(write_lines(stdin, to_write, Arc::downgrade(&proc)));
         tokio::spawn(read_answers(
@@ -488,8 +492,13 @@ impl Inner {
     fn producer_cancel(&self, id: &str) {
         let procs: Vec<_> = self.procs().iter().map(Arc::clone).collect();
         for proc in procs {
-            // The one-job protocol knows no cancel line.
-            if proc.share == 1 {
+            // The one-job protocol knows no cancel line, unless the child
+            // said it reads them.
+            if proc.share == 1
+                && !proc
+                    .accepts_cancel
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
                 continue;
             }
             {
@@ -572,6 +581,13 @@ impl Inner {
                 // A line with "progress" and no "ok" is no answer.
                 if let Some(progress) = parse_progress(line) {
                     self.progress(proc, line, progress);
+                    return;
+                }
+                // Nor is an accepts line: a child whose share is one gets
+                // a producer's cancel once it said it reads them.
+                if let Some(cancel) = super::exec_pool::accepts_line(line) {
+                    proc.accepts_cancel
+                        .store(cancel, std::sync::atomic::Ordering::Relaxed);
                     return;
                 }
                 tracing::warn!(
@@ -1276,6 +1292,65 @@ for line in sys.stdin:
         );
         assert_eq!(pool.inner.restarts.get(), 0);
         assert!(pool.problem().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_one_job_child_here_gets_a_producers_cancel_only_once_it_says_it_reads_them() {
+        // An uneven split gives a child a share of one: it speaks the one-job
+        // protocol, and an App there says it reads cancel lines.
+        for accepts in [true, false] {
+            let script = if accepts {
+                format!(
+                    "import json\nprint(json.dumps({{\"accepts\": [\"cancel\"]}}), flush=True)\n{CHILD}"
+                )
+            } else {
+                CHILD.to_string()
+            };
+            let pool = ExecMux::start_with(
+                ExecCommand {
+                    program: "python3".into(),
+                    args: vec!["-c".into(), script],
+                },
+                1,
+                1,
+                IntCounter::new("r", "r").expect("counter"),
+                Duration::from_millis(50),
+            )
+            .expect("start");
+            let unheeding = job("u1", serde_json::json!({"do": "unheeding", "ms": 600}));
+            let running = pool.handle(&unheeding);
+            tokio::pin!(running);
+            let running = started(running).await;
+            if accepts {
+                let said = || {
+                    pool.inner
+                        .procs()
+                        .iter()
+                        .any(|p| p.accepts_cancel.load(std::sync::atomic::Ordering::Relaxed))
+                };
+                for _ in 0..50 {
+                    if said() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                assert!(said(), "the accepts line was read");
+            }
+            pool.cancel("u1");
+            let outcome = tokio::time::timeout(Duration::from_secs(5), running)
+                .await
+                .expect("answered");
+            if accepts {
+                assert_eq!(
+                    returned(&outcome),
+                    serde_json::json!([r#"{"cancel":"u1"}"#])
+                );
+            } else {
+                // It saw no cancel line: its answer carries no result.
+                assert_eq!(outcome, Outcome::Done);
+            }
+            assert_eq!(pool.inner.restarts.get(), 0);
+        }
     }
 
     #[tokio::test]

@@ -652,6 +652,17 @@ enum Before {
     Answer,
 }
 
+/// What an accepts line says (see [`before_answer`]): `Some(true)` when it
+/// names `"cancel"`, `None` for any other line. A child of the multiplexed
+/// pool whose share is one (an uneven split) speaks the one-job protocol and
+/// may write one too.
+pub(crate) fn accepts_line(line: &[u8]) -> Option<bool> {
+    match before_answer(line) {
+        Before::Accepts(cancel) => Some(cancel),
+        _ => None,
+    }
+}
+
 /// What a line from a one-job child is: a progress line (a JSON object
 /// with `"progress"` and no `"ok"`), an accepts line (one with an
 /// `"accepts"` array, no `"ok"` and no `"progress"`; values other than
