@@ -30,6 +30,7 @@
 mod behavior;
 mod engine;
 mod estimate;
+mod knee;
 mod reason;
 mod spec;
 
@@ -39,6 +40,7 @@ pub use behavior::{
 };
 pub use engine::{Decision, Engine, MANUAL_REPLICAS, Proposals, Verdict, Workers, decide};
 pub use estimate::{RateEstimator, StartupEstimator};
+pub use knee::{Knee, Saturation};
 pub use reason::{HoldBasis, IdleHold, Limit, RateCap, Reason, Rule};
 pub use spec::{DEFAULT_IDLE_SECONDS_BEFORE_ZERO, FallbackSpec, ScalingSpec};
 
