@@ -95,11 +95,14 @@ drain() {
   done | "$CLI" enqueue --redis-url "$url" --queue bench >/dev/null
   local start end
   start=${EPOCHREALTIME/./}
+  # --handler noop: the flags must name one; the example runs its own.
   "$RESULT_WORKER" --redis-url "$url" --queue bench --concurrency 50 \
-    --listen 127.0.0.1:0 --worker-id bench 2>"$tmp/worker.log" &
+    --listen 127.0.0.1:0 --worker-id bench --handler noop 2>"$tmp/worker.log" &
   local worker=$!
-  while read -r n; do [ "${n:-0}" = "$JOBS" ] && break; done \
-    < <(cli -r -1 -i 0.002 GET bench:stats:processed)
+  while read -r n; do
+    [ "${n:-0}" = "$JOBS" ] && break
+    kill -0 "$worker" 2>/dev/null || { cat "$tmp/worker.log" >&2; exit 1; }
+  done < <(cli -r -1 -i 0.002 GET bench:stats:processed)
   end=${EPOCHREALTIME/./}
   kill -TERM "$worker"
   wait "$worker" || true

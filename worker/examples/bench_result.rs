@@ -5,9 +5,10 @@
 //!
 //! ```sh
 //! cargo run --release -p workerpool-worker --example bench_result -- \
-//!     --redis-url redis://127.0.0.1:6379 --queue bench --concurrency 50
+//!     --redis-url redis://127.0.0.1:6379 --queue bench --concurrency 50 --handler noop
 //! ```
-//! Takes the worker's flags; `--handler` and its arguments are ignored.
+//! Takes the worker's flags, which must name a handler (`--handler noop`); it
+//! runs its own.
 
 use std::io::Write;
 use std::process::ExitCode;
