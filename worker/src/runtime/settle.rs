@@ -33,7 +33,10 @@ impl Worker {
         let (qi, job) = (in_hand.queue, &in_hand.job);
         let keep = self.keep_of(qi, job);
         if let Some(keep) = keep
-            && !self.note_running(qi, job, keep).await
+            // Boxed: only kept jobs wait on it, and in place its state would
+            // make every job's task larger (tokio copies a task's future as it
+            // spawns and finishes it).
+            && !Box::pin(self.note_running(qi, job, keep)).await
         {
             // A cancel found it taken and not yet started: it ends
             // cancelled without running.
@@ -74,15 +77,14 @@ impl Worker {
             .as_ref()
             .map(|a| job.with_attempt_trace(a.traceparent()));
         let handed = traced.as_ref().unwrap_or(job);
-        let handling = async {
-            match current {
-                Some(current) => {
-                    super::report::CURRENT
-                        .scope(current, self.handler.handle(handed))
-                        .await
-                }
-                None => self.handler.handle(handed).await,
+        // The handler's future is boxed already; a kept job's is boxed again
+        // with what it reports to, so that a job that keeps nothing pays for
+        // neither in its task's size.
+        let handling: futures::future::BoxFuture<'_, Outcome> = match current {
+            Some(current) => {
+                Box::pin(super::report::CURRENT.scope(current, self.handler.handle(handed)))
             }
+            None => self.handler.handle(handed),
         };
         let outcome = tokio::select! {
             biased;
