@@ -182,13 +182,19 @@ pub enum Waited {
     TimedOut(Option<Outcome>),
 }
 
-/// Waits up to `timeout` for job `id` of `queue` to end. Blocks on the
-/// job's end stream (`XREAD BLOCK` from its start: a read, so the entry
-/// stays and every waiter wakes, and a read-only user may wait) in slices
-/// of at most [`WAIT_SLICE`], reading the outcome after each: an idle
-/// waiter costs Redis two commands per slice. `conn` must allow a reply to
-/// take a slice plus a margin (its response timeout), and is blocked
-/// meanwhile: use a connection of its own.
+/// The field a waiter sets in an outcome before it blocks: the script that
+/// makes the outcome final gives the end stream its entry only then, so a
+/// job nobody waits for costs no stream.
+pub const WAITED_FIELD: &str = "waited";
+
+/// Waits up to `timeout` for job `id` of `queue` to end. Marks the outcome
+/// waited for ([`WAITED_FIELD`]), reads it, and blocks on the job's end
+/// stream (`XREAD BLOCK` from its start, so the entry stays and every
+/// waiter wakes) in slices of at most [`WAIT_SLICE`]: an idle waiter costs
+/// Redis a few commands per slice. A user the ACL refuses the mark
+/// (`HSET`, `PEXPIRE`) still waits, woken only by the end of each slice.
+/// `conn` must allow a reply to take a slice plus a margin (its response
+/// timeout), and is blocked meanwhile: use a connection of its own.
 pub async fn wait(
     conn: &mut impl Conn,
     queue: &QueueKeys,
@@ -197,7 +203,30 @@ pub async fn wait(
 ) -> RedisResult<Waited> {
     let deadline = tokio::time::Instant::now() + timeout;
     let end = queue.outcome_end(id);
+    let key = queue.outcome(id);
+    let mut marking = true;
     loop {
+        // Marked before it is read: a settlement after the mark adds the
+        // entry this wait blocks on, and one before it is seen final here.
+        // A hash the mark makes (no outcome yet) goes in a week.
+        if marking {
+            let marked: RedisResult<()> = redis::pipe()
+                .hset(&key, WAITED_FIELD, 1)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&key)
+                .arg(MAX_KEEP.as_millis() as u64)
+                .arg("NX")
+                .ignore()
+                .query_async(conn)
+                .await;
+            if let Err(e) = marked {
+                if crate::connection::refused(&e).is_none() {
+                    return Err(e);
+                }
+                marking = false;
+            }
+        }
         let seen = read(conn, queue, id).await?;
         if let Some(outcome) = seen.as_ref().filter(|o| o.state.is_final()) {
             return Ok(Waited::Final(outcome.clone()));
@@ -393,6 +422,7 @@ pub fn facts() -> serde_json::Value {
         "outcome_key": q.outcome("{id}"),
         "outcome_end_key": q.outcome_end("{id}"),
         "keep_field": crate::job::field::KEEP,
+        "waited_field": WAITED_FIELD,
         "max_keep_seconds": MAX_KEEP.as_secs(),
         "max_result_bytes": MAX_RESULT_BYTES,
         "max_progress_bytes": MAX_PROGRESS_BYTES,

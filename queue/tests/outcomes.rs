@@ -112,6 +112,13 @@ async fn each_settlement_writes_its_kept_outcome_and_the_rest_write_none() {
             kept: None,
         },
     ];
+    // Waiters on the two that end: their end streams are written.
+    for id in ["done", "dead"] {
+        let _: i64 = c
+            .hset(q.outcome(id), outcome::WAITED_FIELD, 1)
+            .await
+            .expect("hset");
+    }
     assert_eq!(
         settle(&mut c, std::slice::from_ref(&q), &finished).await,
         [true; 4]
@@ -838,6 +845,11 @@ async fn a_user_refused_the_end_stream_leaves_a_kept_job_in_its_processing_list(
     let mut c = redis.conn().await;
     let q = QueueKeys::new("{out}:k");
     let held = taken(&mut c, &q, &["acl"]).await;
+    // A waiter marked it: the settlement must write its end stream.
+    let _: i64 = c
+        .hset(q.outcome("acl"), outcome::WAITED_FIELD, 1)
+        .await
+        .expect("hset");
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("noxadd")
@@ -876,4 +888,65 @@ async fn a_user_refused_the_end_stream_leaves_a_kept_job_in_its_processing_list(
     let processing: Vec<String> = c.lrange(q.processing(WORKER), 0, -1).await.expect("lrange");
     assert_eq!(processing, held, "the job is still held, not in no list");
     assert_eq!(state(&mut c, &q, "acl").await, None);
+}
+
+#[tokio::test]
+async fn a_job_nobody_waits_for_ends_without_an_end_stream_and_a_waiter_still_wakes_at_once() {
+    let redis = TestRedis::start();
+    let mut c = redis.conn().await;
+    let q = QueueKeys::new("{out}:l");
+    let held = taken(&mut c, &q, &["alone", "awaited"]).await;
+    let by_id = |id: &str| held.iter().find(|p| p.contains(id)).expect("held").clone();
+    let alone = by_id("alone");
+    let done = Settlement::Done;
+    let finished = [Finished {
+        queue: 0,
+        payload: alone.as_bytes(),
+        settlement: &done,
+        release: None,
+        kept: Some(kept("alone", "1", "")),
+    }];
+    settle(&mut c, std::slice::from_ref(&q), &finished).await;
+    assert_eq!(state(&mut c, &q, "alone").await, Some(State::Done));
+    let streams: i64 = c.exists(q.outcome_end("alone")).await.expect("exists");
+    assert_eq!(streams, 0, "no waiter, no stream");
+    // A waiter marks the outcome before it blocks, and wakes as it ends, well
+    // before its slice would have.
+    let waiter = {
+        let mut own = redis.conn().await;
+        let q = q.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let waited = outcome::wait(&mut own, &q, "awaited", Duration::from_secs(20)).await;
+            (waited, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let marked: Option<String> = c
+        .hget(q.outcome("awaited"), outcome::WAITED_FIELD)
+        .await
+        .expect("hget");
+    assert_eq!(marked.as_deref(), Some("1"));
+    let awaited = by_id("awaited");
+    let finished = [Finished {
+        queue: 0,
+        payload: awaited.as_bytes(),
+        settlement: &done,
+        release: None,
+        kept: Some(kept("awaited", "2", "")),
+    }];
+    settle(&mut c, std::slice::from_ref(&q), &finished).await;
+    let (waited, took) = waiter.await.expect("join");
+    let Ok(Waited::Final(o)) = waited else {
+        panic!("{waited:?}")
+    };
+    assert_eq!(o.result, Some(serde_json::json!(2)));
+    assert!(took < Duration::from_secs(3), "woke after {took:?}");
+    // A wait on an id no one kept leaves a mark that goes in a week.
+    let nothing = outcome::wait(&mut c, &q, "nobody", Duration::from_millis(200))
+        .await
+        .expect("wait");
+    assert_eq!(nothing, Waited::TimedOut(None));
+    let ttl: i64 = c.pttl(q.outcome("nobody")).await.expect("pttl");
+    assert!(ttl > 0 && ttl <= ops::MAX_KEEP.as_millis() as i64, "{ttl}");
 }

@@ -880,8 +880,25 @@ class Client {
     const end = outcome.outcomeEndKey(queue, id);
     let blocker = null;
     let woke = false;
+    let marking = true;
+    const key = outcome.outcomeKey(queue, id);
     try {
       for (;;) {
+        // Marked before it is read: a settlement after the mark adds the
+        // entry this wait blocks on, one before it is seen final here. A user
+        // the ACL refuses the mark waits out each slice.
+        if (marking) {
+          const redis = await this._connection();
+          try {
+            await redis.hset(key, outcome.WAITED_FIELD, 1);
+            await redis.pexpire(key, outcome.MAX_KEEP_SECONDS * 1000, 'NX');
+          } catch (e) {
+            if (!String(e && e.message).startsWith('NOPERM')) {
+              throw this._wrap(e, 'HSET');
+            }
+            marking = false;
+          }
+        }
         const seen = await this.status(queue, id);
         if (outcome.isFinal(seen)) {
           return seen;

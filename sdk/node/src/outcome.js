@@ -79,6 +79,9 @@ function isFinal(status) {
 module.exports = {
   KEEP_FIELD: facts.keep_field,
   MAX_KEEP_SECONDS: facts.max_keep_seconds,
+  // The field a waiter sets before it blocks: the end stream gets its entry
+  // only when one did (a stream costs Redis some KB).
+  WAITED_FIELD: facts.waited_field,
   MAX_RESULT_BYTES: facts.max_result_bytes,
   MAX_ANSWER_BYTES: facts.max_answer_bytes,
   MAX_PROGRESS_BYTES: facts.max_progress_bytes,

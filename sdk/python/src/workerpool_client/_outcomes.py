@@ -49,6 +49,20 @@ def max_keep_seconds() -> int:
     return int(facts()["max_keep_seconds"])
 
 
+def waited_field() -> str:
+    """The field a waiter sets in an outcome before it blocks: the job's end
+    stream gets its entry only when one did (a stream costs Redis some KB)."""
+    return str(facts()["waited_field"])
+
+
+def mark_commands(key: str) -> list:
+    """The commands that mark the outcome `key` waited for, in order: the
+    field, and a week's expiry for a hash the mark makes (`NX`: an outcome's
+    own expiry stays)."""
+    return [("HSET", key, waited_field(), 1),
+            ("PEXPIRE", key, max_keep_seconds() * 1000, "NX")]
+
+
 def wait_slice_s() -> float:
     return int(facts()["wait_slice_ms"]) / 1000
 

@@ -160,8 +160,16 @@ class AsyncClient(_Settings):
             check_cluster_queue(queue)
         key, end = _outcomes.outcome_key(queue, id), _outcomes.end_key(queue, id)
         seen_entry = "0-0"
+        marking = True
         with _plan.translated(self._endpoint):
             while True:
+                # As `Client.wait`: marked before it is read.
+                if marking:
+                    try:
+                        for command in _outcomes.mark_commands(key):
+                            await r.execute_command(*command)
+                    except rex.NoPermissionError:
+                        marking = False
                 status = _outcomes.from_fields(id, await r.hgetall(key))
                 if status is not None and status.final:
                     return status
