@@ -31,6 +31,34 @@ pub struct Fetched {
     pub payload: Payload,
     /// How the taking script stamped it.
     pub stamp: Stamp,
+    /// What the taking script wrote of its outcome, when it keeps one.
+    pub start: Start,
+}
+
+/// What a taking script did with the outcome of a job it took (take.lua):
+/// a job that keeps its outcome starts as it is taken, with no round trip
+/// of its own before its handler runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Start {
+    /// Nothing: it keeps no outcome, or only the worker can tell how
+    /// (then it notes the start itself, [`crate::outcome::start`]).
+    #[default]
+    Unnoted,
+    /// Written `running` for this attempt on this worker.
+    Running,
+    /// A cancel was asked for it: it is not to run, and settles
+    /// [`Settlement::Cancelled`].
+    Cancelled,
+}
+
+impl Start {
+    fn from_mark(mark: Option<&u8>) -> Self {
+        match mark {
+            Some(b'R') => Start::Running,
+            Some(b'C') => Start::Cancelled,
+            _ => Start::Unnoted,
+        }
+    }
 }
 
 impl Fetched {
@@ -40,6 +68,7 @@ impl Fetched {
             queue,
             payload,
             stamp: Stamp::Untouched,
+            start: Start::Unnoted,
         }
     }
 }
@@ -63,14 +92,20 @@ pub struct Limits {
     /// `too_large` by the script, whole, and never reach the worker; 0:
     /// no limit.
     pub max_payload_bytes: u64,
+    /// How long to keep the outcome of a job that does not say (the
+    /// worker's `--keep-outcomes`); `None`: only jobs that ask keep theirs.
+    /// A kept job is written `running` as it is taken.
+    pub keep_outcomes: Option<Duration>,
 }
 
 impl From<u32> for Limits {
-    /// The attempt limit alone: no size limit.
+    /// The attempt limit alone: no size limit, no outcomes kept but those
+    /// jobs ask for.
     fn from(max_attempts: u32) -> Self {
         Limits {
             max_attempts,
             max_payload_bytes: 0,
+            keep_outcomes: None,
         }
     }
 }
@@ -151,7 +186,7 @@ pub struct KeptAt {
 
 impl KeptAt {
     fn keep_ms(&self) -> u64 {
-        self.keep.min(MAX_KEEP).as_millis().max(1) as u64
+        keep_ms(Some(self.keep))
     }
 }
 
@@ -180,7 +215,14 @@ fn taking_args(
         .arg(interval)
         .arg(tolerance)
         .arg(limits.max_payload_bytes)
-        .arg(instance);
+        .arg(instance)
+        .arg(keep_ms(limits.keep_outcomes));
+}
+
+/// A keep as the scripts take it: ms, at most [`MAX_KEEP`], at least 1;
+/// 0 for none.
+pub(crate) fn keep_ms(keep: Option<Duration>) -> u64 {
+    keep.map_or(0, |k| k.min(MAX_KEEP).as_millis().max(1) as u64)
 }
 
 /// Payloads longer than this are named to the settle script by their
@@ -237,22 +279,24 @@ impl<'a> Eval<'a> {
 }
 
 /// Reads a taking script's flat reply from `at` on: groups of a queue
-/// index (1-based) and a count, each followed by that many pairs of the
-/// payload as held and its stamp (or, stamp -2, the error of a payload
-/// dead-lettered as too large).
+/// index (1-based), a count and the outcome marks (take.lua: '' or one
+/// letter per job), each followed by that many pairs of the payload as
+/// held and its stamp (or, stamp -2, the error of a payload dead-lettered
+/// as too large).
 fn taken(reply: &mut [redis::Value], mut at: usize) -> RedisResult<(Vec<Fetched>, Vec<TooLarge>)> {
     let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v);
     let mut jobs = Vec::new();
     let mut too_large = Vec::new();
-    while at + 1 < reply.len() {
+    while at + 2 < reply.len() {
         let index = int(&reply[at])?;
         let count = usize::try_from(int(&reply[at + 1])?).unwrap_or(0);
+        let marks: Vec<u8> = redis::from_redis_value_ref(&reply[at + 2])?;
         let pairs = reply
-            .get_mut(at + 2..at + 2 + 2 * count)
+            .get_mut(at + 3..at + 3 + 2 * count)
             .ok_or_else(|| malformed_reply("a group of taken jobs is cut short"))?;
         jobs.reserve(count);
         let queue = usize::try_from(index - 1).unwrap_or(0);
-        for pair in pairs.chunks_exact_mut(2) {
+        for (j, pair) in pairs.chunks_exact_mut(2).enumerate() {
             // The payload's bytes move out of the reply rather than being copied.
             let payload = std::mem::replace(&mut pair[0], redis::Value::Nil);
             let code = int(&pair[1])?;
@@ -268,9 +312,10 @@ fn taken(reply: &mut [redis::Value], mut at: usize) -> RedisResult<(Vec<Fetched>
                 queue,
                 payload: redis::from_redis_value(payload)?,
                 stamp: Stamp::from_reply(code),
+                start: Start::from_mark(marks.get(j)),
             });
         }
-        at += 2 + 2 * count;
+        at += 3 + 2 * count;
     }
     Ok((jobs, too_large))
 }
@@ -399,7 +444,8 @@ pub async fn wait_then_fetch(
         .arg(0)
         .arg(0)
         .arg(limits.max_payload_bytes)
-        .arg(instance);
+        .arg(instance)
+        .arg(keep_ms(limits.keep_outcomes));
     // Three commands, one reply: the script's.
     let mut replies = conn.req_packed_commands(&pipe, 0, 1).await?;
     let reply = replies
@@ -776,14 +822,24 @@ pub struct Back<'a> {
     pub kept: Option<&'a str>,
 }
 
+/// Why jobs go back to the queue, as a kept job's outcome says it
+/// ([`give_back`]): its worker stops.
+pub const STOPPING: &str = "as it stopped";
+
+/// Why jobs go back to the queue: taken and never started (more came than
+/// slots were free, or a reply was lost).
+pub const NOT_STARTED: &str = "before it started them";
+
 /// Puts jobs back at the head of the queue, a kept job's outcome `waiting`
-/// again. The last ends at the very head. Returns how many were still
-/// ours.
+/// again ("given back by its worker `instance` `why`", [`STOPPING`] or
+/// [`NOT_STARTED`]). The last ends at the very head. Returns how many were
+/// still ours.
 pub async fn give_back(
     conn: &mut impl Conn,
     queue: &QueueKeys,
     instance: &str,
     jobs: &[Back<'_>],
+    why: &str,
 ) -> RedisResult<usize> {
     if jobs.is_empty() {
         return Ok(0);
@@ -801,7 +857,7 @@ pub async fn give_back(
     }
     // Payloads go straight into the command (see `Eval`).
     let mut invocation = Eval::new(&scripts::GIVE_BACK, &keys);
-    invocation.arg(instance);
+    invocation.arg(instance).arg(why);
     for (job, at) in jobs.iter().zip(at) {
         invocation.arg(job.held).arg(job.push).arg(at);
     }

@@ -252,9 +252,10 @@ pub async fn wait(
 
 /// Notes that attempt `attempt` of job `id` starts on `worker` (its final
 /// outcome kept `keep`), before its handler runs, so it always comes
-/// before the settlement that ends the attempt; not written atomically
-/// with the taking (a job taken and not yet started still shows its
-/// earlier state). Returns `false`, writing nothing, when a cancel was
+/// before the settlement that ends the attempt. The taking scripts do this
+/// as they take a kept job ([`crate::ops::Start`]); this is for a job they
+/// left to the worker ([`crate::ops::Start::Unnoted`]: a `keep` only the
+/// worker can judge). Returns `false`, writing nothing, when a cancel was
 /// asked for: the job is not to run, and is settled
 /// [`crate::ops::Settlement::Cancelled`].
 pub async fn start(
@@ -270,7 +271,7 @@ pub async fn start(
         .key(queue.outcome_end(id))
         .arg(attempt)
         .arg(worker)
-        .arg(keep.min(MAX_KEEP).as_millis().max(1) as u64)
+        .arg(crate::ops::keep_ms(Some(keep)))
         .invoke_async(conn)
         .await?;
     Ok(started == 1)

@@ -68,12 +68,14 @@ const ENDING: &[&str] = &[
 
 /// The scripts that take jobs read the clock only when they need it
 /// (`now()`, `clock.lua` in place of `now.lua`), and add the intake stamp,
-/// the rate-limit bucket, `take_jobs()` and `release()`.
+/// the rate-limit bucket, the outcome a kept job starts with as it is
+/// taken, `take_jobs()` and `release()`.
 const TAKING: &[&str] = &[
     "guard.lua",
     "clock.lua",
     "stamp.lua",
     "rate.lua",
+    "outcome.lua",
     "take.lua",
     "unique.lua",
 ];
@@ -86,10 +88,10 @@ const SETTLING: &[&str] = &[
     "clock.lua",
     "stamp.lua",
     "rate.lua",
+    "outcome.lua",
     "take.lua",
     "unique.lua",
     "named.lua",
-    "outcome.lua",
 ];
 
 /// The scripts that write a kept job's outcome as they move it add the

@@ -473,7 +473,7 @@ async fn a_kept_job_back_in_the_queue_is_waiting_again_whether_given_back_or_rea
         kept: Some("given"),
     }];
     assert_eq!(
-        ops::give_back(&mut c, &q, WORKER, &back)
+        ops::give_back(&mut c, &q, WORKER, &back, ops::STOPPING)
             .await
             .expect("give back"),
         1
@@ -715,11 +715,12 @@ async fn a_cancel_of_a_taken_job_stops_it_before_it_starts_and_one_that_fails_is
             .await
             .expect("start")
     );
-    // Taken, not started: the cancel finds it in no list and asks.
+    // Taken (written running as it was taken), not yet started: the
+    // cancel finds it in no list and asks.
     assert_eq!(
         outcome::cancel(&mut c, &q, "taken").await.expect("cancel"),
         outcome::Cancel::Requested {
-            state: State::Waiting
+            state: State::Running
         }
     );
     assert_eq!(
@@ -734,7 +735,8 @@ async fn a_cancel_of_a_taken_job_stops_it_before_it_starts_and_one_that_fails_is
         .await
         .expect("asked");
     assert_eq!(asked, vec![true, true, false]);
-    // The worker's start refuses it; it settles cancelled.
+    // The worker's own start (for a job the taking could not judge)
+    // refuses it; it settles cancelled.
     assert!(
         !outcome::start(&mut c, &q, "taken", 1, WORKER, Duration::from_secs(60))
             .await

@@ -23,6 +23,7 @@ fn limits() -> Limits {
     Limits {
         max_attempts: 5,
         max_payload_bytes: LIMIT,
+        keep_outcomes: None,
     }
 }
 

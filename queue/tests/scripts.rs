@@ -707,7 +707,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
                     kept: None,
                 })
                 .collect();
-            format!("{:?}", ops::give_back(c, q, w, &jobs).await)
+            format!("{:?}", ops::give_back(c, q, w, &jobs, ops::STOPPING).await)
         }
         Op::Promote(limit) => format!("{:?}", ops::promote_due(c, q, limit).await),
         Op::Fetch(n) => format!(
@@ -751,6 +751,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
             let limits = ops::Limits {
                 max_attempts: MAX_ATTEMPTS,
                 max_payload_bytes: max,
+                keep_outcomes: None,
             };
             match ops::fetch(c, std::slice::from_ref(q), w, n, limits, None).await {
                 Ok(taken) => too_large_shown(
@@ -777,6 +778,7 @@ async fn run(c: &mut MultiplexedConnection, q: &QueueKeys, op: Op) -> String {
             let limits = ops::Limits {
                 max_attempts: MAX_ATTEMPTS,
                 max_payload_bytes: max,
+                keep_outcomes: None,
             };
             match ops::settle(c, std::slice::from_ref(q), w, &finished, take, limits, None).await {
                 Ok((kept, taken)) => too_large_shown(

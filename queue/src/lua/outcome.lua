@@ -24,6 +24,30 @@ local function outcome_open(hash, ending, state, at, due)
   redis.call('DEL', ending)
 end
 
+-- outcome_run(hash, ending, at, attempt, worker, keep): attempt `attempt`
+-- of a kept job starts on `worker` at `at`, its final outcome to be kept
+-- `keep` ms: written `running` (the progress of an earlier attempt goes),
+-- and 'R' returned; unless a cancellation was asked for (cancel.lua found
+-- the job taken, or it came back to the queue since), when nothing is
+-- written and 'C' is returned: the job is not to run. A hash another
+-- program wrote (not a hash) returns nil, having written nothing: the
+-- worker's own start (start.lua) reports it.
+local function outcome_run(hash, ending, at, attempt, worker, keep)
+  local asked = redis.pcall('HEXISTS', hash, 'cancel_requested')
+  if type(asked) == 'table' then
+    return nil
+  end
+  if asked == 1 or redis.call('HGET', hash, 'state') == 'cancelled' then
+    return 'C'
+  end
+  redis.call('HSET', hash, 'state', 'running', 'updated_at', at, 'attempt', attempt, 'worker', worker,
+    'keep', keep)
+  redis.call('HDEL', hash, 'ended_at', 'next_at', 'progress', 'progress_at')
+  redis.call('PEXPIRE', hash, MAX_KEEP_MS)
+  redis.call('DEL', ending)
+  return 'R'
+end
+
 -- outcome_new(hash, ending, keep, state, at, due): a job just enqueued
 -- that keeps its outcome (final, `keep` ms): whatever an earlier job of
 -- its id left goes, and it starts `state` (waiting, scheduled).

@@ -1,4 +1,4 @@
--- uses: guard.lua, clock.lua, stamp.lua, rate.lua, take.lua, unique.lua, named.lua, outcome.lua
+-- uses: guard.lua, clock.lua, stamp.lua, rate.lua, outcome.lua, take.lua, unique.lua, named.lua
 -- Settles finished jobs (done, retried later, dead-lettered) in one round
 -- trip and takes the next jobs into the slots they free as fetch.lua does,
 -- its jobs stamped by stamp.lua and limited by rate.lua. This is how a
@@ -9,8 +9,9 @@
 -- the job's outcome hash and end stream (`<q>:job:<id>`, `<q>:job:<id>:end`).
 -- ARGV: how many jobs to take, the pool's attempt limit, one 32-digit
 -- hex id per job to take, concatenated, and the rate limit's interval and
--- tolerance in ms, the payload size limit in bytes (0: none) and the
--- worker instance (as for fetch.lua), how many KEYS are the queues' (ten
+-- tolerance in ms, the payload size limit in bytes (0: none), the
+-- worker instance and the outcome keep of jobs that do not say (as for
+-- fetch.lua), how many KEYS are the queues' (ten
 -- per queue), then per settlement a head, the
 -- kind followed by the queue's index (1-based, e.g. `A1`), the payload as
 -- the processing list holds it, and what the kind needs. A head led by `#`
@@ -44,12 +45,13 @@
 -- when a rate limit stopped the taking with jobs left (else 0, -1); how
 -- many settlements found their job gone (a reaper returned it meanwhile)
 -- and the position (1-based) of each; then the jobs taken, grouped as
--- fetch.lua returns them.
+-- fetch.lua returns them (a kept one written running as it is taken).
 local take = tonumber(ARGV[1])
 local max_attempts, ids = tonumber(ARGV[2]), ARGV[3]
 local interval, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_bytes, worker = tonumber(ARGV[6]), ARGV[7]
-local queue_keys = tonumber(ARGV[8])
+local keep_ms = tonumber(ARGV[8]) or 0
+local queue_keys = tonumber(ARGV[9])
 local out = {0, -1, 0}
 local settlement = 0
 -- Counters add up per key and are written once per script, not per job.
@@ -71,7 +73,7 @@ local function args_of(kind)
   return (kind == 65 or kind == 67) and 1 or kind == 85 and 2 or 3
 end
 local KEPT = 7
-local i = 9
+local i = 10
 while i <= #ARGV do
   local head = ARGV[i]
   local kind, base = kinds[head], bases[head]
@@ -163,7 +165,7 @@ local function keep(kind, o, delay)
   end
   outcome_end(hash, ending, state, t, ttl)
 end
-i = 9
+i = 10
 while i <= #ARGV do
   local head, payload = ARGV[i], ARGV[i + 1]
   local kind, base = kinds[head], bases[head]
@@ -233,7 +235,7 @@ for base = 0, queue_keys - 10, 10 do
   local index = base / 10 + 1
   local started, next_in = take_jobs(KEYS[base + 1], KEYS[base + 2], KEYS[base + 10],
     KEYS[base + 6], KEYS[base + 7], index, take, out, taken, max_attempts, ids, interval, tolerance,
-    max_bytes, worker)
+    max_bytes, worker, keep_ms)
   take, taken = take - started, taken + started
   if next_in and (out[2] < 0 or next_in < out[2]) then
     out[1], out[2] = index, next_in

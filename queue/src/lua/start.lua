@@ -9,11 +9,4 @@
 local hash, ending = KEYS[1], KEYS[2]
 expect(hash, 'hash')
 expect(ending, 'stream')
-if redis.call('HEXISTS', hash, 'cancel_requested') == 1
-  or redis.call('HGET', hash, 'state') == 'cancelled' then
-  return 0
-end
-redis.call('HSET', hash, 'attempt', ARGV[1], 'worker', ARGV[2], 'keep', ARGV[3])
-redis.call('HDEL', hash, 'progress', 'progress_at')
-outcome_open(hash, ending, 'running', now)
-return 1
+return outcome_run(hash, ending, now, ARGV[1], ARGV[2], ARGV[3]) == 'C' and 0 or 1

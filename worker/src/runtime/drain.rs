@@ -60,7 +60,8 @@ impl Worker {
                                 kept: id.as_deref(),
                             })
                             .collect();
-                        let n = ops::give_back(&mut c, q, &self.instance, &jobs).await?;
+                        let n =
+                            ops::give_back(&mut c, q, &self.instance, &jobs, ops::STOPPING).await?;
                         ops::deregister(&mut c, q, &self.instance).await?;
                         Ok(n)
                     }

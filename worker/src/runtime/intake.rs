@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
 use workerpool_queue::job::{self, DeadLetter, Intake, Job, SharedText, Stamp, intake};
-use workerpool_queue::ops::{self, Fetched, IntakeAction, Payload};
+use workerpool_queue::ops::{self, Fetched, IntakeAction, Payload, Start};
 
 use super::Worker;
 use super::ledger::InHand;
@@ -24,15 +24,16 @@ impl Worker {
             return;
         }
         let now = self.now_ms();
-        let mut by_queue: Vec<Vec<(Payload, Stamp)>> =
+        let mut by_queue: Vec<Vec<(Payload, Stamp, Start)>> =
             self.queues.iter().map(|_| Vec::new()).collect();
         for Fetched {
             queue: i,
             payload,
             stamp,
+            start,
         } in fetched
         {
-            by_queue[i].push((payload, stamp));
+            by_queue[i].push((payload, stamp, start));
         }
         for (qi, taken) in by_queue.into_iter().enumerate() {
             if taken.is_empty() {
@@ -81,20 +82,24 @@ impl Worker {
             // Slots no job here needed are the next queue's.
             permits.extend(mine);
             if !back.is_empty() {
-                // Taken and never started: their outcomes were not touched.
+                // Taken and never started: a kept one the taking script
+                // wrote running is waiting again.
+                let ids: Vec<Option<String>> =
+                    back.iter().map(|(held, _)| job::id_in(held)).collect();
                 let pairs: Vec<ops::Back<'_>> = back
                     .iter()
+                    .zip(&ids)
                     .rev()
-                    .map(|(held, original)| ops::Back {
+                    .map(|((held, original), id)| ops::Back {
                         held: held.as_slice(),
                         push: original.as_slice(),
-                        kept: None,
+                        kept: id.as_deref(),
                     })
                     .collect();
                 let returned = self
                     .redis
                     .once("give_back", |mut c| async move {
-                        ops::give_back(&mut c, q, &self.instance, &pairs).await
+                        ops::give_back(&mut c, q, &self.instance, &pairs, ops::NOT_STARTED).await
                     })
                     .await;
                 if returned.is_err() {
@@ -143,7 +148,7 @@ impl Worker {
         let in_hand = InHand::start(qi, ready.job, ready.held);
         let entry = self.ledger().enter(in_hand.clone());
         self.tracker
-            .spawn(self.clone().run_job(entry, in_hand, permit));
+            .spawn(self.clone().run_job(entry, in_hand, ready.start, permit));
     }
 }
 
@@ -155,6 +160,8 @@ struct Ready {
     job: Arc<Job>,
     /// Its payload as the processing list holds it (once stamped).
     held: SharedText,
+    /// What the taking script wrote of its outcome.
+    start: Start,
 }
 
 /// What intake does with one queue's fresh payloads.
@@ -210,7 +217,7 @@ fn keep_in_intake(actions: &mut [IntakeAction], default: Option<std::time::Durat
 /// script's stamp) with `free` slots: pure, so the rules are tested
 /// without Redis.
 fn plan(
-    taken: Vec<(Payload, Stamp)>,
+    taken: Vec<(Payload, Stamp, Start)>,
     free: usize,
     now_ms: u64,
     max_attempts: u32,
@@ -218,7 +225,7 @@ fn plan(
 ) -> Plan {
     let mut plan = Plan::default();
     let mut running = 0;
-    for (held, stamp) in taken {
+    for (held, stamp, start) in taken {
         let held = if running < free {
             // The job and the ledger keep the reply's bytes themselves
             // (no copy): a payload can be as large as the size limit.
@@ -228,6 +235,7 @@ fn plan(
                     plan.ready.push(Ready {
                         job: Arc::new(job),
                         held,
+                        start,
                     });
                     continue;
                 }
@@ -268,6 +276,7 @@ fn plan(
                     plan.runs.push(Some(Ready {
                         job: Arc::new(job),
                         held: SharedText::from(stamped.as_str()),
+                        start: Start::Unnoted,
                     }));
                     plan.actions.push(IntakeAction::Run { held, stamped });
                 } else {
@@ -324,6 +333,7 @@ fn stamp_large(
             Ready {
                 job: Arc::new(job),
                 held: text,
+                start: Start::Unnoted,
             },
             IntakeAction::RunNamed { name, added },
         )),
@@ -342,10 +352,10 @@ mod tests {
 
     const NOW: u64 = 1_700_000_000_000;
 
-    fn raws(payloads: &[&[u8]]) -> Vec<(Payload, Stamp)> {
+    fn raws(payloads: &[&[u8]]) -> Vec<(Payload, Stamp, Start)> {
         payloads
             .iter()
-            .map(|p| (p.to_vec(), Stamp::Untouched))
+            .map(|p| (p.to_vec(), Stamp::Untouched, Start::Unnoted))
             .collect()
     }
 
@@ -413,12 +423,13 @@ mod tests {
     }
 
     /// A payload as the fetch script stamps a fresh one.
-    fn fresh(rest: &str) -> (Payload, Stamp) {
+    fn fresh(rest: &str) -> (Payload, Stamp, Start) {
         let add =
             r#""attempt":1,"id":"00112233445566778899aabbccddeeff","enqueued_at":1700000000000,"#;
         (
             format!("{{{add}{rest}").into_bytes(),
             Stamp::Fresh(add.len()),
+            Start::Unnoted,
         )
     }
 
@@ -426,7 +437,10 @@ mod tests {
     fn jobs_the_fetch_script_stamped_start_without_the_intake_script() {
         let counted = br#"{"attempt":3,"id":"a","enqueued_at":1,"task":"t"}"#.to_vec();
         let plan = plan(
-            vec![fresh(r#""task":"t"}"#), (counted.clone(), Stamp::Counted)],
+            vec![
+                fresh(r#""task":"t"}"#),
+                (counted.clone(), Stamp::Counted, Start::Unnoted),
+            ],
             2,
             NOW,
             5,
@@ -451,7 +465,13 @@ mod tests {
         let held = br#"{"attempt":1,"data":{"id":7},"task":"t","enqueued_at":5}"#.to_vec();
         let stamp = Stamp::Fresh(12);
         assert_eq!(job::unstamped(&held, stamp), pushed.to_vec());
-        let plan = plan(vec![(held.clone(), stamp)], 1, NOW, 5, "w~1");
+        let plan = plan(
+            vec![(held.clone(), stamp, Start::Unnoted)],
+            1,
+            NOW,
+            5,
+            "w~1",
+        );
         assert!(
             plan.ready.is_empty(),
             "no top-level id: the stamp does not stand"
@@ -508,18 +528,18 @@ mod tests {
     fn a_stamp_the_worker_does_not_agree_with_goes_through_intake_on_the_pushed_bytes() {
         // A wrong field type and bytes that are not UTF-8: dead-lettered,
         // the letter keeping the payload as pushed, the held one removed.
-        let (held, stamp) = fresh(r#""task":5}"#);
-        let (binary, binary_stamp) = fresh("\"data\":\"\u{0}\"}");
+        let (held, stamp, _) = fresh(r#""task":5}"#);
+        let (binary, binary_stamp, _) = fresh("\"data\":\"\u{0}\"}");
         let mut binary = binary;
         let at = binary.len() - 3;
         binary[at] = 0xff;
         // An escaped field name the text stamp cannot see: the worker stamps it.
-        let (escaped, escaped_stamp) = fresh(r#""\u0061ttempt":2}"#);
+        let (escaped, escaped_stamp, _) = fresh(r#""\u0061ttempt":2}"#);
         let plan = plan(
             vec![
-                (held.clone(), stamp),
-                (binary.clone(), binary_stamp),
-                (escaped.clone(), escaped_stamp),
+                (held.clone(), stamp, Start::Unnoted),
+                (binary.clone(), binary_stamp, Start::Unnoted),
+                (escaped.clone(), escaped_stamp, Start::Unnoted),
             ],
             3,
             NOW,

@@ -209,7 +209,7 @@ impl Worker {
                     kept: id.as_deref(),
                 })
                 .collect();
-            let n = ops::give_back(&mut c, q, &self.instance, &jobs).await?;
+            let n = ops::give_back(&mut c, q, &self.instance, &jobs, ops::NOT_STARTED).await?;
             if n > 0 {
                 tracing::warn!(
                     queue = q.name(),

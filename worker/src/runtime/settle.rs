@@ -11,7 +11,7 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use workerpool_queue::job::{DeadLetter, DeadReason, Job};
-use workerpool_queue::ops::{self, Settlement};
+use workerpool_queue::ops::{self, Settlement, Start};
 use workerpool_queue::text::LINE_CHARS;
 
 use super::ledger::InHand;
@@ -28,15 +28,22 @@ impl Worker {
         self: Arc<Self>,
         entry: u64,
         in_hand: InHand,
+        start: Start,
         permit: OwnedSemaphorePermit,
     ) {
         let (qi, job) = (in_hand.queue, &in_hand.job);
         let keep = self.keep_of(qi, job);
+        // A kept job the taking script wrote running (or found cancelled)
+        // starts at once; one it could not judge is noted here.
         if let Some(keep) = keep
-            // Boxed: only kept jobs wait on it, and in place its state would
-            // make every job's task larger (tokio copies a task's future as it
-            // spawns and finishes it).
-            && !Box::pin(self.note_running(qi, job, keep)).await
+            && match start {
+                Start::Running => false,
+                Start::Cancelled => true,
+                // Boxed: only kept jobs wait on it, and in place its state
+                // would make every job's task larger (tokio copies a task's
+                // future as it spawns and finishes it).
+                Start::Unnoted => !Box::pin(self.note_running(qi, job, keep)).await,
+            }
         {
             // A cancel found it taken and not yet started: it ends
             // cancelled without running.
@@ -435,6 +442,7 @@ impl Worker {
         ops::Limits {
             max_attempts: self.config.max_attempts,
             max_payload_bytes: self.config.max_payload_bytes,
+            keep_outcomes: self.config.keep_outcomes,
         }
     }
 
