@@ -110,7 +110,8 @@ while i <= #ARGV do
   if keeps[head] then
     local at = tonumber(ARGV[i + step])
     expect(KEYS[at], 'hash')
-    expect(KEYS[at + 1], 'stream')
+    -- The end stream needs no check: outcome_end() deletes it before it
+    -- adds to it, and outcome_open() only deletes it.
     if ARGV[i + step + 6] ~= '' then
       expect(KEYS[base + 8], 'hash')
       expect(KEYS[base + 9], 'zset')
@@ -138,33 +139,34 @@ local function keep(kind, o, delay)
   local hash, ending = KEYS[tonumber(ARGV[o])], KEYS[tonumber(ARGV[o]) + 1]
   local ttl, attempt, by, value, note = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3], ARGV[o + 4], ARGV[o + 5]
   local t = now()
-  redis.call('HSET', hash, 'attempt', attempt, 'worker', by, 'keep', ttl)
   if kind == 84 or kind == 82 then -- T, R
-    redis.call('HSET', hash, 'error', value)
+    redis.call('HSET', hash, 'attempt', attempt, 'worker', by, 'keep', ttl, 'error', value)
     outcome_open(hash, ending, 'retrying', t, t + tonumber(delay))
     return
   end
-  local state = 'dead'
+  -- What goes and what is written, in one HDEL and one HSET
+  -- (outcome_end(): the HDEL comes first).
+  local state, set, unset = 'dead', {'attempt', attempt, 'worker', by}, {'result', 'result_error'}
   if kind == 65 or kind == 85 then -- A, U
     state = 'done'
-    redis.call('HDEL', hash, 'error', 'result', 'result_error')
+    unset[3] = 'error'
     if value ~= '' then
-      redis.call('HSET', hash, 'result', value)
+      set[#set + 1], set[#set + 2] = 'result', value
     end
     if note ~= '' then
-      redis.call('HSET', hash, 'result_error', note)
+      set[#set + 1], set[#set + 2] = 'result_error', note
     end
   else -- B, C
     if kind == 67 then
       state = 'cancelled'
     end
-    redis.call('HDEL', hash, 'result', 'result_error')
     if value ~= '' then
-      redis.call('HSET', hash, 'error', value)
+      set[#set + 1], set[#set + 2] = 'error', value
     end
   end
-  outcome_end(hash, ending, state, t, ttl)
+  outcome_end(hash, ending, state, t, ttl, set, unset)
 end
+
 i = 10
 while i <= #ARGV do
   local head, payload = ARGV[i], ARGV[i + 1]

@@ -44,12 +44,32 @@ end
 local out = {}
 for i = 1, #ARGV, SIX do
   local action, held, write = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local ok, entry
+  local at = tonumber(ARGV[i + 4])
+  local kept = at and at > 0 and (action == 'S' or action == 'D')
+  local ok, entry = 0, nil
   if action == 'N' then
     entry = named(processing, held)
-    ok = entry and redis.call('LREM', processing, 1, entry) or 0
-  else
-    ok = redis.call('LREM', processing, 1, held)
+  elseif not kept or redis.call('LPOS', processing, held) then
+    entry = held
+  end
+  -- A kept outcome is written while the job is still held, as the settle
+  -- script does: a user the ACL refuses the write stops the script with
+  -- the job in the processing list, not moved and unsaid.
+  if entry and kept then
+    local hash, ending = KEYS[at], KEYS[at + 1]
+    if action == 'S' then
+      outcome_open(hash, ending, 'scheduled', now, ARGV[i + 3])
+    else
+      local ok_letter, letter = pcall(cjson.decode, write)
+      local set
+      if ok_letter and type(letter) == 'table' and type(letter.error) == 'string' then
+        set = {'error', letter.error}
+      end
+      outcome_end(hash, ending, 'dead', now, ARGV[i + 5], set, {'result', 'result_error'})
+    end
+  end
+  if entry then
+    ok = redis.call('LREM', processing, 1, entry)
   end
   if ok == 1 then
     if action == 'R' then
@@ -62,20 +82,6 @@ for i = 1, #ARGV, SIX do
       redis.call('LPUSH', dead, write)
       redis.call('INCR', dead_total)
       release(KEYS[5], KEYS[6], ARGV[i + 3])
-    end
-    local at = tonumber(ARGV[i + 4])
-    if at and at > 0 and (action == 'S' or action == 'D') then
-      local hash, ending = KEYS[at], KEYS[at + 1]
-      if action == 'S' then
-        outcome_open(hash, ending, 'scheduled', now, ARGV[i + 3])
-      else
-        local ok_letter, letter = pcall(cjson.decode, write)
-        if ok_letter and type(letter) == 'table' and type(letter.error) == 'string' then
-          redis.call('HSET', hash, 'error', letter.error)
-        end
-        redis.call('HDEL', hash, 'result', 'result_error')
-        outcome_end(hash, ending, 'dead', now, ARGV[i + 5])
-      end
     end
   end
   out[#out + 1] = ok

@@ -49,6 +49,17 @@ local function kept_of(held, keep_ms)
     return fields
   end
   local keep = keep_ms
+  -- workerpool's producers write a job's own fields, `keep` among them,
+  -- before the id and enqueued_at it ends with: there, `keep` (whole
+  -- seconds) is the object's own, read without decoding it.
+  local secs, tail_id = match(held, ',"keep":(%d%d?%d?%d?%d?%d?%d?),"id":"([^"\\]+)","enqueued_at":%d+}$')
+  if secs and byte(secs, 1) ~= 48 then
+    local attempt = match(held, '^{"attempt":(%d+),')
+    if not attempt then
+      return nil
+    end
+    return tail_id, attempt, math.min(tonumber(secs) * 1000, MAX_KEEP_MS)
+  end
   if find(held, '"keep"', 1, true) then
     local f = read()
     if not f then

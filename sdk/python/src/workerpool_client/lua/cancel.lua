@@ -42,13 +42,15 @@ local function is_it(payload)
   return ok and type(job) == 'table' and job.id == id
 end
 local CHUNK = 1000
-local found, where
+-- Found first, moved last: the outcome is written before the job leaves
+-- its list, so a user the ACL refuses a write stops the script with the
+-- job where it was, not gone and still shown waiting.
+local found, where, within
 local length = redis.call('LLEN', queue)
 for from = 0, length - 1, CHUNK do
   for _, payload in ipairs(redis.call('LRANGE', queue, from, from + CHUNK - 1)) do
     if is_it(payload) then
-      redis.call('LREM', queue, 1, payload)
-      found, where = payload, 'waiting'
+      found, where, within = payload, 'waiting', queue
       break
     end
   end
@@ -60,8 +62,7 @@ for _, set in ipairs({{scheduled, 'scheduled'}, {retry, 'retrying'}}) do
   for from = 0, size - 1, CHUNK do
     for _, payload in ipairs(redis.call('ZRANGE', set[1], from, from + CHUNK - 1)) do
       if is_it(payload) then
-        redis.call('ZREM', set[1], payload)
-        found, where = payload, set[2]
+        found, where, within = payload, set[2], set[1]
         break
       end
     end
@@ -76,13 +77,16 @@ if not found then
   end
   return {'unknown', ''}
 end
+-- A job that kept no outcome is kept cancelled for `default_keep`.
+outcome_end(hash, ending, 'cancelled', now, not state and default_keep or nil)
+redis.call('HSET', hash, 'cancel_requested', now)
+if within == queue then
+  redis.call('LREM', queue, 1, found)
+else
+  redis.call('ZREM', within, found)
+end
 local job = cjson.decode(found)
 if type(job.unique_key) == 'string' then
   release(unique, expiry, string.len(id) .. ':' .. id .. job.unique_key)
 end
-if not state then
-  redis.call('HSET', hash, 'keep', default_keep)
-end
-redis.call('HSET', hash, 'cancel_requested', now)
-outcome_end(hash, ending, 'cancelled', now)
 return {'removed', where}
