@@ -17,8 +17,8 @@
 //!     errors (the workers' measured spread, else as wide as the mean);
 //!   - completions per job slot in service measured at a smaller size, all busy: the
 //!     count less [`Z`] times its square root (completions are close to Poisson).
-//! - **What the pool does.** While every ready pod's slots are busy and work is still
-//!   queued, completions over a [`MIN_SPAN`] at one size, with at least
+//! - **What the pool does.** While every ready pod's slots are busy, no removed pod
+//!   still drains its jobs, and work is still queued, completions over a [`MIN_SPAN`] at one size, with at least
 //!   [`MIN_COMPLETIONS`], are one sample: the count against the job-slot-seconds in
 //!   service.
 //! - **A deficit.** A sample whose completions, at their upper bound (`c + Z√c`), are
@@ -46,6 +46,10 @@
 use std::collections::BTreeMap;
 
 use super::{Observation, Saturation};
+
+mod levels;
+
+use levels::Level;
 
 /// The least time at one size, all slots busy and work queued, for a sample.
 pub const MIN_SPAN: f64 = 15.0;
@@ -90,44 +94,6 @@ struct Span {
     last: (f64, u64),
 }
 
-/// Job durations read at one level of jobs in flight, pooled.
-#[derive(Clone, Copy, Debug, Default)]
-struct Level {
-    /// Jobs the readings stand for.
-    jobs: f64,
-    /// Their durations, summed (each reading times the jobs it stands for).
-    seconds: f64,
-    /// Their variances, summed the same way, from the workers' spread.
-    variance: f64,
-    /// Jobs of the readings that came with a spread.
-    spread_jobs: f64,
-    /// The jobs in flight, summed the same way.
-    in_flight: f64,
-    at: f64,
-}
-
-impl Level {
-    /// The pooled mean and its upper bound, once it is a reference.
-    fn duration(&self) -> Option<(f64, f64)> {
-        if self.jobs < REFERENCE_JOBS {
-            return None;
-        }
-        let (mean, error) = self.mean();
-        (mean > 0.0).then_some((mean, mean + Z * error))
-    }
-
-    /// The pooled mean and its standard error.
-    fn mean(&self) -> (f64, f64) {
-        let mean = self.seconds / self.jobs.max(f64::MIN_POSITIVE);
-        let sd = if self.spread_jobs > 0.0 {
-            (self.variance / self.spread_jobs).sqrt()
-        } else {
-            mean
-        };
-        (mean, sd / self.jobs.max(1.0).sqrt())
-    }
-}
-
 /// Completions and job-slot-seconds pooled at one size.
 #[derive(Clone, Copy, Debug, Default)]
 struct Size {
@@ -170,17 +136,22 @@ pub struct Knee {
     sizes: BTreeMap<i32, Size>,
     /// The last poll: its completed count and jobs in flight.
     last: Option<(u64, u64)>,
+    /// The last polls' times and completed counts, newest last.
+    recent: std::collections::VecDeque<(f64, u64)>,
     run: Run,
     found: Option<Saturation>,
     /// When the last probe above the knee began.
     probed_at: Option<f64>,
     /// Samples taken.
     samples: u64,
+    /// Jobs one pod runs, as last told.
+    concurrency: i32,
 }
 
 impl Knee {
     /// Folds one tick's observation in; `concurrency` is the jobs one pod runs.
     pub fn observe(&mut self, obs: &Observation, concurrency: i32, now: f64) {
+        self.concurrency = concurrency.max(1);
         if self
             .found
             .is_some_and(|f| now - f.confirmed_at > FORGET_AFTER)
@@ -193,93 +164,16 @@ impl Knee {
         self.measure(obs, concurrency, now);
     }
 
-    /// A knee before any sample: the jobs took longer at [`PERSIST`] − 1 levels of jobs
-    /// in flight above the reference's, each by more than its own error can explain
-    /// (its pooled mean less [`Z`] standard errors, against the reference's upper bound
-    /// over [`SATURATED_EFFICIENCY`]). A pool that grows fast, pods starting at every
-    /// poll, gives no sample at one size until it stops; the durations its jobs took on
-    /// the way up say it sooner. The knee is then the pods that complete, at the
-    /// reference's speed, what the highest such level did (`in flight / duration`).
-    fn stretched(&mut self, concurrency: i32, now: f64) {
-        if self.found.is_some() {
-            return;
-        }
-        let Some((base, (mean, upper))) = self
-            .levels
-            .iter()
-            .find_map(|(level, l)| l.duration().map(|d| (*level, d)))
-        else {
-            return;
-        };
-        let stretched: Vec<&Level> = self
-            .levels
-            .range(base + 1..)
-            .map(|(_, l)| l)
-            .filter(|l| l.jobs >= LEVEL_JOBS)
-            .filter(|l| {
-                let (m, error) = l.mean();
-                SATURATED_EFFICIENCY * (m - Z * error) > upper
-            })
-            .collect();
-        let Some(top) = stretched.last() else {
-            return;
-        };
-        if stretched.len() + 1 < PERSIST as usize {
-            return;
-        }
-        let (seconds, _) = top.mean();
-        let in_flight = top.in_flight / top.jobs;
-        let rate = in_flight / seconds;
-        let per_pod = f64::from(concurrency) / mean;
-        self.found = Some(Saturation {
-            knee: ((rate / per_pod - 0.05).ceil() as i32).max(1),
-            rate,
-            measured_at: (in_flight / f64::from(concurrency)).ceil() as i32,
-            marginal: 0.0,
-            confirmed_at: now,
-        });
-    }
-
-    /// Pools the workers' duration reading at the level of jobs in flight since the
-    /// last poll (the higher of the two polls' counts: a reading put too high is
-    /// never the reference).
-    fn read_duration(&mut self, obs: &Observation, now: f64) {
-        let last = self.last.replace((obs.processed_total, obs.in_flight));
-        let Some((processed, in_flight)) = last else {
-            return;
-        };
-        let Some(seconds) = obs.job_seconds.filter(|s| s.is_finite() && *s > 0.0) else {
-            return;
-        };
-        let done = obs.processed_total.saturating_sub(processed);
-        if done == 0 || obs.processed_total < processed {
-            return;
-        }
-        let jobs = done.min(READING_JOBS) as f64;
-        let in_flight = in_flight.max(obs.in_flight).max(1);
-        let level = in_flight.ilog2();
-        self.levels.retain(|_, l| now - l.at <= FORGET_AFTER);
-        let entry = self.levels.entry(level).or_default();
-        entry.jobs += jobs;
-        entry.seconds += jobs * seconds;
-        entry.in_flight += jobs * in_flight as f64;
-        if let Some(sd) = obs
-            .job_seconds_deviation
-            .filter(|d| d.is_finite() && *d >= 0.0)
-        {
-            entry.variance += jobs * sd * sd;
-            entry.spread_jobs += jobs;
-        }
-        entry.at = now;
-    }
-
     /// Takes a sample when the pool has been busy at one size long enough.
     fn measure(&mut self, obs: &Observation, concurrency: i32, now: f64) {
         let slots = f64::from(obs.ready_replicas.max(0)) * f64::from(concurrency.max(1));
         let busy = obs.ready_replicas > 0
             && obs.ready_replicas == obs.current_replicas
             && obs.backlog > 0
-            && obs.in_flight as f64 >= BUSY * slots;
+            && obs.in_flight as f64 >= BUSY * slots
+            // Jobs beyond the slots are a removed pod's, draining: what the pool
+            // completes then is not what its size does.
+            && obs.in_flight as f64 <= slots;
         let fresh = Span {
             ready: obs.ready_replicas,
             since: now,
@@ -427,26 +321,69 @@ impl Knee {
     /// (one pod at least) while a probe runs; `None` without a knee. A probe starts
     /// when `wanted` (what the engine would ask for without the knee) is above it,
     /// work waits, and the last one is [`PROBE_EVERY`] old.
+    ///
+    /// A knee not yet bounded from below (no size under it seen to complete less: the
+    /// speed it was sized on may have been a saturated one, as when a pool meets its
+    /// first load already past the knee, and no light load measured a job's own
+    /// duration) is probed downward first: three quarters of the knee (one pod less at
+    /// least), while work waits, until a sample is taken there. Past the
+    /// knee, completions stay flat, so the smaller size does as much and the knee
+    /// follows it down; below it, that size measures a pod's own speed.
     pub fn cap(&mut self, wanted: i32, backlog: u64, startup: f64, now: f64) -> Option<i32> {
         let found = self.found?;
         let step = (found.knee / 4).max(1);
+        if backlog > 0
+            && let Some(down) = self.probe_down(&found)
+        {
+            return Some(down);
+        }
         if wanted <= found.knee || backlog == 0 {
             return Some(found.knee);
         }
+        let probe = found.knee + step;
+        let sampled = |at: f64| self.sizes.get(&probe).is_some_and(|s| s.at > at);
         let probing = match self.probed_at {
-            // Long enough for the pods to start and a sample to be taken.
-            Some(at) if now - at < startup + 3.0 * MIN_SPAN => true,
+            // Until a sample is taken there, or long enough for the pods to start and
+            // a sample to be taken.
+            Some(at) if now - at < startup + 3.0 * MIN_SPAN && !sampled(at) => true,
             Some(at) if now - at < PROBE_EVERY => false,
             _ => {
                 self.probed_at = Some(now);
                 true
             }
         };
-        Some(if probing {
-            found.knee + step
-        } else {
-            found.knee
-        })
+        Some(if probing { probe } else { found.knee })
+    }
+}
+
+impl Knee {
+    /// The size to probe below the knee at, while no size under it was seen to
+    /// complete less (so the knee is not yet bounded from below) and that size was not
+    /// measured yet.
+    fn probe_down(&self, found: &Saturation) -> Option<i32> {
+        let knee = found.knee;
+        // A reference duration read with well under the knee's slots in flight was a
+        // pod's own speed: sized on one read past the knee, the knee comes out at
+        // about the jobs that were in flight then.
+        let slots = f64::from(knee) * f64::from(self.concurrency.max(1));
+        let light = self
+            .levels
+            .values()
+            .find(|l| l.duration().is_some())
+            .is_some_and(|l| l.in_flight / l.jobs <= SATURATED_EFFICIENCY * slots);
+        // A size below the knee that completed clearly less than the knee's rate: the
+        // pods above it were of use.
+        let fewer = |s: &Size| {
+            let c = s.completions;
+            c >= MIN_COMPLETIONS as f64
+                && (c + Z * c.sqrt()) / s.seconds < FULL_EFFICIENCY * found.rate
+        };
+        let bounded = light || self.sizes.range(..knee).any(|(_, s)| fewer(s));
+        // A quarter down: past the knee a step down costs nothing (completions stay
+        // flat); the one step that lands below it costs at most a quarter of them
+        // until the pods it removed are back.
+        let down = (knee * 3 / 4).min(knee - 1);
+        (!bounded && down >= 1 && !self.sizes.contains_key(&down)).then_some(down)
     }
 }
 
