@@ -21,6 +21,10 @@
 //!    size, and the scale-down window does not hold the pool above it; the job
 //!    duration and its spread are the workers' own, kept in Redis, so the cap holds
 //!    from the first decision after a restart or an idle spell;
+//!    a pool whose completions stopped rising with its size (a downstream the jobs
+//!    share is saturated: [`Knee`]) is capped at the knee the same way, but for a
+//!    probe above it now and then while work waits, and the decision carries the
+//!    [`Saturation`] measured; a queue with a rate limit has no knee;
 //! 4. the HPA `behavior` (stabilization windows, rate policies, `selectPolicy`) and
 //!    `minReplicas`/`maxReplicas` shape the result, with the HPA's meaning.
 //!
@@ -40,8 +44,8 @@ pub use behavior::{
 };
 pub use engine::{Decision, Engine, MANUAL_REPLICAS, Proposals, Verdict, Workers, decide};
 pub use estimate::{RateEstimator, StartupEstimator};
-pub use knee::{Knee, Saturation};
-pub use reason::{HoldBasis, IdleHold, Limit, RateCap, Reason, Rule};
+pub use knee::Knee;
+pub use reason::{HoldBasis, IdleHold, Limit, RateCap, Reason, Rule, Saturation};
 pub use spec::{DEFAULT_IDLE_SECONDS_BEFORE_ZERO, FallbackSpec, ScalingSpec};
 
 use serde::{Deserialize, Serialize};

@@ -50,6 +50,9 @@ pub enum Limit {
     MinReplicas,
     /// The queue's rate limit: more workers would only wait for it.
     RateLimit,
+    /// The knee: completions stopped rising with the pool's size (something the jobs
+    /// share is saturated), so more workers would only spread the waiting.
+    Saturated,
     /// Waking before any job of the queue was timed: the square root of the computed
     /// size, until the first pods tell how long a job takes.
     UnknownJobDuration,
@@ -155,6 +158,7 @@ impl Limit {
             Limit::MaxReplicas => "MaxReplicas",
             Limit::MinReplicas => "MinReplicas",
             Limit::RateLimit => "RateLimit",
+            Limit::Saturated => "Saturated",
             Limit::UnknownJobDuration => "UnknownJobDuration",
         }
     }
@@ -236,6 +240,9 @@ impl Reason {
             Some(Limit::MaxReplicas) => "capped at maxReplicas",
             Some(Limit::MinReplicas) => "raised to minReplicas",
             Some(Limit::RateLimit) => "capped at the workers the queue's rate limit keeps busy",
+            Some(Limit::Saturated) => {
+                "capped at the knee: completions stopped rising with more pods (something the jobs share is saturated)"
+            }
             Some(Limit::UnknownJobDuration) => {
                 "no job of this queue has been timed yet: starting the square root of the computed size until the first pods tell how long a job takes"
             }
@@ -247,5 +254,44 @@ impl Reason {
 impl std::fmt::Display for Reason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.code(), self.message())
+    }
+}
+
+/// A measured knee, as the pool's status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Saturation {
+    /// Pods past which one more adds little.
+    pub knee: i32,
+    /// Completions a second measured while saturated.
+    pub rate: f64,
+    /// Pods the pool had when it was measured.
+    pub measured_at: i32,
+    /// What each pod above the knee added, as a share of the knee's rate (0.004:
+    /// 0.4 % more per pod added).
+    pub marginal: f64,
+    /// When it was last confirmed (seconds on the engine's clock).
+    pub confirmed_at: f64,
+}
+
+impl Saturation {
+    /// "completions flat at ~180 jobs/s above 12 pods (0.4 % more per pod added)".
+    pub fn message(&self) -> String {
+        format!(
+            "completions flat at ~{} jobs/s above {} pod{} ({:.1} % more per pod added, measured at {} pods)",
+            shown_rate(self.rate),
+            self.knee,
+            if self.knee == 1 { "" } else { "s" },
+            100.0 * self.marginal.max(0.0),
+            self.measured_at
+        )
+    }
+}
+
+fn shown_rate(rate: f64) -> String {
+    if rate >= 10.0 {
+        format!("{rate:.0}")
+    } else {
+        format!("{rate:.2}")
     }
 }

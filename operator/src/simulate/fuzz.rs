@@ -190,13 +190,17 @@ impl Case {
                 format!("{per_minute}/1m").parse::<RateLimit>().ok()
             })
             .flatten();
+        let downstream = downstream(seed, concurrency, rate_limit.is_some());
         let description = format!(
-            "{}: {description}; jobs {}, {} at once per pod, pods ready after {} s{}",
+            "{}: {description}; jobs {}, {} at once per pod, pods ready after {} s{}{}",
             shape.name(),
             describe(job_duration),
             concurrency,
             pod_startup.as_secs(),
             rate_limit.map_or(String::new(), |l| format!(", rate limit {l}")),
+            downstream.capacity.map_or(String::new(), |c| format!(
+                ", a downstream serving {c} jobs at once"
+            )),
         );
         let trace = Trace::new(rows)
             .unwrap_or_else(|_| unreachable!("rows are generated in time order from zero"));
@@ -212,9 +216,29 @@ impl Case {
                 concurrency,
                 seed,
                 rate_limit,
-                downstream: crate::simulate::Downstream::default(),
+                downstream,
             },
         }
+    }
+}
+
+/// A fifth of the cases without a rate limit run their jobs through a downstream they
+/// share (a database's connection pool), which binds at a random pool size: its
+/// capacity is the slots of 1 to 30 pods (log-uniform), so it binds below the peak of
+/// most cases that grow and above that of others. A rate-limited queue gets none: the
+/// engine turns the knee off there (the limit flattens completions the same way), so
+/// such a case would measure nothing of it. Drawn from a generator of its own, so the
+/// rest of a case is what the seed gave before downstreams were drawn.
+fn downstream(seed: u64, concurrency: u32, rate_limited: bool) -> crate::simulate::Downstream {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xd0_5735_ea3d);
+    if !rng.random_bool(0.2) || rate_limited {
+        return crate::simulate::Downstream::default();
+    }
+    let pods = log_uniform(&mut rng, 1.0, 30.0);
+    let capacity = (pods * f64::from(concurrency)).round().max(1.0);
+    crate::simulate::Downstream {
+        capacity: Some(capacity as u32),
+        rate: None,
     }
 }
 
@@ -338,6 +362,13 @@ mod tests {
         assert!(
             (20..100).contains(&limited),
             "{limited} of 200 rate-limited"
+        );
+        let shared = (0..200)
+            .filter(|&s| Case::new(s).config.downstream.is_set())
+            .count();
+        assert!(
+            (20..80).contains(&shared),
+            "{shared} of 200 with a downstream"
         );
         let kinds: std::collections::BTreeSet<&str> = (0..200)
             .map(|s| match Case::new(s).config.job_duration {

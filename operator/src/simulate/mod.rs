@@ -134,6 +134,15 @@ pub struct PolicyReport {
     /// The engine's scale changes, in order (empty for KEDA, whose model gives no reasons).
     #[serde(skip)]
     pub steps: Vec<Step>,
+    /// Polls at which the engine found the pool saturated (a knee measured).
+    #[serde(skip)]
+    pub saturated_polls: u64,
+    /// The knee the engine last reported, if it ever found one.
+    #[serde(skip)]
+    pub knee: Option<i32>,
+    /// The most replicas the policy asked for at once.
+    #[serde(skip)]
+    pub peak_replicas: i32,
 }
 
 #[cfg(test)]
@@ -151,6 +160,9 @@ impl PolicyReport {
             utilization: 0.0,
             jobs: 0,
             steps: Vec::new(),
+            saturated_polls: 0,
+            knee: None,
+            peak_replicas: 0,
         }
     }
 }
@@ -283,6 +295,8 @@ struct World<'a> {
     /// Free job slots as pod indices; entries of pods no longer ready are skipped.
     free_slots: Vec<usize>,
     desired: i32,
+    /// The most replicas asked for at once.
+    peak: i32,
     alive: u64,
     in_flight: u64,
     processed: u64,
@@ -595,6 +609,7 @@ impl World<'_> {
             }
         }
         self.desired = desired;
+        self.peak = self.peak.max(desired);
     }
 }
 
@@ -609,6 +624,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         pods: Vec::new(),
         free_slots: Vec::new(),
         desired: 0,
+        peak: 0,
         alive: 0,
         in_flight: 0,
         processed: 0,
@@ -656,6 +672,7 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
     }
     let end = config.trace.end();
     let mut steps = Vec::new();
+    let (mut saturated_polls, mut knee) = (0, None);
     let mut next_arrival = 0;
     loop {
         let arrival = arrivals.get(next_arrival).copied();
@@ -693,6 +710,10 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
                         let (desired, reason) = match &mut controller {
                             Controller::Engine { engine, spec } => {
                                 let decision = engine.tick(spec, &observation, now);
+                                if let Some(saturation) = decision.saturation {
+                                    saturated_polls += 1;
+                                    knee = Some(saturation.knee);
+                                }
                                 (Some(decision.desired), Some(decision.reason))
                             }
                             Controller::Keda(model) => {
@@ -738,6 +759,9 @@ fn simulate(config: &SimConfig, policy: &Policy, arrivals: &[f64]) -> PolicyRepo
         replica_seconds: world.replica_seconds.round(),
         scale_events: world.scale_events,
         steps,
+        saturated_polls,
+        knee,
+        peak_replicas: world.peak,
         jobs: world.processed,
         utilization: if world.replica_seconds > 0.0 {
             (1000.0 * world.busy / (world.replica_seconds * f64::from(config.concurrency.max(1))))

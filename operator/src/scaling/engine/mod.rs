@@ -11,6 +11,8 @@
 //!    default scale-down window;
 //! 4. [`wake`]: before any job was timed, a pool adds only the pods worth starting;
 //! 5. [`rate_cap`]: no more workers than the queue's rate limit keeps busy;
+//!    [`knee`]: no more than the knee, where completions stopped rising with the size
+//!    (but for a probe above it now and then while work waits);
 //! 6. [`release`]: the idle spell is timed and weighed into the idle hold;
 //! 7. [`wake`]: a pool at zero wakes at `activationBacklog`, straight to its size;
 //! 8. [`release`]: an idle pool goes to zero once its idle hold has passed;
@@ -18,6 +20,7 @@
 //!
 //! [`verdict`] holds what a tick answers, and the one way both actuators ask.
 
+mod knee;
 mod observed;
 mod rate_cap;
 mod release;
@@ -30,7 +33,7 @@ use std::time::Duration;
 
 use crate::scaling::behavior::to_i32;
 use crate::scaling::{
-    Limit, Normalized, Normalizer, Observation, RateEstimator, Reason, Rule, ScalingSpec,
+    Knee, Limit, Normalized, Normalizer, Observation, RateEstimator, Reason, Rule, ScalingSpec,
     StartupEstimator,
 };
 
@@ -58,6 +61,8 @@ pub struct Engine {
     /// timed, its jobs are known to take at least that long.
     ready_since: Option<f64>,
     workers: Workers,
+    /// Where one more pod stops raising completions, once measured.
+    knee: Knee,
 }
 
 impl Engine {
@@ -142,6 +147,7 @@ impl Engine {
             observation.in_flight,
             observation.ready_replicas,
         );
+        self.measure_knee(observation, now_s);
         decision
     }
 
@@ -185,6 +191,7 @@ impl Engine {
             arrival_rate: self.rates.arrival_rate(),
             per_replica_throughput: self.rates.per_replica_throughput(),
             pod_startup_seconds: self.startup.seconds(),
+            saturation: self.saturation(),
         }
     }
 
@@ -203,9 +210,18 @@ impl Engine {
         let busy_at_limit = self.busy_at_limit(obs);
         let cap = self.rate_cap(busy_at_limit, largest);
         let largest = cap.map_or(largest, |cap| cap.workers);
+        let knee = self.knee_ceiling(obs, largest, now);
+        let knee_capped = knee.is_some_and(|knee| largest > knee);
+        let largest = knee.map_or(largest, |knee| largest.min(knee));
+        let ceiling = match (busy_at_limit, knee) {
+            (Some(limit), Some(knee)) => Some(limit.min(knee)),
+            (limit, knee) => limit.or(knee),
+        };
         let answer = Answer {
             proposals,
             cap,
+            knee_capped,
+            saturation: self.saturation(),
             arrival_rate: self.rates.arrival_rate(),
             per_replica_throughput: self.throughput(obs),
             pod_startup_seconds: self.startup.seconds(),
@@ -246,7 +262,8 @@ impl Engine {
 
         let (recommendation, rule, idle_hold) = release::await_idle(largest, rule, min, hold);
         // The scale-down window does not hold the pool above what the rate limit keeps
-        // busy: those workers are known to be idle, not a noisy reading.
+        // busy, nor above the knee: those workers are known to be idle or only to
+        // spread the waiting, not a noisy reading.
         let Normalized { desired, limit } = self.normalizer.normalize_under(
             &behavior,
             now,
@@ -254,7 +271,7 @@ impl Engine {
             recommendation,
             min.max(1),
             max,
-            busy_at_limit,
+            ceiling,
         );
         answer.decision(
             desired,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{Engine, Proposals};
-use crate::scaling::{Limit, Observation, RateCap, Reason, ScalingSpec};
+use crate::scaling::{Limit, Observation, RateCap, Reason, Saturation, ScalingSpec};
 
 /// The engine's answer for one tick.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -31,6 +31,10 @@ pub struct Decision {
     /// Seconds from a scale-up to its pods being ready, once measured (or seeded with
     /// [`Engine::seed_startup`]).
     pub pod_startup_seconds: Option<f64>,
+    /// The knee, while the pool is saturated: completions stopped rising with its size
+    /// (the pods past which one more adds little, the completions a second there, and
+    /// what each pod above it added). What a `Saturated` condition would say.
+    pub saturation: Option<Saturation>,
 }
 
 /// How many workers a pool runs now, and why: the one decision the
@@ -96,6 +100,9 @@ pub fn decide(
 pub(super) struct Answer {
     pub(super) proposals: Proposals,
     pub(super) cap: Option<RateCap>,
+    /// The knee lowered the proposal.
+    pub(super) knee_capped: bool,
+    pub(super) saturation: Option<Saturation>,
     pub(super) arrival_rate: Option<f64>,
     pub(super) per_replica_throughput: Option<f64>,
     pub(super) pod_startup_seconds: Option<f64>,
@@ -117,6 +124,9 @@ impl Answer {
         if reason.limit == Some(Limit::RateLimit) {
             reason.rate_cap = cap;
         }
+        if reason.limit.is_none() && self.knee_capped && desired == recommendation {
+            reason.limit = Some(Limit::Saturated);
+        }
         Decision {
             desired,
             reason,
@@ -125,6 +135,7 @@ impl Answer {
             arrival_rate: self.arrival_rate,
             per_replica_throughput: self.per_replica_throughput,
             pod_startup_seconds: self.pod_startup_seconds,
+            saturation: self.saturation,
         }
     }
 }

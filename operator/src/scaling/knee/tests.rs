@@ -1,0 +1,302 @@
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+/// A pool feeding the knee a poll every 5 s: pods of `concurrency` slots on a
+/// downstream serving `capacity` jobs at once at full speed (processor sharing), jobs
+/// of `d` seconds alone, exponential. Completions are Poisson draws and the workers'
+/// duration reading is the mean of the last few jobs, as noisy as theirs.
+struct Pool {
+    rng: StdRng,
+    knee: Knee,
+    t: f64,
+    done: u64,
+    concurrency: i32,
+    capacity: f64,
+    d: f64,
+    /// Whether the workers report their jobs' durations.
+    readings: bool,
+}
+
+const POLL: f64 = 5.0;
+
+impl Pool {
+    fn new(seed: u64, concurrency: i32, capacity: f64, d: f64) -> Self {
+        Pool {
+            rng: StdRng::seed_from_u64(seed),
+            knee: Knee::default(),
+            t: 0.0,
+            done: 0,
+            concurrency,
+            capacity,
+            d,
+            readings: true,
+        }
+    }
+
+    fn poisson(&mut self, mean: f64) -> u64 {
+        if mean > 30.0 {
+            let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+            let v: f64 = self.rng.random();
+            let normal = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+            return (mean + mean.sqrt() * normal).round().max(0.0) as u64;
+        }
+        let limit = (-mean).exp();
+        let mut product: f64 = self.rng.random();
+        let mut count = 0;
+        while product > limit {
+            product *= self.rng.random::<f64>();
+            count += 1;
+        }
+        count
+    }
+
+    /// The workers' reading: the mean of the last (at most 20) jobs of `mean` seconds.
+    fn reading(&mut self, mean: f64, jobs: u64) -> f64 {
+        let k = jobs.clamp(1, READING_JOBS);
+        let sum: f64 = (0..k)
+            .map(|_| -self.rng.random_range(f64::EPSILON..1.0f64).ln() * mean)
+            .sum();
+        sum / k as f64
+    }
+
+    /// `seconds` of polls with `in_flight` jobs running on `pods` pods, `backlog` waiting.
+    fn poll(&mut self, pods: i32, in_flight: u64, backlog: u64, seconds: f64) {
+        let end = self.t + seconds;
+        while self.t < end {
+            let stretch = (in_flight as f64 / self.capacity).max(1.0);
+            let duration = self.d * stretch;
+            let done = self.poisson(in_flight as f64 / duration * POLL);
+            self.done += done;
+            let reading = self.reading(duration, done);
+            let obs = Observation {
+                backlog,
+                in_flight,
+                processed_total: self.done,
+                current_replicas: pods,
+                ready_replicas: pods,
+                job_seconds: self.readings.then_some(reading),
+                job_seconds_deviation: Some(duration),
+                ..Observation::default()
+            };
+            self.knee.observe(&obs, self.concurrency, self.t);
+            self.t += POLL;
+        }
+    }
+
+    /// `pods` pods, every slot busy and work queued, for `seconds`.
+    fn busy(&mut self, pods: i32, seconds: f64) {
+        let in_flight = (pods * self.concurrency) as u64;
+        self.poll(pods, in_flight, 1000, seconds);
+    }
+
+    /// A light load: a job or two in flight on one pod, nothing waiting, for `seconds`.
+    fn light(&mut self, seconds: f64) {
+        let in_flight = u64::from(self.concurrency.min(2).unsigned_abs());
+        self.poll(1, in_flight, 0, seconds);
+    }
+
+    /// At `pods` until `samples` samples were taken there.
+    fn samples(&mut self, pods: i32, samples: u32) {
+        let until = self.knee.samples + u64::from(samples);
+        // A poll that starts the span at this size, then polls until the samples.
+        self.busy(pods, POLL);
+        while self.knee.samples < until {
+            self.busy(pods, POLL);
+        }
+    }
+
+    fn found(&self) -> Option<i32> {
+        self.knee.saturation().map(|s| s.knee)
+    }
+}
+
+#[test]
+fn a_pool_at_full_speed_finds_no_knee_whatever_the_sizes_it_runs_at() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for seed in 0..300 {
+        let concurrency = rng.random_range(1..=8);
+        let d = 0.05 * 100.0f64.powf(rng.random::<f64>());
+        let mut pool = Pool::new(seed, concurrency, f64::INFINITY, d);
+        // A light spell first (the duration's reference), then sizes up and down.
+        pool.light(rng.random_range(60.0..900.0));
+        for _ in 0..6 {
+            let pods = rng.random_range(1..=60);
+            pool.samples(pods, rng.random_range(1..=6));
+            if rng.random_bool(0.3) {
+                pool.light(rng.random_range(30.0..300.0));
+            }
+        }
+        assert_eq!(
+            pool.knee.saturation(),
+            None,
+            "seed {seed}: {concurrency} slots a pod, {d:.2} s jobs, no downstream"
+        );
+        assert_eq!(pool.knee.cap(60, 1000, 10.0, pool.t), None);
+    }
+}
+
+#[test]
+fn a_shared_downstream_makes_a_knee_at_its_capacity_in_pods_from_a_smaller_size() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for seed in 0..200 {
+        let concurrency = rng.random_range(1..=8);
+        let capacity = f64::from(rng.random_range(1..=60));
+        let d = rng.random_range(0.05..5.0f64);
+        let knee_pods = (capacity / f64::from(concurrency)).ceil() as i32;
+        let mut pool = Pool::new(seed, concurrency, capacity, d);
+        // Below the knee first (one pod below it, or one pod), then well past it.
+        pool.samples((knee_pods - 1).max(1), 3);
+        let big = (knee_pods * 3).max(knee_pods + 3);
+        pool.samples(big, PERSIST + 1);
+        let found = pool.knee.saturation().unwrap_or_else(|| {
+            panic!(
+                "no knee: capacity {capacity}, concurrency {concurrency}, {d:.2} s jobs, {big} pods"
+            )
+        });
+        assert!(
+            (found.knee - knee_pods).abs() <= 1 + knee_pods / 8,
+            "knee {} for capacity {capacity} at concurrency {concurrency}: {knee_pods} expected",
+            found.knee
+        );
+        assert!(
+            found.marginal < 0.1,
+            "flat above the knee: {} per pod",
+            found.marginal
+        );
+    }
+}
+
+#[test]
+fn a_spike_past_the_knee_is_measured_against_the_durations_of_a_light_load() {
+    // No size below the knee was ever busy: the reference is the job duration the
+    // workers measured while a job or two ran.
+    let mut rng = StdRng::seed_from_u64(11);
+    for seed in 0..200 {
+        let concurrency = rng.random_range(1..=8);
+        let capacity = f64::from(rng.random_range(2..=60));
+        let d = rng.random_range(0.05..3.0f64);
+        let knee_pods = (capacity / f64::from(concurrency)).ceil() as i32;
+        let mut pool = Pool::new(seed, concurrency, capacity, d);
+        // Enough light load for the reference's jobs.
+        pool.light((REFERENCE_JOBS * 1.5 * d).max(120.0));
+        let big = (knee_pods * 3).max(knee_pods + 3);
+        pool.samples(big, PERSIST + 1);
+        let found = pool.found().unwrap_or_else(|| {
+            panic!(
+                "no knee: capacity {capacity}, concurrency {concurrency}, {d:.2} s jobs, {big} pods"
+            )
+        });
+        assert!(
+            (found - knee_pods).abs() <= 1 + knee_pods / 5,
+            "knee {found} for capacity {capacity} at concurrency {concurrency}: {knee_pods} expected"
+        );
+    }
+}
+
+#[test]
+fn one_deficit_is_not_a_knee() {
+    // Completions alone: the workers report no durations.
+    let mut pool = Pool::new(1, 1, 5.0, 1.0);
+    pool.readings = false;
+    pool.samples(2, 12);
+    pool.samples(20, PERSIST - 1);
+    assert_eq!(pool.found(), None);
+    pool.samples(20, 1);
+    assert!(
+        pool.found().is_some_and(|k| (5..=6).contains(&k)),
+        "{:?}",
+        pool.found()
+    );
+}
+
+#[test]
+fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_recovers() {
+    let mut pool = Pool::new(5, 1, 5.0, 1.0);
+    pool.samples(2, 12);
+    pool.samples(20, PERSIST + 1);
+    assert_eq!(pool.found(), Some(5));
+    let t = pool.t;
+    // Wanted above it with work waiting: a probe one pod above (a quarter of 5).
+    assert_eq!(pool.knee.cap(20, 100, 10.0, t), Some(6));
+    // The probe lasts a start-up and three spans, then the knee holds.
+    assert_eq!(pool.knee.cap(20, 100, 10.0, t + 50.0), Some(6));
+    assert_eq!(pool.knee.cap(20, 100, 10.0, t + 60.0), Some(5));
+    // Nothing waiting, or not wanted: the knee, no probe.
+    assert_eq!(pool.knee.cap(20, 0, 10.0, t + 400.0), Some(5));
+    assert_eq!(pool.knee.cap(4, 100, 10.0, t + 400.0), Some(5));
+    // The downstream now serves 12: the probe's 6 pods run at full speed, and the
+    // knee rises to them.
+    pool.capacity = 12.0;
+    pool.t += 400.0;
+    pool.samples(5, 12);
+    assert_eq!(pool.knee.cap(20, 100, 10.0, pool.t), Some(6));
+    pool.samples(6, 2);
+    assert_eq!(pool.found(), Some(6));
+    // Saturated again, at a lower capacity: measured where it is, once the deficits
+    // have moved the rate to it.
+    pool.capacity = 3.0;
+    pool.samples(6, 8);
+    assert_eq!(pool.found(), Some(3));
+}
+
+#[test]
+fn a_pool_that_is_not_all_busy_or_has_nothing_queued_is_not_measured() {
+    let mut pool = Pool::new(2, 1, 4.0, 1.0);
+    pool.poll(20, 20, 0, 600.0);
+    pool.poll(20, 10, 100, 600.0);
+    assert!(pool.knee.sizes.is_empty());
+    assert_eq!(pool.found(), None);
+}
+
+#[test]
+fn a_knee_nobody_confirms_for_an_hour_is_forgotten() {
+    let mut pool = Pool::new(4, 1, 4.0, 1.0);
+    pool.samples(1, 2);
+    pool.samples(12, PERSIST + 1);
+    assert!(pool.knee.saturation().is_some());
+    let t = pool.t + FORGET_AFTER + 120.0;
+    pool.knee.observe(&Observation::default(), 1, t);
+    assert_eq!(pool.knee.saturation(), None);
+}
+
+#[test]
+fn the_message_says_the_rate_the_knee_and_the_gain_per_pod() {
+    let s = Saturation {
+        knee: 12,
+        rate: 180.4,
+        measured_at: 30,
+        marginal: 0.004,
+        confirmed_at: 0.0,
+    };
+    assert_eq!(
+        s.message(),
+        "completions flat at ~180 jobs/s above 12 pods (0.4 % more per pod added, measured at 30 pods)"
+    );
+}
+
+#[test]
+fn a_knee_first_measured_past_it_is_probed_down_until_a_size_below_it_runs_at_full_speed() {
+    // The pool met its load cold, already past a downstream of 5: its first size (12
+    // pods) was saturated, so the knee measured against it is too high.
+    let mut pool = Pool::new(9, 1, 5.0, 1.0);
+    pool.samples(12, 3);
+    pool.samples(40, PERSIST + 1);
+    let first = pool.found().expect("a knee");
+    assert!(first >= 10, "{first}: sized on the saturated 12 pods");
+    let mut probed = Vec::new();
+    while let Some(cap) = pool.knee.cap(30, 1000, 10.0, pool.t) {
+        let knee = pool.found().expect("a knee");
+        if cap >= knee {
+            break;
+        }
+        assert!(probed.len() < 10, "probed {probed:?}");
+        probed.push(cap);
+        pool.samples(cap, 3);
+    }
+    assert_eq!(pool.found(), Some(5), "probed {probed:?}");
+    assert!(probed.windows(2).all(|w| w[1] < w[0]), "{probed:?}");
+    // Bounded from below now: the knee, and a probe above it only when one is due.
+    assert_eq!(pool.knee.cap(3, 1000, 10.0, pool.t), Some(5));
+}
