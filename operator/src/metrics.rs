@@ -47,6 +47,12 @@ pub struct Metrics {
     /// 1 while the pool's object does not read as a WorkerPool, so that it
     /// is skipped; no series for a pool that reads.
     pub unreadable: IntGaugeVec,
+    /// 1 while the engine holds the pool at its knee.
+    pub saturated: IntGaugeVec,
+    /// The knee's workers, while saturated.
+    pub knee_replicas: IntGaugeVec,
+    /// Completions a second at the knee, while saturated.
+    pub knee_rate: GaugeVec,
 }
 
 /// A pool's replica counts as one reconcile saw and decided them.
@@ -80,6 +86,9 @@ pub const CATALOGUE: &[Metric] = &[
     QUEUE_SAFE,
     EVICTED_KEYS,
     UNREADABLE,
+    SATURATED,
+    KNEE_REPLICAS,
+    KNEE_RATE,
 ];
 
 /// The operator's part of `docs/metrics.md`.
@@ -159,6 +168,27 @@ const MAX: Metric = Metric {
     name: "workerpool_pool_max_replicas",
     kind: Kind::Gauge,
     help: "The most workers a scaled pool may run (spec.scaling.maxReplicas)",
+    labels: &[NAMESPACE, POOL],
+};
+
+const SATURATED: Metric = Metric {
+    name: "workerpool_pool_saturated",
+    kind: Kind::Gauge,
+    help: "1 while the scaling engine holds a pool at its knee: more workers stopped raising its completions",
+    labels: &[NAMESPACE, POOL],
+};
+
+const KNEE_REPLICAS: Metric = Metric {
+    name: "workerpool_pool_knee_replicas",
+    kind: Kind::Gauge,
+    help: "Workers past which one more stopped raising a saturated pool's completions (absent unless saturated)",
+    labels: &[NAMESPACE, POOL],
+};
+
+const KNEE_RATE: Metric = Metric {
+    name: "workerpool_pool_knee_completions_per_second",
+    kind: Kind::Gauge,
+    help: "Jobs a second a saturated pool completes at its knee (absent unless saturated)",
     labels: &[NAMESPACE, POOL],
 };
 
@@ -264,6 +294,9 @@ impl Metrics {
             queue_safe: QUEUE_SAFE.int_gauge_vec(),
             evicted_keys: EVICTED_KEYS.int_gauge_vec(),
             unreadable: UNREADABLE.int_gauge_vec(),
+            saturated: SATURATED.int_gauge_vec(),
+            knee_replicas: KNEE_REPLICAS.int_gauge_vec(),
+            knee_rate: KNEE_RATE.gauge_vec(),
         };
         for c in m.collectors() {
             m.registry.register(c).expect("metric names are unique");
@@ -291,6 +324,9 @@ impl Metrics {
             Box::new(self.queue_safe.clone()),
             Box::new(self.evicted_keys.clone()),
             Box::new(self.unreadable.clone()),
+            Box::new(self.saturated.clone()),
+            Box::new(self.knee_replicas.clone()),
+            Box::new(self.knee_rate.clone()),
         ]
     }
 
@@ -381,6 +417,32 @@ impl Metrics {
             .inc();
     }
 
+    /// Whether the engine holds a pool at its knee, and the knee: 0 and no
+    /// knee series when it does not.
+    pub fn observe_saturation(
+        &self,
+        namespace: &str,
+        pool: &str,
+        saturation: Option<&crate::scaling::Saturation>,
+    ) {
+        let labels = [namespace, pool];
+        self.saturated
+            .with_label_values(&labels)
+            .set(i64::from(saturation.is_some()));
+        match saturation {
+            Some(s) => {
+                self.knee_replicas
+                    .with_label_values(&labels)
+                    .set(i64::from(s.knee));
+                self.knee_rate.with_label_values(&labels).set(s.rate);
+            }
+            None => {
+                let _ = self.knee_replicas.remove_label_values(&labels);
+                let _ = self.knee_rate.remove_label_values(&labels);
+            }
+        }
+    }
+
     /// Records that a pool reads (again): its `unreadable` series goes.
     pub fn readable(&self, namespace: &str, pool: &str) {
         let _ = self.unreadable.remove_label_values(&[namespace, pool]);
@@ -401,6 +463,8 @@ impl Metrics {
             &self.evicted_keys,
             &self.protected_pods,
             &self.unreadable,
+            &self.saturated,
+            &self.knee_replicas,
         ] {
             let _ = gauge.remove_label_values(&labels);
         }
@@ -410,6 +474,7 @@ impl Metrics {
                 .remove_label_values(&[namespace, pool, change]);
         }
         let _ = self.oldest_job_age.remove_label_values(&labels);
+        let _ = self.knee_rate.remove_label_values(&labels);
         for direction in ["up", "down"] {
             let _ = self
                 .scale_events
@@ -522,6 +587,39 @@ mod tests {
         ] {
             assert!(has(&m, line), "no {line} in\n{}", m.render());
         }
+    }
+
+    #[test]
+    fn a_saturated_pool_shows_its_knee_and_a_pool_that_is_not_shows_none() {
+        let m = Metrics::new();
+        let knee = crate::scaling::Saturation {
+            knee: 12,
+            rate: 180.5,
+            measured_at: 16,
+            marginal: 0.004,
+            confirmed_at: 0.0,
+        };
+        m.observe_saturation("jobs", "mail", Some(&knee));
+        for line in [
+            r#"workerpool_pool_saturated{namespace="jobs",pool="mail"} 1"#,
+            r#"workerpool_pool_knee_replicas{namespace="jobs",pool="mail"} 12"#,
+            r#"workerpool_pool_knee_completions_per_second{namespace="jobs",pool="mail"} 180.5"#,
+        ] {
+            assert!(has(&m, line), "no {line} in\n{}", m.render());
+        }
+        m.observe_saturation("jobs", "mail", None);
+        assert!(has(
+            &m,
+            r#"workerpool_pool_saturated{namespace="jobs",pool="mail"} 0"#
+        ));
+        assert!(
+            !m.render().contains("workerpool_pool_knee_"),
+            "{}",
+            m.render()
+        );
+        m.observe_saturation("jobs", "mail", Some(&knee));
+        m.forget_pool("jobs", "mail");
+        assert!(!m.render().contains("pool=\"mail\""), "{}", m.render());
     }
 
     #[test]

@@ -1102,9 +1102,10 @@ fn clusters_without_crd_validation_rules_are_refused() {
 }
 
 /// Every alert the chart's PrometheusRule defines.
-const ALERTS: [&str; 10] = [
+const ALERTS: [&str; 11] = [
     "WorkerPoolBacklogTooOld",
     "WorkerPoolAtMaxReplicas",
+    "WorkerPoolSaturated",
     "WorkerPoolQueueUnreachable",
     "WorkerPoolRedisMayEvictJobs",
     "WorkerPoolRedisEvictedKeys",

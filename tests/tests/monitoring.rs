@@ -107,7 +107,7 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
     let checked = run(Command::new(&promtool)
         .args(["check", "rules", "rules.yaml"])
         .current_dir(dir.path()));
-    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
     let tested = run(Command::new(&promtool)
         .args(["test", "rules", "alerts_test.yaml"])
         .current_dir(dir.path()));
@@ -444,6 +444,17 @@ fn gathered() -> Vec<prometheus::proto::MetricFamily> {
         &workerpool_queue::memory::Memory::parse("maxmemory_policy:noeviction\nevicted_keys:0\n"),
     );
     operator.observe_scale("ns", "pool", 0, 1);
+    operator.observe_saturation(
+        "ns",
+        "pool",
+        Some(&workerpool_operator::scaling::Saturation {
+            knee: 12,
+            rate: 180.0,
+            measured_at: 16,
+            marginal: 0.004,
+            confirmed_at: 0.0,
+        }),
+    );
     operator
         .unreadable
         .with_label_values(&["ns", "unreadable-pool"])

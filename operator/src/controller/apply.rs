@@ -45,6 +45,8 @@ pub(super) async fn apply(
                 .map(|s| s.max_replicas.max(s.min_replicas)),
         },
     );
+    ctx.metrics
+        .observe_saturation(&ns, &name, plan.saturation.as_ref());
     if plan.mark_idle
         && let Ok(snap) = &observed.reading
     {

@@ -40,6 +40,8 @@ pub(super) struct Plan {
     pub(super) scale: Option<(i32, i32)>,
     /// Why the pool has its size, for the log of a scale.
     pub(super) scale_note: String,
+    /// The knee the engine holds the pool at, while it does.
+    pub(super) saturation: Option<crate::scaling::Saturation>,
     /// Events to record: type, reason, note.
     pub(super) events: Vec<(EventType, String, String)>,
     /// The workload problem to remember as announced (None: forget it).
@@ -195,6 +197,25 @@ pub(super) fn plan(
     {
         events.push((EventType::Warning, p.reason.clone(), p.message.clone()));
     }
+    // One event as a pool reaches its knee and one as it leaves it.
+    let was_saturated =
+        condition_of(pool, super::status::SATURATED).is_some_and(|c| c.status == "True");
+    match verdict.decision.as_ref().and_then(|d| d.saturation.as_ref()) {
+        Some(s) if !was_saturated => events.push((
+            EventType::Warning,
+            super::status::SATURATED.to_string(),
+            format!(
+                "{}: held at the knee instead of adding workers that would only spread the waiting",
+                s.message()
+            ),
+        )),
+        None if was_saturated && verdict.decision.is_some() => events.push((
+            EventType::Normal,
+            "SaturationEnded".to_string(),
+            "no knee holds the pool any more: its completions rise with its size again, or its load needs fewer workers".to_string(),
+        )),
+        _ => {}
+    }
     if let Some(f) = &observed.failing
         && condition_of(pool, "JobsFailing").is_none_or(|c| c.status != "True")
     {
@@ -309,6 +330,7 @@ pub(super) fn plan(
         budget,
         scale,
         scale_note: verdict.message(),
+        saturation: verdict.decision.as_ref().and_then(|d| d.saturation),
         events,
         announced: problem.map(|p| p.reason),
         status,

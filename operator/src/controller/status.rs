@@ -200,6 +200,7 @@ pub(super) fn status(
                 d.reason.limit.map_or("WithinLimits", |l| l.code()),
                 d.reason.message(),
             ));
+            conditions.push(saturated(d, &condition));
         }
         None => conditions.push(condition(
             "ScalingActive",
@@ -363,3 +364,31 @@ pub(super) fn transitions(
     }
     changes
 }
+
+/// The `Saturated` condition: whether the engine measured a knee (more pods
+/// stopped raising the pool's completions) and holds the pool at it.
+fn saturated(
+    d: &crate::scaling::Decision,
+    condition: &impl Fn(&str, bool, &str, String) -> Condition,
+) -> Condition {
+    match &d.saturation {
+        Some(s) => condition(
+            SATURATED,
+            true,
+            "AtKnee",
+            format!(
+                "{}; more workers would only spread the waiting",
+                s.message()
+            ),
+        ),
+        None => condition(
+            SATURATED,
+            false,
+            "NoKnee",
+            "completions rise with the pool's size (no knee measured)".to_string(),
+        ),
+    }
+}
+
+/// The condition that says a pool is held at its knee.
+pub(super) const SATURATED: &str = "Saturated";

@@ -2329,3 +2329,108 @@ async fn a_list_that_does_not_read_is_logged_without_the_passwords_in_it() {
     assert!(!log.contains("s3cret"), "{log}");
     api.done().await;
 }
+
+/// The engine's verdict for a scaled pool of `desired` pods, held at a knee
+/// of `knee` pods when one is given.
+fn saturated_verdict(desired: i32, knee: Option<i32>) -> Verdict {
+    use crate::scaling::{Decision, Limit, Reason, Rule, Saturation};
+    Verdict {
+        desired,
+        decision: Some(Decision {
+            desired,
+            reason: Reason {
+                rule: Rule::BacklogTarget,
+                limit: knee.map(|_| Limit::Saturated),
+                consecutive_failures: 0,
+                rate_cap: None,
+                idle_hold: None,
+            },
+            recommendation: desired,
+            proposals: Default::default(),
+            arrival_rate: None,
+            per_replica_throughput: None,
+            pod_startup_seconds: None,
+            saturation: knee.map(|knee| Saturation {
+                knee,
+                rate: 180.0,
+                measured_at: knee + 4,
+                marginal: 0.004,
+                confirmed_at: 0.0,
+            }),
+        }),
+    }
+}
+
+#[test]
+fn a_pool_held_at_its_knee_says_saturated_once_and_says_when_it_is_no_longer() {
+    let mut p = pool(fixed("redis://r", 1));
+    let seen = observed(Some(existing_deployment(12, 12)), true);
+    let plan = plan_for(&p, &seen, &saturated_verdict(12, Some(12)), None).expect("plan");
+    let saturated = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Saturated")
+        .expect("a Saturated condition");
+    assert_eq!(
+        (saturated.status.as_str(), saturated.reason.as_str()),
+        ("True", "AtKnee")
+    );
+    assert!(
+        saturated
+            .message
+            .starts_with("completions flat at ~180 jobs/s above 12 pods (0.4 % more per pod added"),
+        "{}",
+        saturated.message
+    );
+    let reasons = |plan: &Plan| -> Vec<String> {
+        plan.events
+            .iter()
+            .map(|(_, reason, _)| reason.clone())
+            .collect()
+    };
+    assert!(
+        reasons(&plan).contains(&"Saturated".to_string()),
+        "{:?}",
+        plan.events
+    );
+    assert_eq!(plan.saturation.map(|s| s.knee), Some(12));
+    // Still at the knee on the next look: no second event.
+    p.status = Some(plan.status.clone());
+    let again = plan_for(&p, &seen, &saturated_verdict(12, Some(12)), None).expect("plan");
+    assert!(
+        !reasons(&again).contains(&"Saturated".to_string()),
+        "{:?}",
+        again.events
+    );
+    // No knee any more: the condition turns and one event says so.
+    p.status = Some(again.status.clone());
+    let free = plan_for(&p, &seen, &saturated_verdict(14, None), None).expect("plan");
+    let condition = free
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Saturated")
+        .expect("a Saturated condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "NoKnee")
+    );
+    assert!(
+        reasons(&free).contains(&"SaturationEnded".to_string()),
+        "{:?}",
+        free.events
+    );
+    assert_eq!(free.saturation, None);
+    // A pool of fixed size has no Saturated condition and no event.
+    p.status = Some(again.status);
+    let fixed = plan_for(&p, &seen, &manual(3), None).expect("plan");
+    assert!(
+        fixed
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "Saturated")
+    );
+    assert!(!reasons(&fixed).contains(&"SaturationEnded".to_string()));
+}
