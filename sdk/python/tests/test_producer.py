@@ -9,6 +9,7 @@ import socket
 import subprocess
 import uuid
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -223,11 +224,18 @@ def test_data_round_trips(redis_server, r, queue, payload):
     assert json.loads(r.lrange(queue, 0, -1)[0])["data"] == payload
 
 
+def documented_acl(user: str) -> list[str]:
+    """The `ACL SETUSER` line docs/redis-acl.md gives for `user` (the queue `jobs`)."""
+    page = Path(__file__).resolve().parents[3] / "docs" / "redis-acl.md"
+    for line in page.read_text().splitlines():
+        if line.startswith(f"ACL SETUSER {user} "):
+            return line.split()
+    raise AssertionError(f"docs/redis-acl.md gives no line for {user}")
+
+
 def test_the_documented_acl_of_an_enqueueing_user_is_enough(redis_server, r):
     # docs/redis-acl.md, `workerpool enqueue`'s user, for the queue `jobs`.
-    r.execute_command(*"ACL SETUSER workerpool-cli-enqueue on >secret resetkeys ~jobs ~jobs:* "
-                       "resetchannels -@all +evalsha +script|load +time +type +get +lpush +zadd "
-                       "+hset +hdel +zrangebyscore +zrem +zscore +info".split())
+    r.execute_command(*documented_acl("workerpool-cli-enqueue"))
     r.delete("jobs", "jobs:scheduled", "jobs:unique", "jobs:unique:expiry")
     r.script_flush()
     url = f"redis://workerpool-cli-enqueue:secret@127.0.0.1:{redis_server.port}"
@@ -237,10 +245,13 @@ def test_the_documented_acl_of_an_enqueueing_user_is_enough(redis_server, r):
             assert client.enqueue("jobs", "t", delay=5)
             assert client.enqueue("jobs", "t", unique_key="k")
             assert client.enqueue_many("jobs", [Job("t", unique_key="k"), Job("t")])[0] is None
-        assert r.llen("jobs") == 3 and r.zcard("jobs:scheduled") == 1
+            kept = client.enqueue("jobs", "t", keep=60)
+        assert r.llen("jobs") == 4 and r.zcard("jobs:scheduled") == 1
+        assert r.hget(f"jobs:job:{kept}", "state") == b"waiting"
     finally:
         r.execute_command("ACL", "DELUSER", "workerpool-cli-enqueue")
         r.delete("jobs", "jobs:scheduled", "jobs:unique", "jobs:unique:expiry")
+        r.delete(*r.keys("jobs:job:*") or ["jobs:job:none"])
 
 
 def test_threads_share_one_client(redis_server, r, queue):
