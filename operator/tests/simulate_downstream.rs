@@ -19,9 +19,10 @@
 //!   past the knee, which they then probe down to), the median within twice;
 //! - how many KEDA runs stay below `maxReplicas` is reported.
 //!
-//! Without a downstream (the fuzz cases, which draw one in a fifth of their cases), the
-//! engine never finds a knee: its decisions, and so the fuzz verdicts and the traces'
-//! figures, are what they were without one.
+//! Without a downstream (the fuzz cases, which draw one in a fifth of their cases, and
+//! two shipped traces with long or widely spread jobs), the engine never finds a knee:
+//! its decisions, and so the fuzz verdicts and the traces' figures, are what they were
+//! without one.
 //!
 //! The simulation runs in virtual time: the figures are the same on every machine.
 
@@ -285,4 +286,45 @@ fn without_a_downstream_the_engine_never_finds_a_knee_on_random_traffic() {
     }
     assert!(runs > 250, "{runs} cases without a downstream");
     assert!(fired.is_empty(), "{}", fired.join("\n"));
+}
+
+#[test]
+fn without_a_downstream_the_engine_finds_no_knee_on_the_shipped_traces_with_long_or_spread_jobs() {
+    // Jobs longer and more spread than the fuzz cases draw: a spike's slots fill at
+    // once and finish late, and a draining pool keeps its longest jobs, both of which
+    // once read as saturation.
+    let traces = [
+        ("spikes", include_str!("../traces/spikes.csv")),
+        ("burst", include_str!("../traces/burst.csv")),
+    ];
+    let workers = [
+        (
+            4,
+            DurationDist::LogNormal {
+                median: 2.0,
+                sigma: 0.8,
+            },
+        ),
+        (8, DurationDist::Exp(30.0)),
+    ];
+    for (name, csv) in traces {
+        for (concurrency, job) in workers {
+            let config = SimConfig {
+                trace: Trace::parse_csv(csv).expect("shipped traces parse"),
+                policies: vec![Policy::Engine(Box::default())],
+                pod_startup: Duration::from_secs(15),
+                job_duration: job,
+                concurrency,
+                seed: 1,
+                rate_limit: None,
+                downstream: Downstream::default(),
+            };
+            let report = &simulate::run_each(&config)[0];
+            assert_eq!(
+                report.saturated_polls, 0,
+                "{name}, {concurrency} a pod, {job:?}: knee {:?}",
+                report.knee
+            );
+        }
+    }
 }

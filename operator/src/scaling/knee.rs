@@ -134,8 +134,8 @@ pub struct Knee {
     levels: BTreeMap<u32, Level>,
     /// Samples by size.
     sizes: BTreeMap<i32, Size>,
-    /// The last poll: its completed count and jobs in flight.
-    last: Option<(u64, u64)>,
+    /// The last poll: its completed count, jobs in flight and backlog.
+    last: Option<(u64, u64, u64)>,
     /// The last polls' times and completed counts, newest last.
     recent: std::collections::VecDeque<(f64, u64)>,
     run: Run,
@@ -146,6 +146,8 @@ pub struct Knee {
     samples: u64,
     /// Jobs one pod runs, as last told.
     concurrency: i32,
+    /// The ready count, and since when it has been that.
+    steady: Option<(i32, f64)>,
 }
 
 impl Knee {
@@ -167,7 +169,22 @@ impl Knee {
     /// Takes a sample when the pool has been busy at one size long enough.
     fn measure(&mut self, obs: &Observation, concurrency: i32, now: f64) {
         let slots = f64::from(obs.ready_replicas.max(0)) * f64::from(concurrency.max(1));
-        let busy = obs.ready_replicas > 0
+        if self
+            .steady
+            .is_none_or(|(ready, _)| ready != obs.ready_replicas)
+        {
+            self.steady = Some((obs.ready_replicas, now));
+        }
+        // Slots that filled at once complete their first jobs only a job's time later:
+        // a span starts a job duration after the ready count last changed, and lasts
+        // two at least.
+        let job = obs
+            .job_seconds
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(0.0);
+        let settled = self.steady.is_some_and(|(_, since)| now - since >= job);
+        let busy = settled
+            && obs.ready_replicas > 0
             && obs.ready_replicas == obs.current_replicas
             && obs.backlog > 0
             && obs.in_flight as f64 >= BUSY * slots
@@ -198,7 +215,7 @@ impl Knee {
         self.span = Some(span);
         let done = obs.processed_total - span.processed;
         let elapsed = now - span.since;
-        if elapsed < MIN_SPAN || done < MIN_COMPLETIONS {
+        if elapsed < MIN_SPAN.max(2.0 * job) || done < MIN_COMPLETIONS {
             return;
         }
         self.span = Some(fresh);
@@ -232,6 +249,39 @@ impl Knee {
             .flatten()
             .filter(|(_, lower)| *lower > 0.0)
             .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// What a job slot completes a second at full speed, to size the knee on: the two
+    /// estimates of [`Knee::reference`] (the durations, the best size), each weighted
+    /// by its precision when they agree within their errors, so that one unlucky
+    /// estimate does not size the knee alone; when they do not, one was read
+    /// saturated, and the larger lower bound is kept.
+    fn speed(&self) -> Option<f64> {
+        let by_duration = self
+            .levels
+            .values()
+            .find_map(Level::duration)
+            .map(|(mean, upper)| (1.0 / mean, 1.0 / upper));
+        let by_completions = self
+            .sizes
+            .values()
+            .filter(|s| s.deficits == 0 && s.completions >= MIN_COMPLETIONS as f64)
+            .filter_map(Size::per_slot)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let error = |(mean, lower): (f64, f64)| ((mean - lower) / Z).max(mean * 1e-3);
+        match (by_duration, by_completions) {
+            (Some(a), Some(b)) if a.0 > 0.0 && b.0 > 0.0 => {
+                let (ea, eb) = (error(a), error(b));
+                if (a.0 - b.0).abs() <= Z * ea.hypot(eb) {
+                    let (wa, wb) = (1.0 / (ea * ea), 1.0 / (eb * eb));
+                    Some((a.0 * wa + b.0 * wb) / (wa + wb))
+                } else {
+                    // They disagree: one was read saturated. The larger lower bound.
+                    Some(if a.1 >= b.1 { a.0 } else { b.0 })
+                }
+            }
+            (a, b) => a.or(b).map(|(mean, _)| mean).filter(|m| *m > 0.0),
+        }
     }
 
     /// One sample: `done` jobs completed in `seconds` at `pods`, with `slot_seconds`
@@ -302,9 +352,9 @@ impl Knee {
         } else if !deficit && pods <= found.knee {
             found.confirmed_at = now;
         }
-        // The knee in pods at the best speed known: samples at the knee, busy at full
-        // speed, soon say it best.
-        let (speed, _) = self.reference(i32::MAX).unwrap_or((speed, lower));
+        // The knee in pods at the speed known best: samples at the knee, busy at full
+        // speed, soon say it.
+        let speed = self.speed().unwrap_or(speed);
         let per_pod = speed * f64::from(concurrency);
         // Within 5 % of a whole pod counts as that pod: the rates are measured.
         found.knee = ((found.rate / per_pod - 0.05).ceil() as i32).max(1);
@@ -370,7 +420,7 @@ impl Knee {
             .levels
             .values()
             .find(|l| l.duration().is_some())
-            .is_some_and(|l| l.in_flight / l.jobs <= SATURATED_EFFICIENCY * slots);
+            .is_some_and(|l| l.all.in_flight / l.all.jobs <= SATURATED_EFFICIENCY * slots);
         // A size below the knee that completed clearly less than the knee's rate: the
         // pods above it were of use.
         let fewer = |s: &Size| {

@@ -8,9 +8,21 @@ use super::{
 };
 use crate::scaling::{Observation, Saturation};
 
-/// Job durations read at one level of jobs in flight, pooled.
+/// Job durations read at one level of jobs in flight, pooled: every reading (what a
+/// job takes at that level, for the reference), and the readings taken while work
+/// waited and the jobs in flight did not fall (for the stretch). As a pool drains, the
+/// jobs still running are the long ones, and the readings then say more about which
+/// jobs were left than about how fast they ran.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Level {
+    pub(super) all: Pool,
+    busy: Pool,
+    at: f64,
+}
+
+/// Readings pooled.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Pool {
     /// Jobs the readings stand for.
     pub(super) jobs: f64,
     /// Their durations, summed (each reading times the jobs it stands for).
@@ -21,19 +33,20 @@ pub(super) struct Level {
     spread_jobs: f64,
     /// The jobs in flight, summed the same way.
     pub(super) in_flight: f64,
-    at: f64,
 }
 
 impl Level {
-    /// The pooled mean and its upper bound, once it is a reference.
+    /// The pooled mean of every reading and its upper bound, once it is a reference.
     pub(super) fn duration(&self) -> Option<(f64, f64)> {
-        if self.jobs < REFERENCE_JOBS {
+        if self.all.jobs < REFERENCE_JOBS {
             return None;
         }
-        let (mean, error) = self.mean();
+        let (mean, error) = self.all.mean();
         (mean > 0.0).then_some((mean, mean + Z * error))
     }
+}
 
+impl Pool {
     /// The pooled mean and its standard error.
     pub(super) fn mean(&self) -> (f64, f64) {
         let mean = self.seconds / self.jobs.max(f64::MIN_POSITIVE);
@@ -43,6 +56,16 @@ impl Level {
             mean
         };
         (mean, sd / self.jobs.max(1.0).sqrt())
+    }
+
+    fn add(&mut self, jobs: f64, seconds: f64, in_flight: f64, sd: Option<f64>) {
+        self.jobs += jobs;
+        self.seconds += jobs * seconds;
+        self.in_flight += jobs * in_flight;
+        if let Some(sd) = sd {
+            self.variance += jobs * sd * sd;
+            self.spread_jobs += jobs;
+        }
     }
 }
 
@@ -59,17 +82,17 @@ impl Knee {
             return;
         }
         let Some((base, (mean, upper))) = self.levels.iter().find_map(|(level, l)| {
-            let (mean, error) = l.mean();
-            (l.jobs >= LEVEL_JOBS && mean > 0.0).then_some((*level, (mean, mean + Z * error)))
+            let (mean, error) = l.all.mean();
+            (l.all.jobs >= LEVEL_JOBS && mean > 0.0).then_some((*level, (mean, mean + Z * error)))
         }) else {
             return;
         };
         // Each level stretched counts once, twice when stretched past twice the bound:
         // evidence that strong is worth two levels.
-        let stretched: Vec<(&Level, usize)> = self
+        let stretched: Vec<(&Pool, usize)> = self
             .levels
             .range(base + 1..)
-            .map(|(_, l)| l)
+            .map(|(_, l)| &l.busy)
             .filter(|l| l.jobs >= LEVEL_JOBS)
             .filter_map(|l| {
                 let (m, error) = l.mean();
@@ -118,8 +141,10 @@ impl Knee {
         while self.recent.len() > 2 && self.recent[1].0 <= now - MIN_SPAN {
             self.recent.pop_front();
         }
-        let last = self.last.replace((obs.processed_total, obs.in_flight));
-        let Some((processed, in_flight)) = last else {
+        let last = self
+            .last
+            .replace((obs.processed_total, obs.in_flight, obs.backlog));
+        let Some((processed, in_flight, backlog)) = last else {
             return;
         };
         let Some(seconds) = obs.job_seconds.filter(|s| s.is_finite() && *s > 0.0) else {
@@ -130,19 +155,17 @@ impl Knee {
             return;
         }
         let jobs = done.min(READING_JOBS) as f64;
+        let busy = backlog > 0 && obs.backlog > 0 && obs.in_flight >= in_flight;
         let in_flight = in_flight.max(obs.in_flight).max(1);
         let level = in_flight.ilog2();
         self.levels.retain(|_, l| now - l.at <= FORGET_AFTER);
         let entry = self.levels.entry(level).or_default();
-        entry.jobs += jobs;
-        entry.seconds += jobs * seconds;
-        entry.in_flight += jobs * in_flight as f64;
-        if let Some(sd) = obs
+        let sd = obs
             .job_seconds_deviation
-            .filter(|d| d.is_finite() && *d >= 0.0)
-        {
-            entry.variance += jobs * sd * sd;
-            entry.spread_jobs += jobs;
+            .filter(|d| d.is_finite() && *d >= 0.0);
+        entry.all.add(jobs, seconds, in_flight as f64, sd);
+        if busy {
+            entry.busy.add(jobs, seconds, in_flight as f64, sd);
         }
         entry.at = now;
     }
