@@ -400,6 +400,13 @@ fn the_lua_limit_of_an_outcomes_life_is_the_crates() {
         )),
         "outcome.lua's MAX_KEEP_MS differs from ops::MAX_KEEP"
     );
+    assert!(
+        lua.contains(&format!(
+            "local MAX_KEEP_TEXT = '{}'\n",
+            ops::MAX_KEEP.as_millis()
+        )),
+        "outcome.lua's MAX_KEEP_TEXT differs from ops::MAX_KEEP"
+    );
 }
 
 #[tokio::test]

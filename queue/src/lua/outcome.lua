@@ -23,7 +23,7 @@ local function ms(n)
   end
   return t
 end
-local MAX_KEEP_TEXT = ms(MAX_KEEP_MS)
+local MAX_KEEP_TEXT = '604800000'
 
 -- outcome_open(hash, ending, state, at, due): writes a state that is not
 -- final (waiting, scheduled, running, retrying) at `at`, next due at

@@ -60,7 +60,7 @@ local function kept_of(held, keep_ms)
     end
     return tail_id, attempt, math.min(tonumber(secs) * 1000, MAX_KEEP_MS)
   end
-  if find(held, '"keep"', 1, true) then
+  if find(held, 'keep"', 1, true) then
     local f = read()
     if not f then
       return nil
@@ -155,7 +155,9 @@ local function take_jobs(waiting, processing, bucket, dead, dead_total, index, w
         local held, how = stamp(v, max_attempts, ids, taken + j - 1)
         popped[j - refused] = held
         out[at], out[at + 1] = held, how
-        if how ~= 0 and (keep_ms > 0 or find(held, '"keep"', 1, true)) then
+        -- `keep"`, not `"keep"`: a quote is the commonest byte of JSON,
+        -- and each one the search meets costs it a comparison (stamp.lua).
+        if how ~= 0 and (keep_ms > 0 or find(held, 'keep"', 1, true)) then
           marks = marks or {}
           marks[j] = held
         end
