@@ -229,22 +229,30 @@ impl Knee {
         );
     }
 
+    /// A slot's speed from the durations at the lowest level of jobs in flight that
+    /// has enough of them: `(mean, lower bound)` in jobs a second.
+    fn by_duration(&self) -> Option<(f64, f64)> {
+        self.levels
+            .values()
+            .find_map(Level::duration)
+            .map(|(mean, upper)| (1.0 / mean, 1.0 / upper))
+    }
+
+    /// A slot's speed from the best size within `pods` that completed enough and
+    /// showed no deficit: `(mean, lower bound)` in jobs a second.
+    fn by_completions(&self, pods: impl std::ops::RangeBounds<i32>) -> Option<(f64, f64)> {
+        self.sizes
+            .range(pods)
+            .filter(|(_, s)| s.deficits == 0 && s.completions >= MIN_COMPLETIONS as f64)
+            .filter_map(|(_, s)| s.per_slot())
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
     /// What a job slot completes a second at full speed, from sizes below `pods` that
     /// showed no deficit (or at the lowest level of jobs in flight): the larger lower
     /// bound of the two estimates, with the estimate that gave it.
     fn reference(&self, pods: i32) -> Option<(f64, f64)> {
-        let by_duration = self
-            .levels
-            .values()
-            .find_map(Level::duration)
-            .map(|(mean, upper)| (1.0 / mean, 1.0 / upper));
-        let by_completions = self
-            .sizes
-            .range(..pods)
-            .filter(|(_, s)| s.deficits == 0 && s.completions >= MIN_COMPLETIONS as f64)
-            .filter_map(|(_, s)| s.per_slot())
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        [by_duration, by_completions]
+        [self.by_duration(), self.by_completions(..pods)]
             .into_iter()
             .flatten()
             .filter(|(_, lower)| *lower > 0.0)
@@ -257,17 +265,7 @@ impl Knee {
     /// estimate does not size the knee alone; when they do not, one was read
     /// saturated, and the larger lower bound is kept.
     fn speed(&self) -> Option<f64> {
-        let by_duration = self
-            .levels
-            .values()
-            .find_map(Level::duration)
-            .map(|(mean, upper)| (1.0 / mean, 1.0 / upper));
-        let by_completions = self
-            .sizes
-            .values()
-            .filter(|s| s.deficits == 0 && s.completions >= MIN_COMPLETIONS as f64)
-            .filter_map(Size::per_slot)
-            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let (by_duration, by_completions) = (self.by_duration(), self.by_completions(..));
         let error = |(mean, lower): (f64, f64)| ((mean - lower) / Z).max(mean * 1e-3);
         match (by_duration, by_completions) {
             (Some(a), Some(b)) if a.0 > 0.0 && b.0 > 0.0 => {
