@@ -16,6 +16,7 @@ mod cluster;
 mod disruption;
 mod otel;
 mod python;
+mod saturation;
 mod scenarios;
 mod security;
 mod tls;
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
         .chain(python::ALL)
         .chain(disruption::ALL)
         .chain(otel::ALL)
+        .chain(saturation::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();

@@ -1337,10 +1337,10 @@ impl<'a> Redis<'a> {
 const DONE_KEY: &str = "e2e:done";
 
 /// The exec handler the test pools run (python3 from the worker image's
-/// base): it sleeps `data.ms`, records the job and the worker on Redis with
-/// a few lines of RESP, and answers ok.
+/// base): it sleeps `data.ms` (or calls the URL `data.call`), records the job
+/// and the worker on Redis with a few lines of RESP, and answers ok.
 const HANDLER: &str = r#"
-import json, os, socket, sys, threading, time
+import json, os, socket, sys, threading, time, urllib.request
 def command(*args):
     out = b"*%d\r\n" % len(args)
     for a in args:
@@ -1355,7 +1355,11 @@ me = os.environ.get("WORKERPOOL_WORKER_ID", "?")
 share = int(os.environ.get("WORKERPOOL_JOBS_PER_CHILD", "1"))
 lock = threading.Lock()
 def run(job):
-    time.sleep(job.get("data", {}).get("ms", 0) / 1000)
+    data = job.get("data", {})
+    if "call" in data:
+        urllib.request.urlopen(data["call"], timeout=60).read()
+    else:
+        time.sleep(data.get("ms", 0) / 1000)
     with lock:
         redis.sendall(command("RPUSH", "e2e:done", job["id"] + " " + me))
         replies.readline()

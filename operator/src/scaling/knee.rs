@@ -33,7 +33,12 @@
 //!   it (samples at the knee, busy at full speed, soon say it best); samples at or
 //!   below the knee confirm it. Every [`PROBE_EVERY`] while work waits and more pods
 //!   are wanted, the engine may go a quarter above it (one pod at least); a sample there
-//!   at full speed raises the knee to it. A knee nothing has confirmed for
+//!   at full speed, or clearly above `X` (the marginal gain, counted as `X` was:
+//!   durations miss a slot's time between jobs, completions do not), and not a
+//!   deficit, raises the knee to it, and the next probe follows at once (a
+//!   downstream that had room for a quarter more may have room for more: the pool
+//!   climbs a quarter a step while each step pays, and a step that does not pay
+//!   waits [`PROBE_EVERY`] again). A knee nothing has confirmed for
 //!   [`FORGET_AFTER`] is forgotten.
 //!
 //! This is TCP Vegas's comparison of expected and actual throughput (Brakmo and
@@ -341,9 +346,18 @@ impl Knee {
         let Some(mut found) = self.found else {
             return;
         };
-        if !deficit && pods > found.knee && full {
-            // A probe's pods were all of use: the downstream has room again.
+        // Or, counted as the knee's rate was: past a knee completions stay flat, so a
+        // probe that completed clearly more (its count's lower bound above the rate)
+        // found room. This needs no speed a slot, which its durations overstate when
+        // a slot loses time between jobs (taking and settling them), enough to keep
+        // a probe from reading full speed though all its pods were of use.
+        let gained = pods > found.knee && (done - Z * done.sqrt()) / seconds > found.rate;
+        if !deficit && pods > found.knee && (full || gained) {
+            // A probe's pods were all of use: the downstream has room again, and
+            // may have more; the next probe is due at once rather than in
+            // PROBE_EVERY, so a pool climbs a quarter at a time while each step pays.
             found.knee = pods;
+            self.probed_at = None;
             found.rate = rate;
             found.measured_at = pods;
             found.confirmed_at = now;

@@ -17,6 +17,9 @@ struct Pool {
     d: f64,
     /// Whether the workers report their jobs' durations.
     readings: bool,
+    /// Seconds a slot spends between jobs (taking, settling), which no duration
+    /// reading includes.
+    gap: f64,
 }
 
 const POLL: f64 = 5.0;
@@ -32,6 +35,7 @@ impl Pool {
             capacity,
             d,
             readings: true,
+            gap: 0.0,
         }
     }
 
@@ -67,7 +71,7 @@ impl Pool {
         while self.t < end {
             let stretch = (in_flight as f64 / self.capacity).max(1.0);
             let duration = self.d * stretch;
-            let done = self.poisson(in_flight as f64 / duration * POLL);
+            let done = self.poisson(in_flight as f64 / (duration + self.gap) * POLL);
             self.done += done;
             let reading = self.reading(duration, done);
             let obs = Observation {
@@ -241,6 +245,28 @@ fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_r
         "{:?} after a probe at {probe}",
         pool.found()
     );
+    // A probe that paid is followed by the next at once, not in PROBE_EVERY: the pool
+    // climbs while each step pays, to the new capacity.
+    let mut climbed = vec![probe];
+    while let Some(next) = pool.knee.cap(20, 100, 10.0, pool.t)
+        && next > pool.found().unwrap_or(0)
+        && climbed.len() < 10
+    {
+        climbed.push(next);
+        pool.samples(next, 2);
+    }
+    let risen = pool.found().expect("a knee");
+    assert!(
+        (12..=14).contains(&risen),
+        "{risen} after probes at {climbed:?}"
+    );
+    assert!(
+        pool.t - t < 400.0 + 600.0,
+        "{climbed:?} took {} s",
+        pool.t - t
+    );
+    // The probe above the new capacity did not pay: the next waits PROBE_EVERY.
+    assert_eq!(pool.knee.cap(20, 100, 10.0, pool.t + 60.0), Some(risen));
     // Saturated again, at a lower capacity: measured where it is, once the deficits
     // have moved the rate to it.
     pool.capacity = 3.0;
@@ -249,6 +275,48 @@ fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_r
         pool.found().is_some_and(|k| (3..=4).contains(&k)),
         "{:?}",
         pool.found()
+    );
+}
+
+#[test]
+fn a_probe_whose_completions_rose_over_the_knees_paid_though_slots_lose_time_between_jobs() {
+    // Each slot spends 12 % of a job's time between jobs: its completions never
+    // reach 90 % of what its durations say, so full speed is out of reach.
+    // Jobs of 0.25 s: a sample counts a few hundred, so a pod's gain shows.
+    let mut pool = Pool::new(8, 1, 4.0, 0.25);
+    pool.gap = 0.03;
+    pool.samples(2, 12);
+    pool.samples(12, PERSIST + 1);
+    let knee = pool.found().expect("a knee");
+    assert!((3..=5).contains(&knee), "{knee}");
+    // The downstream now serves 12 at once: the probe completes about a quarter
+    // more than the knee did, which is what its pod adds.
+    pool.capacity = 12.0;
+    let mut climbed = Vec::new();
+    while let Some(next) = pool.knee.cap(20, 100, 10.0, pool.t)
+        && next > pool.found().unwrap_or(0)
+        && climbed.len() < 12
+    {
+        climbed.push(next);
+        pool.samples(next, 2);
+    }
+    let risen = pool.found().expect("a knee");
+    assert!(risen >= 10, "{risen} after probes at {climbed:?}");
+    // With the downstream unchanged, a probe adds nothing and does not pay.
+    let mut flat = Pool::new(9, 1, 4.0, 0.25);
+    flat.gap = 0.03;
+    flat.samples(2, 12);
+    flat.samples(12, PERSIST + 1);
+    let knee = flat.found().expect("a knee");
+    for _ in 0..20 {
+        let probe = flat.knee.cap(20, 100, 10.0, flat.t).expect("a cap");
+        flat.samples(probe, 2);
+        flat.t += PROBE_EVERY;
+    }
+    assert!(
+        flat.found().is_some_and(|k| k <= knee + 1),
+        "{:?} from {knee}",
+        flat.found()
     );
 }
 
