@@ -113,6 +113,8 @@ struct InHand {
     dead: bool,
     /// Whether it has answered a job.
     answered: bool,
+    /// Whether it has named a job in an answer or a progress line.
+    named: bool,
     killed: Option<Killed>,
 }
 
@@ -128,9 +130,35 @@ struct Proc {
     /// A child whose share is one said it reads cancel lines
     /// (`{"accepts": ["cancel"]}`); every other child reads them anyway.
     accepts_cancel: std::sync::atomic::AtomicBool,
+    /// It was found to speak the one-job protocol though its share is more.
+    one_job: AtomicBool,
 }
 
 impl Proc {
+    /// Whether it speaks the one-job protocol: one job line, one answer, in
+    /// turn, no cancel lines unless it said it reads them.
+    fn one_job(&self) -> bool {
+        self.share == 1 || self.one_job.load(Ordering::Relaxed)
+    }
+
+    /// Jobs it is given at once.
+    fn capacity(&self) -> usize {
+        if self.one_job() { 1 } else { self.share }
+    }
+
+    /// The job an answer or progress line that names none is for, from a child
+    /// of the one-job protocol: its oldest, since such a child takes its jobs in
+    /// the order it was given them and answers each before reading the next.
+    fn oldest(&self, held: &InHand) -> Option<String> {
+        if !self.one_job() || held.named {
+            return None;
+        }
+        held.jobs
+            .iter()
+            .min_by_key(|(_, e)| e.seq)
+            .map(|(id, _)| id.clone())
+    }
+
     fn in_hand(&self) -> MutexGuard<'_, InHand> {
         // A panic while holding this lock cannot leave the map inconsistent.
         self.in_hand.lock().unwrap_or_else(|e| e.into_inner())
@@ -170,6 +198,10 @@ struct Inner {
     cancel_grace: Duration,
     /// Where the jobs' progress goes, once the worker says.
     reports: OnceLock<Arc<dyn Reports>>,
+    /// A child answered without naming its job, never having named one: the
+    /// program speaks the one-job protocol, so every child, the ones started
+    /// later too, is given one job at a time.
+    one_job_program: AtomicBool,
 }
 
 /// The pool: `children` processes sharing the slots.
@@ -240,6 +272,7 @@ impl ExecMux {
             closing: AtomicBool::new(false),
             cancel_grace,
             reports: OnceLock::new(),
+            one_job_program: AtomicBool::new(false),
         });
         let mut procs = Vec::new();
         for share in shares(slots, children) {
@@ -325,6 +358,7 @@ impl Inner {
             lines,
             in_hand: Mutex::new(InHand::default()),
             accepts_cancel: std::sync::atomic::AtomicBool::new(false),
+            one_job: AtomicBool::new(self.one_job_program.load(Ordering::Relaxed)),
         });
         tokio::spawn(write_lines(stdin, to_write, Arc::downgrade(&proc)));
         tokio::spawn(read_answers(
@@ -386,10 +420,10 @@ impl Inner {
         let mut best: Option<(usize, &Arc<Proc>)> = None;
         for proc in procs.iter() {
             let held = proc.in_hand();
-            if held.dead || held.jobs.len() >= proc.share || held.jobs.contains_key(id) {
+            if held.dead || held.jobs.len() >= proc.capacity() || held.jobs.contains_key(id) {
                 continue;
             }
-            let free = proc.share - held.jobs.len();
+            let free = proc.capacity() - held.jobs.len();
             if best.is_none_or(|(most, _)| free > most) {
                 best = Some((free, proc));
             }
@@ -440,7 +474,7 @@ impl Inner {
             if held.dead {
                 return;
             }
-            if proc.share == 1 {
+            if proc.one_job() {
                 // The one-job protocol has no cancel line: the child is
                 // killed and replaced, as a pool of such children does.
                 held.killed = Some(Killed::TimedOut);
@@ -494,7 +528,7 @@ impl Inner {
         for proc in procs {
             // The one-job protocol knows no cancel line, unless the child
             // said it reads them.
-            if proc.share == 1
+            if proc.one_job()
                 && !proc
                     .accepts_cancel
                     .load(std::sync::atomic::Ordering::Relaxed)
@@ -527,13 +561,18 @@ impl Inner {
     /// job the child does not hold) and dropped.
     fn progress(&self, proc: &Proc, line: &[u8], progress: ProgressLine) {
         let mut held = proc.in_hand();
-        let id = match progress.id {
-            Some(serde_json::Value::String(id)) => id,
-            // The one-job protocol: the progress is the one job's.
-            None if proc.share == 1 && held.jobs.len() == 1 => {
-                held.jobs.keys().next().cloned().unwrap_or_default()
+        let named = match progress.id {
+            Some(serde_json::Value::String(id)) => {
+                held.named = true;
+                Some(id)
             }
-            _ => {
+            // The one-job protocol: the progress is the oldest job's.
+            None => proc.oldest(&held),
+            _ => None,
+        };
+        let id = match named {
+            Some(id) => id,
+            None => {
                 let holds = held.jobs.len();
                 drop(held);
                 tracing::warn!(
@@ -599,12 +638,19 @@ impl Inner {
             }
         };
         let mut held = proc.in_hand();
-        let id = match id {
+        // Said once the child's lock is let go: the pool's lock comes first.
+        let mut revealed = None;
+        if id.is_some() {
+            held.named = true;
+        } else if proc.share > 1
+            && !held.named
+            && !held.jobs.is_empty()
+            && !proc.one_job.swap(true, Ordering::Relaxed)
+        {
+            revealed = Some(held.jobs.len());
+        }
+        let id = match id.or_else(|| proc.oldest(&held)) {
             Some(id) => id,
-            // The one-job protocol: the answer is the one job's.
-            None if proc.share == 1 && held.jobs.len() == 1 => {
-                held.jobs.keys().next().cloned().unwrap_or_default()
-            }
             None => {
                 let holds = held.jobs.len();
                 drop(held);
@@ -629,6 +675,9 @@ impl Inner {
         };
         held.answered = true;
         drop(held);
+        if let Some(holds) = revealed {
+            self.found_one_job_program(proc, holds);
+        }
         self.rule.answered();
         match entry.waiter {
             Some(waiter) => {
@@ -641,6 +690,27 @@ impl Inner {
             ),
         }
         self.freed.notify_waiters();
+    }
+
+    /// A child with a share above one answered without naming its job, never
+    /// having named one: a program of the one-job protocol (a plain loop that
+    /// reads a job and answers it) run under `--children` below
+    /// `--concurrency`. It answers the jobs it was given in turn, so each such
+    /// answer is its oldest job's, and from now on every child of the pool is
+    /// given one job at a time. Said once, loudly: the pool runs a job a child.
+    fn found_one_job_program(&self, proc: &Proc, holds: usize) {
+        for other in self.procs().iter() {
+            other.one_job.store(true, Ordering::Relaxed);
+        }
+        if !self.one_job_program.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                program = %self.command.program,
+                pid = %proc.pid(),
+                "handler child answers without naming its job (\"id\") and has named none: it speaks the one-job protocol though it was given {share} jobs at once (WORKERPOOL_JOBS_PER_CHILD); its answers go to its jobs in the order it was given them ({holds} in hand), and every child gets one job at a time from now on, so this pool runs {children} jobs at once, not its concurrency. Name each answer's job to run several in a child, or set --children (spec.worker.children) to the concurrency",
+                share = proc.share,
+                children = self.procs().len(),
+            );
+        }
     }
 
     /// A child's stdout ended: every job it held gets its outcome, and the
@@ -1207,6 +1277,55 @@ for line in sys.stdin:
         .await
         .expect("every job answered");
         assert!(outcomes.iter().all(|o| *o == Outcome::Done), "{outcomes:?}");
+    }
+
+    #[tokio::test]
+    async fn a_one_job_program_under_fewer_children_gets_each_answer_to_its_job_and_a_job_at_a_time()
+     {
+        // A plain loop of the one-job protocol (no ids), given 4 jobs at once by
+        // a share of 4: its answers, in the order it read the jobs, go to its
+        // oldest job each, and from its first answer on it holds one job at a
+        // time.
+        let script = r#"
+import json, sys, time
+for line in sys.stdin:
+    job = json.loads(line)
+    time.sleep(job["data"]["ms"] / 1000)
+    print(json.dumps({"ok": True, "result": {"n": job["data"]["n"]}}), flush=True)
+"#;
+        let pool = ExecMux::start(
+            ExecCommand {
+                program: "python3".into(),
+                args: vec!["-c".into(), script.into()],
+            },
+            4,
+            1,
+            IntCounter::new("r", "r").expect("counter"),
+        )
+        .expect("start");
+        // Durations out of order, so that answers in any other order than the
+        // jobs' would give some job another's result.
+        const MS: [u64; 4] = [30, 5, 20, 1];
+        let jobs: Vec<_> = (0..10)
+            .map(|n| {
+                job(
+                    &format!("s{n}"),
+                    serde_json::json!({"n": n, "ms": MS[n % 4]}),
+                )
+            })
+            .collect();
+        let outcomes = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::future::join_all(jobs.iter().map(|j| pool.handle(j))),
+        )
+        .await
+        .expect("every job answered");
+        for (n, outcome) in outcomes.iter().enumerate() {
+            assert_eq!(returned(outcome), serde_json::json!({"n": n}), "job s{n}");
+        }
+        assert!(pool.inner.one_job_program.load(Ordering::Relaxed));
+        let held = pool.inner.procs()[0].capacity();
+        assert_eq!(held, 1);
     }
 
     #[tokio::test]
