@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: demo test lint unit sdk tools images soak release-check release
+.PHONY: demo test lint unit sdk tools images soak replay release-check release
 
 demo:
 	./scripts/demo.sh
@@ -56,3 +56,9 @@ sdk:
 # the long one.
 soak:
 	PROFILE=debug ./scripts/soak.sh --duration 90s --kill-min 5s --kill-max 10s --redis-restart-every 20s --rate 300
+
+# The simulator against a real cluster (scripts/replay.sh): a ten-minute trace on
+# real Pods beside simulate on the same trace; needs WORKERPOOL_E2E_K8S or
+# WORKERPOOL_E2E_KUBECONFIG. Not part of make test: it takes the trace's length.
+replay:
+	./scripts/replay.sh

@@ -16,6 +16,7 @@ mod cluster;
 mod disruption;
 mod otel;
 mod python;
+mod replay;
 mod saturation;
 mod scenarios;
 mod security;
@@ -50,6 +51,12 @@ fn main() -> ExitCode {
         .chain(otel::ALL)
         .chain(saturation::ALL)
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        // The manual ones (minutes long, not part of the suite) only when named.
+        .chain(
+            replay::MANUAL
+                .iter()
+                .filter(|(name, _)| filters.iter().any(|f| name.contains(f.as_str()))),
+        )
         .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();
     // Every scenario runs on the operator the first one installs.

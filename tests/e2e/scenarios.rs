@@ -1338,7 +1338,8 @@ const DONE_KEY: &str = "e2e:done";
 
 /// The exec handler the test pools run (python3 from the worker image's
 /// base): it sleeps `data.ms` (or calls the URL `data.call`), records the job
-/// and the worker on Redis with a few lines of RESP, and answers ok.
+/// and the worker (and, for a job with `enqueued_at`, its wait and duration) on
+/// Redis with a few lines of RESP, and answers ok.
 const HANDLER: &str = r#"
 import json, os, socket, sys, threading, time, urllib.request
 def command(*args):
@@ -1355,6 +1356,7 @@ me = os.environ.get("WORKERPOOL_WORKER_ID", "?")
 share = int(os.environ.get("WORKERPOOL_JOBS_PER_CHILD", "1"))
 lock = threading.Lock()
 def run(job):
+    started = time.time()
     data = job.get("data", {})
     if "call" in data:
         urllib.request.urlopen(data["call"], timeout=60).read()
@@ -1363,6 +1365,11 @@ def run(job):
     with lock:
         redis.sendall(command("RPUSH", "e2e:done", job["id"] + " " + me))
         replies.readline()
+        if "enqueued_at" in job:
+            # The wait and the duration, in ms, for the replay harness.
+            noted = "%d %d" % (started * 1000 - job["enqueued_at"], (time.time() - started) * 1000)
+            redis.sendall(command("RPUSH", "e2e:waits", noted))
+            replies.readline()
         answer = {"id": job["id"], "ok": True} if share > 1 else {"ok": True}
         print(json.dumps(answer), flush=True)
 for line in sys.stdin:
