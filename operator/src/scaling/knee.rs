@@ -33,9 +33,9 @@
 //!   it (samples at the knee, busy at full speed, soon say it best); samples at or
 //!   below the knee confirm it. Every [`PROBE_EVERY`] while work waits and more pods
 //!   are wanted, the engine may go a quarter above it (one pod at least); a sample there
-//!   at full speed, or clearly above `X` (the marginal gain, counted as `X` was:
-//!   durations miss a slot's time between jobs, completions do not), and not a
-//!   deficit, raises the knee to it, and the next probe follows at once (a
+//!   at full speed, or clearly above `X` and what the knee's own size completed once
+//!   measured (the marginal gain, counted as `X` was: durations miss a slot's time
+//!   between jobs, completions do not), and not a deficit, raises the knee to it, and the next probe follows at once (a
 //!   downstream that had room for a quarter more may have room for more: the pool
 //!   climbs a quarter a step while each step pays, and a step that does not pay
 //!   waits [`PROBE_EVERY`] again). A knee nothing has confirmed for
@@ -351,7 +351,15 @@ impl Knee {
         // found room. This needs no speed a slot, which its durations overstate when
         // a slot loses time between jobs (taking and settling them), enough to keep
         // a probe from reading full speed though all its pods were of use.
-        let gained = pods > found.knee && (done - Z * done.sqrt()) / seconds > found.rate;
+        // `X` is what the deficits completed; what the knee's own size completed, when
+        // measured, is the firmer floor (a knee found on the way up may have been sized
+        // on a rate the pool, not yet all busy, fell short of).
+        let floor = self
+            .sizes
+            .get(&found.knee)
+            .filter(|s| s.completions >= MIN_COMPLETIONS as f64 && s.seconds > 0.0)
+            .map_or(found.rate, |s| found.rate.max(s.completions / s.seconds));
+        let gained = pods > found.knee && (done - Z * done.sqrt()) / seconds > floor;
         if !deficit && pods > found.knee && (full || gained) {
             // A probe's pods were all of use: the downstream has room again, and
             // may have more; the next probe is due at once rather than in
