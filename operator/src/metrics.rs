@@ -598,6 +598,7 @@ mod tests {
             measured_at: 16,
             marginal: 0.004,
             confirmed_at: 0.0,
+            climbing: false,
         };
         m.observe_saturation("jobs", "mail", Some(&knee));
         for line in [

@@ -453,6 +453,7 @@ fn gathered() -> Vec<prometheus::proto::MetricFamily> {
             measured_at: 16,
             marginal: 0.004,
             confirmed_at: 0.0,
+            climbing: false,
         }),
     );
     operator

@@ -372,6 +372,7 @@ fn saturated(
     condition: &impl Fn(&str, bool, &str, String) -> Condition,
 ) -> Condition {
     match &d.saturation {
+        Some(s) if s.climbing => condition(SATURATED, true, "AtKnee", s.message()),
         Some(s) => condition(
             SATURATED,
             true,

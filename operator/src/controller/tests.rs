@@ -2356,6 +2356,7 @@ fn saturated_verdict(desired: i32, knee: Option<i32>) -> Verdict {
                 measured_at: knee + 4,
                 marginal: 0.004,
                 confirmed_at: 0.0,
+                climbing: false,
             }),
         }),
     }

@@ -328,6 +328,7 @@ impl Knee {
                     found.rate = run.completions / run.seconds;
                     found.measured_at = pods;
                     found.confirmed_at = now;
+                    found.climbing = false;
                 }
                 None if run.samples >= PERSIST => {
                     self.found = Some(Saturation {
@@ -336,6 +337,7 @@ impl Knee {
                         measured_at: pods,
                         marginal: 0.0,
                         confirmed_at: now,
+                        climbing: false,
                     });
                 }
                 None => {}
@@ -369,6 +371,10 @@ impl Knee {
             found.rate = rate;
             found.measured_at = pods;
             found.confirmed_at = now;
+            found.climbing = true;
+        } else if pods > found.knee {
+            // A probe that did not pay: the climb, if any, ends here.
+            found.climbing = false;
         } else if !deficit && pods <= found.knee {
             found.confirmed_at = now;
         }

@@ -241,7 +241,7 @@ impl Reason {
             Some(Limit::MinReplicas) => "raised to minReplicas",
             Some(Limit::RateLimit) => "capped at the workers the queue's rate limit keeps busy",
             Some(Limit::Saturated) => {
-                "capped at the knee: completions stopped rising with more pods (something the jobs share is saturated)"
+                "capped at the knee: more pods than it have not been seen to raise completions (something the jobs share is saturated; the Saturated condition says whether probes above it still pay)"
             }
             Some(Limit::UnknownJobDuration) => {
                 "no job of this queue has been timed yet: starting the square root of the computed size until the first pods tell how long a job takes"
@@ -272,11 +272,24 @@ pub struct Saturation {
     pub marginal: f64,
     /// When it was last confirmed (seconds on the engine's clock).
     pub confirmed_at: f64,
+    /// The last probe above the knee paid (its pods completed more), so the pool
+    /// climbs a quarter a step; false once a deficit shows the new edge.
+    pub climbing: bool,
 }
 
 impl Saturation {
-    /// "completions flat at ~180 jobs/s above 12 pods (0.4 % more per pod added)".
+    /// "completions flat at ~180 jobs/s above 12 pods (0.4 % more per pod added)",
+    /// or, while probes pay, "completions rose to ~240 jobs/s at 16 pods ...".
     pub fn message(&self) -> String {
+        if self.climbing {
+            return format!(
+                "completions rose to ~{} jobs/s at {} pod{} when probed above the old knee: the downstream takes more, so the pool climbs above {} pods a quarter at a time while each step pays",
+                shown_rate(self.rate),
+                self.measured_at,
+                if self.measured_at == 1 { "" } else { "s" },
+                self.knee,
+            );
+        }
         format!(
             "completions flat at ~{} jobs/s above {} pod{} ({:.1} % more per pod added, measured at {} pods)",
             shown_rate(self.rate),

@@ -123,6 +123,7 @@ impl Knee {
             measured_at: (in_flight / f64::from(concurrency)).ceil() as i32,
             marginal: 0.0,
             confirmed_at: now,
+            climbing: false,
         });
     }
 

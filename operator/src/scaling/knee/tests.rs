@@ -245,6 +245,11 @@ fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_r
         "{:?} after a probe at {probe}",
         pool.found()
     );
+    assert!(
+        pool.knee.saturation().is_some_and(|s| s.climbing),
+        "{:?}",
+        pool.knee.saturation()
+    );
     // A probe that paid is followed by the next at once, not in PROBE_EVERY: the pool
     // climbs while each step pays, to the new capacity.
     let mut climbed = vec![probe];
@@ -265,7 +270,13 @@ fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_r
         "{climbed:?} took {} s",
         pool.t - t
     );
-    // The probe above the new capacity did not pay: the next waits PROBE_EVERY.
+    // The probe above the new capacity did not pay: the climb is over, and the next
+    // waits PROBE_EVERY.
+    assert!(
+        pool.knee.saturation().is_some_and(|s| !s.climbing),
+        "{:?}",
+        pool.knee.saturation()
+    );
     assert_eq!(pool.knee.cap(20, 100, 10.0, pool.t + 60.0), Some(risen));
     // Saturated again, at a lower capacity: measured where it is, once the deficits
     // have moved the rate to it.
@@ -275,6 +286,12 @@ fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_r
         pool.found().is_some_and(|k| (3..=4).contains(&k)),
         "{:?}",
         pool.found()
+    );
+    // The deficits show the edge again: no longer climbing.
+    assert!(
+        pool.knee.saturation().is_some_and(|s| !s.climbing),
+        "{:?}",
+        pool.knee.saturation()
     );
 }
 
@@ -348,10 +365,23 @@ fn the_message_says_the_rate_the_knee_and_the_gain_per_pod() {
         measured_at: 30,
         marginal: 0.004,
         confirmed_at: 0.0,
+        climbing: false,
     };
     assert_eq!(
         s.message(),
         "completions flat at ~180 jobs/s above 12 pods (0.4 % more per pod added, measured at 30 pods)"
+    );
+    // While probes pay, the pool is not flat above its knee: it says it climbs.
+    let climbing = Saturation {
+        knee: 15,
+        measured_at: 15,
+        rate: 226.0,
+        climbing: true,
+        ..s
+    };
+    assert_eq!(
+        climbing.message(),
+        "completions rose to ~226 jobs/s at 15 pods when probed above the old knee: the downstream takes more, so the pool climbs above 15 pods a quarter at a time while each step pays"
     );
 }
 
