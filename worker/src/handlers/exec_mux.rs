@@ -141,6 +141,12 @@ impl Proc {
         self.share == 1 || self.one_job.load(Ordering::Relaxed)
     }
 
+    /// Whether it is written cancel lines: the one-job protocol knows none,
+    /// unless the child said it reads them.
+    fn reads_cancel(&self) -> bool {
+        !self.one_job() || self.accepts_cancel.load(Ordering::Relaxed)
+    }
+
     /// Jobs it is given at once.
     fn capacity(&self) -> usize {
         if self.one_job() { 1 } else { self.share }
@@ -202,6 +208,32 @@ struct Inner {
     /// program speaks the one-job protocol, so every child, the ones started
     /// later too, is given one job at a time.
     one_job_program: AtomicBool,
+    /// Jobs handed to the pool and not yet placed on a child (waiting for a slot,
+    /// or out a broken handler's restart backoff), by number: their id, and
+    /// whether a producer asked to cancel them meanwhile.
+    waiting: Mutex<HashMap<u64, (String, bool)>>,
+}
+
+/// A job waiting to be placed, until dropped.
+struct Waiting<'a> {
+    inner: &'a Inner,
+    number: u64,
+}
+
+impl Waiting<'_> {
+    /// Whether a producer asked to cancel it while it waited.
+    fn asked(&self) -> bool {
+        self.inner
+            .waiting()
+            .get(&self.number)
+            .is_some_and(|(_, asked)| *asked)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.inner.waiting().remove(&self.number);
+    }
 }
 
 /// The pool: `children` processes sharing the slots.
@@ -273,6 +305,7 @@ impl ExecMux {
             cancel_grace,
             reports: OnceLock::new(),
             one_job_program: AtomicBool::new(false),
+            waiting: Mutex::default(),
         });
         let mut procs = Vec::new();
         for share in shares(slots, children) {
@@ -374,11 +407,13 @@ impl Inner {
 
     async fn attempt(self: &Arc<Self>, job: &Job) -> Outcome {
         let line = job.json_line();
+        // A producer's cancel that comes before the job is placed is kept for it.
+        let waiting = self.wait(job.id());
         let (mut ticket, answer) = loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            match self.place(job.id(), &line) {
+            match self.place(job.id(), &line, waiting.asked()) {
                 Placement::Placed(ticket, answer) => break (ticket, answer),
                 Placement::Failed(outcome) => return outcome,
                 Placement::Full => {
@@ -391,10 +426,26 @@ impl Inner {
         outcome.unwrap_or_else(|_| Outcome::retry("the handler child was lost during the job"))
     }
 
+    fn waiting(&self) -> MutexGuard<'_, HashMap<u64, (String, bool)>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes job `id` handed to the pool, until it is placed.
+    fn wait(&self, id: &str) -> Waiting<'_> {
+        let number = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.waiting().insert(number, (id.to_string(), false));
+        Waiting {
+            inner: self,
+            number,
+        }
+    }
+
     /// Puts the job on the child with the most free slots that does not
     /// hold a job with its id, replacing dead children first unless the
-    /// handler is broken and its backoff runs.
-    fn place(self: &Arc<Self>, id: &str, line: &SharedText) -> Placement {
+    /// handler is broken and its backoff runs. A job a producer `asked` to
+    /// cancel while it waited gets its cancel line right after its job line,
+    /// when the child reads them.
+    fn place(self: &Arc<Self>, id: &str, line: &SharedText, asked: bool) -> Placement {
         let mut procs = self.procs();
         if self.rule.start_wait().is_none() {
             for slot in procs.iter_mut() {
@@ -433,12 +484,13 @@ impl Inner {
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let (waiter, answer) = oneshot::channel();
+        let tell = asked && proc.reads_cancel();
         proc.in_hand().jobs.insert(
             id.to_string(),
             Entry {
                 seq,
                 waiter: Some(waiter),
-                cancel_sent: false,
+                cancel_sent: tell,
                 progress_warned: false,
             },
         );
@@ -446,6 +498,14 @@ impl Inner {
             // Its writer has stopped: the child is on its way out.
             proc.in_hand().jobs.remove(id);
             return Placement::Full;
+        }
+        if tell {
+            tracing::debug!(
+                pid = %proc.pid(),
+                id = %text::escaped(id.as_bytes(), QUOTE_CHARS),
+                "a producer cancelled the job before it was placed: the child is told"
+            );
+            let _ = proc.lines.send(cancel_line(id));
         }
         Placement::Placed(
             Ticket {
@@ -524,15 +584,14 @@ impl Inner {
     /// protocol holding it, still waited for and not yet told, gets the
     /// cancel line. The attempt waits for the answer as before.
     fn producer_cancel(&self, id: &str) {
+        for (waiting, asked) in self.waiting().values_mut() {
+            if waiting == id {
+                *asked = true;
+            }
+        }
         let procs: Vec<_> = self.procs().iter().map(Arc::clone).collect();
         for proc in procs {
-            // The one-job protocol knows no cancel line, unless the child
-            // said it reads them.
-            if proc.one_job()
-                && !proc
-                    .accepts_cancel
-                    .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            if !proc.reads_cancel() {
                 continue;
             }
             {
@@ -1411,6 +1470,38 @@ for line in sys.stdin:
         );
         assert_eq!(pool.inner.restarts.get(), 0);
         assert!(pool.problem().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_producers_cancel_of_a_job_waiting_for_a_slot_reaches_the_child_it_is_placed_on() {
+        let pool = mux(2, 1, CANCEL_GRACE);
+        let (a1, a2) = (
+            job("a1", serde_json::json!({"do": "honour_ok"})),
+            job("a2", serde_json::json!({"do": "honour_ok"})),
+        );
+        let waits = job("c3", serde_json::json!({"do": "honour_ok"}));
+        let (first, second, third) = (pool.handle(&a1), pool.handle(&a2), pool.handle(&waits));
+        tokio::pin!(first, second, third);
+        let first = started(first).await;
+        let second = started(second).await;
+        // The child's two slots are taken: c3 waits for one, and is cancelled then.
+        let third = started(third).await;
+        assert_eq!(pool.in_hand(), vec![2]);
+        pool.cancel("c3");
+        // a1 ends, and c3 takes its slot: its cancel line follows its job line.
+        pool.cancel("a1");
+        assert_eq!(
+            returned(&first.await),
+            serde_json::json!([r#"{"cancel":"a1"}"#])
+        );
+        let third = tokio::time::timeout(Duration::from_secs(20), third).await;
+        assert_eq!(
+            third.map(|o| returned(&o)),
+            Ok(serde_json::json!([r#"{"cancel":"c3"}"#]))
+        );
+        pool.cancel("a2");
+        second.await;
+        assert!(pool.inner.waiting().is_empty());
     }
 
     #[tokio::test]

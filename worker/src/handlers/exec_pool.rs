@@ -231,11 +231,15 @@ pub struct ExecPool {
     running: Arc<Mutex<Running>>,
 }
 
-/// The attempts under way.
+/// The attempts under way, and the jobs waiting for a child.
 #[derive(Default)]
 struct Running {
     next: u64,
     attempts: HashMap<u64, Attempt>,
+    /// Jobs handed to the pool whose attempt has not begun (waiting out a broken
+    /// handler's restart backoff, or for their child's stdin), by number: their id,
+    /// and whether a producer asked to cancel them meanwhile.
+    waiting: HashMap<u64, (String, bool)>,
 }
 
 /// An attempt under way, as a producer's cancel sees it.
@@ -364,6 +368,8 @@ impl ExecPool {
     }
 
     async fn attempt(&self, job: &Job) -> Outcome {
+        // A producer's cancel that comes before the attempt begins is kept for it.
+        let _waiting = self.wait(job.id());
         // A broken handler's children start no faster than its backoff.
         if let Some(wait) = self.rule.start_wait() {
             tokio::time::sleep(wait).await;
@@ -419,22 +425,43 @@ impl ExecPool {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes an attempt of job `id` starting on a child with `stdin`, which
-    /// has said whether it `accepts` a cancel line; returns its number.
-    fn begin(&self, id: &str, stdin: &Arc<tokio::sync::Mutex<ChildStdin>>, accepts: bool) -> u64 {
+    /// Notes job `id` handed to the pool, until its attempt begins.
+    fn wait(&self, id: &str) -> Waiting<'_> {
         let mut running = self.running();
         running.next += 1;
-        let seq = running.next;
-        running.attempts.insert(
-            seq,
-            Attempt {
+        let number = running.next;
+        running.waiting.insert(number, (id.to_string(), false));
+        Waiting { pool: self, number }
+    }
+
+    /// Notes an attempt of job `id` starting on a child with `stdin`, which
+    /// has said whether it `accepts` a cancel line; returns its number. A
+    /// cancel a producer asked for while the job waited is the attempt's: its
+    /// line is sent now if the child takes one (after the job line, whose
+    /// writer holds the child's stdin), or once it says it does.
+    fn begin(&self, id: &str, stdin: &Arc<tokio::sync::Mutex<ChildStdin>>, accepts: bool) -> u64 {
+        let (seq, due) = {
+            let mut running = self.running();
+            running.next += 1;
+            let seq = running.next;
+            let requested = running
+                .waiting
+                .values()
+                .any(|(waiting, asked)| waiting == id && *asked);
+            let mut attempt = Attempt {
                 id: id.to_string(),
                 stdin: Arc::clone(stdin),
                 accepts,
-                requested: false,
+                requested,
                 sent: false,
-            },
-        );
+            };
+            let due = attempt.cancel_due();
+            running.attempts.insert(seq, attempt);
+            (seq, due)
+        };
+        if due {
+            self.send_cancel(seq, id.to_string(), Arc::clone(stdin));
+        }
         seq
     }
 
@@ -498,10 +525,15 @@ impl ExecPool {
 
     /// A producer asked to cancel job `id`: each attempt of it under way
     /// whose child accepts a cancel line gets one (once), and one whose
-    /// child says so later gets it then.
+    /// child says so later gets it then, as does one that has not begun.
     fn producer_cancel(&self, id: &str) {
         let due: Vec<_> = {
             let mut running = self.running();
+            for (waiting, asked) in running.waiting.values_mut() {
+                if waiting == id {
+                    *asked = true;
+                }
+            }
             running
                 .attempts
                 .iter_mut()
@@ -692,6 +724,18 @@ fn before_answer(line: &[u8]) -> Before {
             Before::Accepts(what.iter().any(|w| w.as_str() == Some("cancel")))
         }
         _ => Before::Answer,
+    }
+}
+
+/// A job waiting for its attempt to begin, until dropped.
+struct Waiting<'a> {
+    pool: &'a ExecPool,
+    number: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pool.running().waiting.remove(&self.number);
     }
 }
 
@@ -1246,6 +1290,33 @@ mod tests {
         let j = job(r#"{"id":"c2","task":"late"}"#);
         let (outcome, ()) = tokio::join!(p.handle(&j), cancel);
         assert_eq!(outcome, Outcome::permanent("stopped"));
+    }
+
+    #[tokio::test]
+    async fn a_cancel_while_the_job_waits_out_a_broken_handlers_backoff_reaches_its_child() {
+        let p = pool(ACCEPTS_CANCEL, 1);
+        // Children died unanswered: the next attempt waits out the restart backoff
+        // before its job line is written, and the producer's cancel comes then.
+        for _ in 0..BROKEN_AFTER {
+            p.rule.died_unanswered("exited before its first job");
+        }
+        assert!(p.rule.start_wait().is_some());
+        let cancel = async {
+            for _ in 0..500 {
+                if p.running().waiting.len() == 1 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            assert!(p.running().attempts.is_empty(), "not waiting any more");
+            p.cancel("b1");
+        };
+        let j = job(r#"{"id":"b1","task":"wait"}"#);
+        let attempt = tokio::time::timeout(std::time::Duration::from_secs(20), p.handle(&j));
+        let (outcome, ()) = tokio::join!(attempt, cancel);
+        // Its child was told once the job reached it, and stopped it.
+        assert_eq!(outcome, Ok(Outcome::permanent("stopped")));
+        assert!(p.running().waiting.is_empty());
     }
 
     #[tokio::test]
