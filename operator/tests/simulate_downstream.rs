@@ -16,7 +16,8 @@
 //!   here, what is reached: for a pool warmed by light traffic on a downstream wider
 //!   than one pod's slots, within 1.75 times the knee and the median within 1.35 times;
 //!   for the others (cold: no measure of their jobs' own speed until they have grown
-//!   past the knee, which they then probe down to), the median within twice;
+//!   past the knee, which they then probe down to), the median within twice and none
+//!   past five times;
 //! - how many KEDA runs stay below `maxReplicas` is reported.
 //!
 //! Without a downstream (the fuzz cases, which draw one in a fifth of their cases, and
@@ -248,7 +249,8 @@ fn on_a_shared_downstream_the_engine_runs_near_the_knee_and_waits_as_the_knee_se
     );
     // The goals are 1.10x the wait and 1.25x the replicas; what is reached
     // (docs/scaling.md): waits within 1.15x; warm pools within 1.75 times the knee,
-    // half of them within 1.35 times; the others, half within twice.
+    // half of them within 1.35 times; the others, half within twice and none past five
+    // times.
     assert!(slow.is_empty(), "{}", slow.join("\n"));
     assert!(
         warm.len() >= CASES as usize / 3,
@@ -256,7 +258,10 @@ fn on_a_shared_downstream_the_engine_runs_near_the_knee_and_waits_as_the_knee_se
         warm.len()
     );
     assert!(
-        worst(&warm) <= 1.75 && median(&warm) <= 1.35 && median(&cold) <= 2.0,
+        worst(&warm) <= 1.75
+            && median(&warm) <= 1.35
+            && median(&cold) <= 2.0
+            && worst(&cold) <= 5.0,
         "pools over the knee, warm {warm:?}, others {cold:?}\n{}",
         lines.join("\n")
     );

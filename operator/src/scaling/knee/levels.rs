@@ -77,13 +77,23 @@ impl Knee {
     /// poll, gives no sample at one size until it stops; the durations its jobs took on
     /// the way up say it sooner. The knee is then the pods that complete, at the
     /// reference's speed, what the highest such level did (`in flight / duration`).
+    ///
+    /// The reference here is the lowest level with one full reading ([`READING_JOBS`]
+    /// jobs, what one worker's average covers): its bound carries its own error, wide
+    /// for so few jobs, so a level above must be stretched past that to count, and the
+    /// levels above need [`LEVEL_JOBS`] each. A pool that meets its load cold and
+    /// doubles at every poll leaves one reading at each level on the way up; asking
+    /// the reference for more jobs put it at the pool's final size, past the knee,
+    /// where no level above is left to show the stretch, and the pool stayed at
+    /// `maxReplicas`.
     pub(super) fn stretched(&mut self, concurrency: i32, now: f64) {
         if self.found.is_some() {
             return;
         }
         let Some((base, (mean, upper))) = self.levels.iter().find_map(|(level, l)| {
             let (mean, error) = l.all.mean();
-            (l.all.jobs >= LEVEL_JOBS && mean > 0.0).then_some((*level, (mean, mean + Z * error)))
+            (l.all.jobs >= READING_JOBS as f64 && mean > 0.0)
+                .then_some((*level, (mean, mean + Z * error)))
         }) else {
             return;
         };
