@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::E2e;
 use crate::cluster::{Cluster, Namespace, eventually};
 use crate::scenarios::{
-    Pool, Redis, condition, event_reasons, metrics, queue_reachable, redis_image,
+    Pool, Redis, condition, event_reasons, metrics, pod_with_service, queue_reachable,
 };
 
 pub const ALL: &[crate::Scenario] = &[(
@@ -67,40 +67,11 @@ const PUSH: &str = "for i = 1, tonumber(ARGV[2]) do \
 /// The downstream Pod and its Service; returns its URL.
 fn start_downstream(k: &Cluster, namespace: &str, capacity: u32) -> String {
     let command = format!("echo {capacity} > /tmp/capacity && exec python3 -c \"$0\" {SERVICE}");
-    let manifest = json!({
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "downstream", "labels": {"app": "downstream"}},
-                "spec": {
-                    "containers": [{
-                        "name": "downstream",
-                        "image": redis_image(),
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", command, DOWNSTREAM],
-                        "ports": [{"containerPort": 8080}],
-                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                    }],
-                    "terminationGracePeriodSeconds": 1,
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": "downstream"},
-                "spec": {"selector": {"app": "downstream"}, "ports": [{"port": 8080}]},
-            },
-        ],
+    let container = json!({
+        "command": ["sh", "-c", command, DOWNSTREAM],
+        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
     });
-    k.apply(namespace, &manifest.to_string());
-    eventually(Duration::from_secs(60), "a Ready downstream", |last| {
-        let pod = k.get(&["pod", "-n", namespace, "downstream"])?;
-        *last = pod["status"].to_string();
-        crate::scenarios::is_ready(&pod).then_some(())
-    });
+    pod_with_service(k, namespace, "downstream", container, 8080);
     format!("http://{}:8080/", k.cluster_ip(namespace, "downstream"))
 }
 

@@ -1204,6 +1204,50 @@ fn pod_metrics(k: &Cluster, pod: &str) -> String {
     })
 }
 
+/// A Pod named `name` of the base image (`container` gives its command and
+/// probe), with a ClusterIP Service of the same name on `port`, applied in
+/// `namespace`; returns once the Pod is Ready.
+pub fn pod_with_service(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    mut container: Value,
+    port: u16,
+) {
+    container["name"] = name.into();
+    container["image"] = redis_image().into();
+    container["imagePullPolicy"] = "Never".into();
+    container["ports"] = json!([{"containerPort": port}]);
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": {"app": name}},
+                "spec": {"containers": [container], "terminationGracePeriodSeconds": 1},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name},
+                "spec": {"selector": {"app": name}, "ports": [{"port": port}]},
+            },
+        ],
+    });
+    cluster.apply(namespace, &manifest.to_string());
+    eventually(
+        Duration::from_secs(60),
+        &format!("a Ready {name}"),
+        |last| {
+            let pod = cluster.get(&["pod", "-n", namespace, name])?;
+            *last = pod["status"].to_string();
+            is_ready(&pod).then_some(())
+        },
+    );
+}
+
 /// A Redis Pod and a ClusterIP Service in a namespace (no cluster DNS: the
 /// pools use the ClusterIP).
 pub struct Redis<'a> {
@@ -1214,41 +1258,12 @@ pub struct Redis<'a> {
 
 impl<'a> Redis<'a> {
     pub fn start(cluster: &'a Cluster, namespace: &str) -> Redis<'a> {
-        let manifest = json!({
-            "apiVersion": "v1",
-            "kind": "List",
-            "items": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": "redis", "labels": {"app": "redis"}},
-                    "spec": {
-                        "containers": [{
-                            "name": "redis",
-                            "image": redis_image(),
-                            "imagePullPolicy": "Never",
-                            "command": ["redis-server", "--save", "", "--appendonly", "no",
-                                        "--protected-mode", "no", "--bind", "0.0.0.0"],
-                            "ports": [{"containerPort": 6379}],
-                            "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 1},
-                        }],
-                        "terminationGracePeriodSeconds": 1,
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"name": "redis"},
-                    "spec": {"selector": {"app": "redis"}, "ports": [{"port": 6379}]},
-                },
-            ],
+        let container = json!({
+            "command": ["redis-server", "--save", "", "--appendonly", "no",
+                        "--protected-mode", "no", "--bind", "0.0.0.0"],
+            "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 1},
         });
-        cluster.apply(namespace, &manifest.to_string());
-        eventually(Duration::from_secs(60), "a Ready Redis", |last| {
-            let pod = cluster.get(&["pod", "-n", namespace, "redis"])?;
-            *last = pod["status"].to_string();
-            is_ready(&pod).then_some(())
-        });
+        pod_with_service(cluster, namespace, "redis", container, 6379);
         let ip = cluster.cluster_ip(namespace, "redis");
         Redis {
             cluster,
