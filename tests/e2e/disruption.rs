@@ -84,8 +84,8 @@ fn busy_pods_carry_the_node_autoscalers_marks_only_while_their_jobs_run_long(e2e
         "idle workers carry no marks"
     );
 
-    // One 25 s job: its pod is marked once it has run 5 s; the other is not.
-    redis.push("long", &["long-1".to_string()], 25_000);
+    // One 18 s job: its pod is marked once it has run 5 s; the other is not.
+    redis.push("long", &["long-1".to_string()], 18_000);
     let holder = eventually(Duration::from_secs(30), "the job held", |last| {
         let holding = redis.holding("long");
         *last = format!("{holding:?}");
@@ -139,14 +139,15 @@ fn busy_pods_carry_the_node_autoscalers_marks_only_while_their_jobs_run_long(e2e
     );
     assert_eq!(before, (1, 1), "one patch to mark, one to unmark");
 
-    // A minute of 200 ms jobs on both workers: no job runs 5 s, no patch.
-    let ids: Vec<String> = (0..600).map(|n| format!("short-{n}")).collect();
+    // Half a minute of 200 ms jobs on both workers (six times the 5 s a pod is
+    // marked after, were its jobs one long one): no job runs 5 s, no patch.
+    let ids: Vec<String> = (0..300).map(|n| format!("short-{n}")).collect();
     redis.push("long", &ids, 200);
     let minute = Instant::now();
-    eventually(Duration::from_secs(150), "the short jobs done", |last| {
+    eventually(Duration::from_secs(90), "the short jobs done", |last| {
         let done = redis.done().len();
         *last = format!("{done} done");
-        (done > 600).then_some(())
+        (done > 300).then_some(())
     });
     let busy_for = minute.elapsed();
     let after = (
@@ -158,8 +159,8 @@ fn busy_pods_carry_the_node_autoscalers_marks_only_while_their_jobs_run_long(e2e
         after.0 + after.1 - 2
     );
     assert!(
-        busy_for >= Duration::from_secs(50),
-        "the short jobs kept both workers busy for most of a minute: {busy_for:?}"
+        busy_for >= Duration::from_secs(25),
+        "the short jobs kept both workers busy for most of half a minute: {busy_for:?}"
     );
     assert_eq!(after, before, "short jobs never mark their pods");
 }
