@@ -16,7 +16,7 @@ done
 # The first build takes minutes: say so, and let cargo show its progress
 # (on a terminal, its progress bar; one "Finished" line once built).
 echo "building the workerpool binaries (debug; the first time takes a few minutes)..."
-cargo build -p workerpool-worker -p workerpool-operator --bins
+cargo build --workspace --bins
 target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 BIN=${target:-target}/debug
 

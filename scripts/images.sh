@@ -64,7 +64,9 @@ done
 if [ -z "${BIN_DIR:-}" ]; then
   flags=()
   [ "$PROFILE" = release ] && flags+=(--release)
-  cargo build --locked "${flags[@]}" -p workerpool-operator -p workerpool-worker -p workerpool-cli --bins
+  # The whole workspace with its examples: one set of features, as the tests
+  # build it, so a build for them serves.
+  cargo build --locked "${flags[@]}" --workspace --bins --examples
   BIN_DIR=${CARGO_TARGET_DIR:-target}/$PROFILE
 fi
 for bin in workerpool-operator workerpool-worker workerpool; do

@@ -19,10 +19,14 @@ TARGET=${CARGO_TARGET_DIR:-target}
 for tool in redis-server python3; do
   command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
 done
+# The whole workspace's binaries and an example (which, as tests do, brings in
+# the dev-dependencies): one set of features for every crate, as `cargo test
+# --workspace` builds them, so its dependencies serve (a build of one package
+# unifies its features apart, and compiles many again).
 if [ "$PROFILE" = release ]; then
-  cargo build --quiet --release -p workerpool-worker --bins --example soak
+  cargo build --quiet --release --workspace --bins --example soak
 else
-  cargo build --quiet -p workerpool-worker --bins --example soak
+  cargo build --quiet --workspace --bins --example soak
   PROFILE=debug
 fi
 exec "$TARGET/$PROFILE/examples/soak" --worker-bin "$TARGET/$PROFILE/workerpool-worker" "$@"

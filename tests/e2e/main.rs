@@ -176,17 +176,13 @@ fn build_binaries() -> PathBuf {
             build.env_remove(name.as_ref());
         }
     }
+    // The whole workspace with its examples, as `cargo test --workspace`
+    // builds it (examples, like tests, bring in the dev-dependencies): one set
+    // of features for every crate, so the dependencies built for the tests
+    // serve. A build of a few packages unifies their features apart and
+    // compiles many dependencies again.
     let status = build
-        .args([
-            "build",
-            "-p",
-            "workerpool-worker",
-            "-p",
-            "workerpool-operator",
-            "-p",
-            "workerpool-cli",
-            "--bins",
-        ])
+        .args(["build", "--workspace", "--bins", "--examples"])
         .arg("--target-dir")
         .arg(target)
         .current_dir(root())

@@ -199,16 +199,11 @@ pub fn bin_dir() -> &'static Path {
         if !present(&dir) {
             let target = dir.parent().expect("target dir");
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            // The whole workspace with its examples, as `cargo test
+            // --workspace` builds it: one set of features, so the tests'
+            // dependencies serve.
             let status = Command::new(cargo)
-                .args([
-                    "build",
-                    "-p",
-                    "workerpool-worker",
-                    "-p",
-                    "workerpool-operator",
-                    "-p",
-                    "workerpool-cli",
-                ])
+                .args(["build", "--workspace", "--bins", "--examples"])
                 .arg("--target-dir")
                 .arg(target)
                 .status()

@@ -20,12 +20,14 @@ export function binDir() {
   const dir = process.env.WORKERPOOL_BIN_DIR || path.join(ROOT, 'target', 'debug');
   const missing = ['workerpool-worker', 'workerpool'].filter((b) => !fs.existsSync(path.join(dir, b)));
   if (missing.length && !process.env.WORKERPOOL_BIN_DIR) {
-    const r = spawnSync('cargo', ['build', '-p', 'workerpool-worker', '-p', 'workerpool-cli'], {
+    // The whole workspace with its examples, as its tests build it: one set
+    // of features.
+    const r = spawnSync('cargo', ['build', '--workspace', '--bins', '--examples'], {
       cwd: ROOT,
       stdio: 'inherit',
     });
     if (r.status !== 0) {
-      throw new Error('cargo build -p workerpool-worker -p workerpool-cli failed');
+      throw new Error('cargo build --workspace --bins --examples failed');
     }
   } else if (missing.length) {
     throw new Error(`WORKERPOOL_BIN_DIR=${dir} has no ${missing.join(', ')}`);

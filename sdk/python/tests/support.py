@@ -62,7 +62,9 @@ def bin_dir() -> Path:
         if "WORKERPOOL_BIN_DIR" in os.environ:
             raise AssertionError(f"WORKERPOOL_BIN_DIR={path} holds no workerpool-worker and "
                                  f"workerpool binaries")
-        subprocess.run(["cargo", "build", "-p", "workerpool-worker", "-p", "workerpool-cli"],
+        # The whole workspace with its examples, as its tests build it: one
+        # set of features.
+        subprocess.run(["cargo", "build", "--workspace", "--bins", "--examples"],
                        cwd=ROOT, check=True)
     return path
 
