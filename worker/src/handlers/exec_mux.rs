@@ -130,8 +130,9 @@ struct Proc {
     /// A child whose share is one said it reads cancel lines
     /// (`{"accepts": ["cancel"]}`); every other child reads them anyway.
     accepts_cancel: std::sync::atomic::AtomicBool,
-    /// It was found to speak the one-job protocol though its share is more.
-    one_job: AtomicBool,
+    /// The pool's [`Inner::one_job_program`]: every child speaks the one-job
+    /// protocol once one was found to, though its share is more.
+    one_job: Arc<AtomicBool>,
 }
 
 impl Proc {
@@ -206,8 +207,8 @@ struct Inner {
     reports: OnceLock<Arc<dyn Reports>>,
     /// A child answered without naming its job, never having named one: the
     /// program speaks the one-job protocol, so every child, the ones started
-    /// later too, is given one job at a time.
-    one_job_program: AtomicBool,
+    /// later too, is given one job at a time. Shared with every child.
+    one_job_program: Arc<AtomicBool>,
     /// Jobs handed to the pool and not yet placed on a child (waiting for a slot,
     /// or out a broken handler's restart backoff), by number: their id, and
     /// whether a producer asked to cancel them meanwhile.
@@ -304,7 +305,7 @@ impl ExecMux {
             closing: AtomicBool::new(false),
             cancel_grace,
             reports: OnceLock::new(),
-            one_job_program: AtomicBool::new(false),
+            one_job_program: Arc::default(),
             waiting: Mutex::default(),
         });
         let mut procs = Vec::new();
@@ -391,7 +392,7 @@ impl Inner {
             lines,
             in_hand: Mutex::new(InHand::default()),
             accepts_cancel: std::sync::atomic::AtomicBool::new(false),
-            one_job: AtomicBool::new(self.one_job_program.load(Ordering::Relaxed)),
+            one_job: Arc::clone(&self.one_job_program),
         });
         tokio::spawn(write_lines(stdin, to_write, Arc::downgrade(&proc)));
         tokio::spawn(read_answers(
@@ -758,18 +759,13 @@ impl Inner {
     /// answer is its oldest job's, and from now on every child of the pool is
     /// given one job at a time. Said once, loudly: the pool runs a job a child.
     fn found_one_job_program(&self, proc: &Proc, holds: usize) {
-        for other in self.procs().iter() {
-            other.one_job.store(true, Ordering::Relaxed);
-        }
-        if !self.one_job_program.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                program = %self.command.program,
-                pid = %proc.pid(),
-                "handler child answers without naming its job (\"id\") and has named none: it speaks the one-job protocol though it was given {share} jobs at once (WORKERPOOL_JOBS_PER_CHILD); its answers go to its jobs in the order it was given them ({holds} in hand), and every child gets one job at a time from now on, so this pool runs {children} jobs at once, not its concurrency. Name each answer's job to run several in a child, or set --children (spec.worker.children) to the concurrency",
-                share = proc.share,
-                children = self.procs().len(),
-            );
-        }
+        tracing::warn!(
+            program = %self.command.program,
+            pid = %proc.pid(),
+            "handler child answers without naming its job (\"id\") and has named none: it speaks the one-job protocol though it was given {share} jobs at once (WORKERPOOL_JOBS_PER_CHILD); its answers go to its jobs in the order it was given them ({holds} in hand), and every child gets one job at a time from now on, so this pool runs {children} jobs at once, not its concurrency. Name each answer's job to run several in a child, or set --children (spec.worker.children) to the concurrency",
+            share = proc.share,
+            children = self.procs().len(),
+        );
     }
 
     /// A child's stdout ended: every job it held gets its outcome, and the
