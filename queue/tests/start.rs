@@ -252,10 +252,9 @@ async fn the_taking_judges_what_is_kept_as_the_worker_does_on_random_payloads() 
             (Start::Running | Start::Cancelled, None) => {
                 panic!("the taking noted a job the worker keeps nothing of: {pushed}")
             }
-            (Start::Unnoted, Some((id, _, _))) => {
+            (Start::Unnoted, Some(_)) => {
                 // Left to the worker: only a job too large to read here.
                 assert!(!small, "the taking left a kept job to the worker: {pushed}");
-                let _ = id;
                 left += 1;
             }
             (Start::Unnoted, None) => {
