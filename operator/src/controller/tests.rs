@@ -275,6 +275,15 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
+/// The condition `type_` of a planned status.
+fn planned_condition<'a>(status: &'a WorkerPoolStatus, type_: &str) -> &'a Condition {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {:?}", status.conditions))
+}
+
 async fn push(redis: &TestRedis, queue: &str, n: usize) {
     let mut c = redis.conn().await;
     for i in 0..n {
@@ -993,12 +1002,7 @@ fn a_workload_failure_is_announced_once_and_remembered() {
         ["FailedCreate"]
     );
     assert_eq!(first.announced.as_deref(), Some("FailedCreate"));
-    let ready = first
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .expect("Ready");
+    let ready = planned_condition(&first.status, "Ready");
     assert_eq!(
         (ready.reason.as_str(), ready.message.as_str()),
         (
@@ -1048,12 +1052,7 @@ fn a_worker_whose_handler_cannot_run_shows_in_ready_with_its_words_and_one_event
         }],
     });
     let planned = plan_for(&p, &seen, &manual(2), None).expect("plan");
-    let ready = planned
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .expect("Ready");
+    let ready = planned_condition(&planned.status, "Ready");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "HandlerFailing")
@@ -1580,12 +1579,7 @@ fn keys_evicted_since_the_last_look_are_a_warning_event_and_noeviction_none() {
     seen.memory = Some((memory("noeviction"), 0));
     let planned = plan_for(&p, &seen, &verdict, None).expect("plan");
     assert!(planned.events.is_empty(), "{:?}", planned.events);
-    let safe = planned
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "QueueSafe")
-        .expect("QueueSafe");
+    let safe = planned_condition(&planned.status, "QueueSafe");
     assert_eq!(
         (safe.status.as_str(), safe.reason.as_str()),
         ("True", "NoEviction")
@@ -2367,12 +2361,7 @@ fn a_pool_held_at_its_knee_says_saturated_once_and_says_when_it_is_no_longer() {
     let mut p = pool(fixed("redis://r", 1));
     let seen = observed(Some(existing_deployment(12, 12)), true);
     let plan = plan_for(&p, &seen, &saturated_verdict(12, Some(12)), None).expect("plan");
-    let saturated = plan
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Saturated")
-        .expect("a Saturated condition");
+    let saturated = planned_condition(&plan.status, "Saturated");
     assert_eq!(
         (saturated.status.as_str(), saturated.reason.as_str()),
         ("True", "AtKnee")
@@ -2407,12 +2396,7 @@ fn a_pool_held_at_its_knee_says_saturated_once_and_says_when_it_is_no_longer() {
     // No knee any more: the condition turns and one event says so.
     p.status = Some(again.status.clone());
     let free = plan_for(&p, &seen, &saturated_verdict(14, None), None).expect("plan");
-    let condition = free
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Saturated")
-        .expect("a Saturated condition");
+    let condition = planned_condition(&free.status, "Saturated");
     assert_eq!(
         (condition.status.as_str(), condition.reason.as_str()),
         ("False", "NoKnee")
