@@ -111,6 +111,20 @@ impl Pool {
         }
     }
 
+    /// Follows the probes above the knee, work waiting and more pods wanted, while
+    /// each lands above the knee (at most `steps`): the sizes probed.
+    fn climb(&mut self, steps: usize) -> Vec<i32> {
+        let mut climbed = Vec::new();
+        while let Some(next) = self.knee.cap(20, 100, 10.0, self.t)
+            && next > self.found().unwrap_or(0)
+            && climbed.len() < steps
+        {
+            climbed.push(next);
+            self.samples(next, 2);
+        }
+        climbed
+    }
+
     fn found(&self) -> Option<i32> {
         self.knee.saturation().map(|s| s.knee)
     }
@@ -300,13 +314,7 @@ fn the_engine_probes_above_the_knee_now_and_then_and_follows_a_downstream_that_r
     // A probe that paid is followed by the next at once, not in PROBE_EVERY: the pool
     // climbs while each step pays, to the new capacity.
     let mut climbed = vec![probe];
-    while let Some(next) = pool.knee.cap(20, 100, 10.0, pool.t)
-        && next > pool.found().unwrap_or(0)
-        && climbed.len() < 10
-    {
-        climbed.push(next);
-        pool.samples(next, 2);
-    }
+    climbed.extend(pool.climb(9));
     let risen = pool.found().expect("a knee");
     assert!(
         (12..=14).contains(&risen),
@@ -356,14 +364,7 @@ fn a_probe_whose_completions_rose_over_the_knees_paid_though_slots_lose_time_bet
     // The downstream now serves 12 at once: the probe completes about a quarter
     // more than the knee did, which is what its pod adds.
     pool.capacity = 12.0;
-    let mut climbed = Vec::new();
-    while let Some(next) = pool.knee.cap(20, 100, 10.0, pool.t)
-        && next > pool.found().unwrap_or(0)
-        && climbed.len() < 12
-    {
-        climbed.push(next);
-        pool.samples(next, 2);
-    }
+    let climbed = pool.climb(12);
     let risen = pool.found().expect("a knee");
     assert!(risen >= 10, "{risen} after probes at {climbed:?}");
     // With the downstream unchanged, a probe adds nothing and does not pay.
