@@ -50,6 +50,7 @@ use super::exec_pool::{
     SpawnError, Spawned, StartupRule, keep_reports, parse_progress, parse_reply, progress_json,
     said, spawn_child,
 };
+use super::{Pending, Waiting};
 use crate::handler::{Handler, Outcome, Reports};
 use workerpool_queue::job::{Job, SharedText};
 use workerpool_queue::text;
@@ -210,31 +211,8 @@ struct Inner {
     /// later too, is given one job at a time. Shared with every child.
     one_job_program: Arc<AtomicBool>,
     /// Jobs handed to the pool and not yet placed on a child (waiting for a slot,
-    /// or out a broken handler's restart backoff), by number: their id, and
-    /// whether a producer asked to cancel them meanwhile.
-    waiting: Mutex<HashMap<u64, (String, bool)>>,
-}
-
-/// A job waiting to be placed, until dropped.
-struct Waiting<'a> {
-    inner: &'a Inner,
-    number: u64,
-}
-
-impl Waiting<'_> {
-    /// Whether a producer asked to cancel it while it waited.
-    fn asked(&self) -> bool {
-        self.inner
-            .waiting()
-            .get(&self.number)
-            .is_some_and(|(_, asked)| *asked)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.inner.waiting().remove(&self.number);
-    }
+    /// or out a broken handler's restart backoff).
+    pending: Pending,
 }
 
 /// The pool: `children` processes sharing the slots.
@@ -306,7 +284,7 @@ impl ExecMux {
             cancel_grace,
             reports: OnceLock::new(),
             one_job_program: Arc::default(),
-            waiting: Mutex::default(),
+            pending: Pending::default(),
         });
         let mut procs = Vec::new();
         for share in shares(slots, children) {
@@ -409,12 +387,12 @@ impl Inner {
     async fn attempt(self: &Arc<Self>, job: &Job) -> Outcome {
         let line = job.json_line();
         // A producer's cancel that comes before the job is placed is kept for it.
-        let waiting = self.wait(job.id());
+        let waiting = self.pending.wait(job.id());
         let (mut ticket, answer) = loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            match self.place(job.id(), &line, waiting.asked()) {
+            match self.place(job.id(), &line, &waiting) {
                 Placement::Placed(ticket, answer) => break (ticket, answer),
                 Placement::Failed(outcome) => return outcome,
                 Placement::Full => {
@@ -422,23 +400,11 @@ impl Inner {
                 }
             }
         };
+        // Placed: a producer's cancel finds it on its child now.
+        drop(waiting);
         let outcome = answer.await;
         ticket.armed = false;
         outcome.unwrap_or_else(|_| Outcome::retry("the handler child was lost during the job"))
-    }
-
-    fn waiting(&self) -> MutexGuard<'_, HashMap<u64, (String, bool)>> {
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Notes job `id` handed to the pool, until it is placed.
-    fn wait(&self, id: &str) -> Waiting<'_> {
-        let number = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.waiting().insert(number, (id.to_string(), false));
-        Waiting {
-            inner: self,
-            number,
-        }
     }
 
     /// Puts the job on the child with the most free slots that does not
@@ -446,7 +412,7 @@ impl Inner {
     /// handler is broken and its backoff runs. A job a producer `asked` to
     /// cancel while it waited gets its cancel line right after its job line,
     /// when the child reads them.
-    fn place(self: &Arc<Self>, id: &str, line: &SharedText, asked: bool) -> Placement {
+    fn place(self: &Arc<Self>, id: &str, line: &SharedText, waiting: &Waiting<'_>) -> Placement {
         let mut procs = self.procs();
         if self.rule.start_wait().is_none() {
             for slot in procs.iter_mut() {
@@ -485,7 +451,9 @@ impl Inner {
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let (waiter, answer) = oneshot::channel();
-        let tell = asked && proc.reads_cancel();
+        // Asked with the children's list held: a producer's cancel that
+        // comes later looks for the job on its child, after this insert.
+        let tell = waiting.asked() && proc.reads_cancel();
         proc.in_hand().jobs.insert(
             id.to_string(),
             Entry {
@@ -585,11 +553,7 @@ impl Inner {
     /// protocol holding it, still waited for and not yet told, gets the
     /// cancel line. The attempt waits for the answer as before.
     fn producer_cancel(&self, id: &str) {
-        for (waiting, asked) in self.waiting().values_mut() {
-            if waiting == id {
-                *asked = true;
-            }
-        }
+        self.pending.cancel(id);
         let procs: Vec<_> = self.procs().iter().map(Arc::clone).collect();
         for proc in procs {
             if !proc.reads_cancel() {
@@ -954,6 +918,13 @@ def run(job):
     if act == "honour_ok":
         cancels[jid].wait(); time.sleep(0.2)
         say({"id": jid, "ok": True, "result": cancel_lines.get(jid)}); return
+    if act == "honour_badly":
+        cancels[jid].wait()
+        say({"id": "never-given", "ok": True})
+        say({"id": jid, "ok": False, "error": "stopped", "retry": False})
+        say({"id": jid, "ok": True})
+        with lock: sys.stdout.write('{"id": "' + jid + '", "ok": tr'); sys.stdout.flush()
+        os._exit(0)
     if act == "unheeding":
         time.sleep(d["ms"] / 1000); say({"id": jid, "ok": True, "result": cancel_lines.get(jid)}); return
     if act == "report":
@@ -1497,7 +1468,38 @@ for line in sys.stdin:
         );
         pool.cancel("a2");
         second.await;
-        assert!(pool.inner.waiting().is_empty());
+        assert!(pool.inner.pending.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_job_cancelled_while_it_waited_is_settled_by_its_first_answer_whatever_follows() {
+        let pool = mux(2, 1, CANCEL_GRACE);
+        let (a1, a2) = (
+            job("a1", serde_json::json!({"do": "honour_ok"})),
+            job("a2", serde_json::json!({"do": "honour_ok"})),
+        );
+        let waits = job("c4", serde_json::json!({"do": "honour_badly"}));
+        let (first, second, third) = (pool.handle(&a1), pool.handle(&a2), pool.handle(&waits));
+        tokio::pin!(first, second, third);
+        let first = started(first).await;
+        let second = started(second).await;
+        let third = started(third).await;
+        pool.cancel("c4");
+        pool.cancel("a2");
+        second.await;
+        // Told right after its job line, the child answers an id it was never
+        // given, then c4, then c4 again, then half a line, and exits.
+        let third = tokio::time::timeout(Duration::from_secs(20), third).await;
+        assert_eq!(third, Ok(Outcome::permanent("stopped")));
+        assert!(pool.inner.pending.is_empty());
+        // a1 went with the child.
+        let first = tokio::time::timeout(Duration::from_secs(20), first).await;
+        assert!(failed(&first.expect("a1 ends")).contains("exit"));
+        // A new child takes the next job.
+        let next = job("n", serde_json::json!({}));
+        let next = tokio::time::timeout(Duration::from_secs(20), pool.handle(&next)).await;
+        assert_eq!(next, Ok(Outcome::Done));
+        assert_eq!(pool.inner.restarts.get(), 1);
     }
 
     #[tokio::test]

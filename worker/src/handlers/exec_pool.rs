@@ -43,6 +43,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
+use super::Pending;
 use crate::handler::{Handler, Outcome, Reports};
 use workerpool_queue::job::Job;
 use workerpool_queue::outcome::MAX_PROGRESS_BYTES;
@@ -229,17 +230,16 @@ pub struct ExecPool {
     /// The attempts under way, by a number of their own (two jobs with one
     /// id may run at once, in two children): what a producer's cancel needs.
     running: Arc<Mutex<Running>>,
+    /// Jobs handed to the pool whose attempt has not begun (waiting out a broken
+    /// handler's restart backoff, or for their child's stdin).
+    pending: Pending,
 }
 
-/// The attempts under way, and the jobs waiting for a child.
+/// The attempts under way.
 #[derive(Default)]
 struct Running {
     next: u64,
     attempts: HashMap<u64, Attempt>,
-    /// Jobs handed to the pool whose attempt has not begun (waiting out a broken
-    /// handler's restart backoff, or for their child's stdin), by number: their id,
-    /// and whether a producer asked to cancel them meanwhile.
-    waiting: HashMap<u64, (String, bool)>,
 }
 
 /// An attempt under way, as a producer's cancel sees it.
@@ -318,6 +318,7 @@ impl ExecPool {
             rule: StartupRule::new(&command_program),
             reports: OnceLock::new(),
             running: Arc::default(),
+            pending: Pending::default(),
         })
     }
 
@@ -369,7 +370,7 @@ impl ExecPool {
 
     async fn attempt(&self, job: &Job) -> Outcome {
         // A producer's cancel that comes before the attempt begins is kept for it.
-        let _waiting = self.wait(job.id());
+        let _waiting = self.pending.wait(job.id());
         // A broken handler's children start no faster than its backoff.
         if let Some(wait) = self.rule.start_wait() {
             tokio::time::sleep(wait).await;
@@ -425,15 +426,6 @@ impl ExecPool {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes job `id` handed to the pool, until its attempt begins.
-    fn wait(&self, id: &str) -> Waiting<'_> {
-        let mut running = self.running();
-        running.next += 1;
-        let number = running.next;
-        running.waiting.insert(number, (id.to_string(), false));
-        Waiting { pool: self, number }
-    }
-
     /// Notes an attempt of job `id` starting on a child with `stdin`, which
     /// has said whether it `accepts` a cancel line; returns its number. A
     /// cancel a producer asked for while the job waited is the attempt's: its
@@ -444,10 +436,9 @@ impl ExecPool {
             let mut running = self.running();
             running.next += 1;
             let seq = running.next;
-            let requested = running
-                .waiting
-                .values()
-                .any(|(waiting, asked)| waiting == id && *asked);
+            // Asked with the attempts held: a producer's cancel that comes
+            // later finds the attempt among them, after this insert.
+            let requested = self.pending.asked(id);
             let mut attempt = Attempt {
                 id: id.to_string(),
                 stdin: Arc::clone(stdin),
@@ -528,12 +519,8 @@ impl ExecPool {
     /// child says so later gets it then, as does one that has not begun.
     fn producer_cancel(&self, id: &str) {
         let due: Vec<_> = {
+            self.pending.cancel(id);
             let mut running = self.running();
-            for (waiting, asked) in running.waiting.values_mut() {
-                if waiting == id {
-                    *asked = true;
-                }
-            }
             running
                 .attempts
                 .iter_mut()
@@ -724,18 +711,6 @@ fn before_answer(line: &[u8]) -> Before {
             Before::Accepts(what.iter().any(|w| w.as_str() == Some("cancel")))
         }
         _ => Before::Answer,
-    }
-}
-
-/// A job waiting for its attempt to begin, until dropped.
-struct Waiting<'a> {
-    pool: &'a ExecPool,
-    number: u64,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.pool.running().waiting.remove(&self.number);
     }
 }
 
@@ -1244,8 +1219,10 @@ mod tests {
     const ACCEPTS_CANCEL: &str = r#"echo '{"accepts":["pause","cancel"]}'
     while read -r line; do
       case "$line" in
-        '{"cancel":'*) [ -n "$waiting" ] && echo '{"ok":false,"error":"stopped","retry":false}'; waiting= ;;
+        '{"cancel":'*) [ -n "$waiting" ] && echo '{"ok":false,"error":"stopped","retry":false}'
+          [ -n "$badly" ] && { printf '{"ok":tr'; exit 0; }; waiting= ;;
         *'"wait"'*) waiting=1 ;;
+        *'"badly"'*) waiting=1; badly=1 ;;
         *'"late"'*) sleep 0.3; echo '{"accepts":["cancel"]}'; waiting=1 ;;
         *'"ignore"'*) sleep 0.5; echo '{"ok":true,"result":"finished"}' ;;
         *) echo '{"ok":true}' ;;
@@ -1303,7 +1280,7 @@ mod tests {
         assert!(p.rule.start_wait().is_some());
         let cancel = async {
             for _ in 0..500 {
-                if p.running().waiting.len() == 1 {
+                if !p.pending.is_empty() {
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -1316,7 +1293,40 @@ mod tests {
         let (outcome, ()) = tokio::join!(attempt, cancel);
         // Its child was told once the job reached it, and stopped it.
         assert_eq!(outcome, Ok(Outcome::permanent("stopped")));
-        assert!(p.running().waiting.is_empty());
+        assert!(p.pending.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_job_cancelled_while_it_waited_is_settled_by_its_answer_whatever_follows() {
+        let p = pool(ACCEPTS_CANCEL, 1);
+        for _ in 0..BROKEN_AFTER {
+            p.rule.died_unanswered("exited before its first job");
+        }
+        let cancel = async {
+            while p.pending.is_empty() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            p.cancel("b2");
+        };
+        // Told right after its job line, the child answers, writes half a
+        // line and exits. (A second whole answer is not detectable in the
+        // one-job protocol: it would be taken for the next job's.)
+        let j = job(r#"{"id":"b2","task":"badly"}"#);
+        let attempt = tokio::time::timeout(std::time::Duration::from_secs(20), p.handle(&j));
+        let (outcome, ()) = tokio::join!(attempt, cancel);
+        assert_eq!(outcome, Ok(Outcome::permanent("stopped")));
+        assert!(p.pending.is_empty());
+        // What it wrote after its answer is no job's: the next job is taken by
+        // the child or, found dead, its replacement, and is answered there.
+        let mut next = Outcome::retry("not run");
+        for _ in 0..2 {
+            next = p.handle(&job(r#"{"task":"a"}"#)).await;
+            if next == Outcome::Done {
+                break;
+            }
+        }
+        assert_eq!(next, Outcome::Done);
+        assert_eq!(p.restarts.get(), 1);
     }
 
     #[tokio::test]

@@ -108,6 +108,82 @@ impl Drop for GroupGuard {
     }
 }
 
+/// The jobs handed to a pool of handler children whose attempt has not
+/// begun (waiting out a broken handler's restart backoff, or for a free
+/// slot or stdin), each with whether a producer asked to cancel it
+/// meanwhile: such a cancel is kept for the attempt, which has no child to
+/// tell yet.
+///
+/// A pool asks [`Pending::asked`] only once the attempt is where the
+/// producer's cancel looks for attempts, and the producer marks a job here
+/// ([`Pending::cancel`]) before it looks there: whichever comes first, the
+/// attempt or the cancel, the other sees it.
+#[derive(Default)]
+pub(crate) struct Pending {
+    next: std::sync::atomic::AtomicU64,
+    jobs: std::sync::Mutex<std::collections::HashMap<u64, (String, bool)>>,
+}
+
+impl Pending {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (String, bool)>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes job `id` handed to the pool, until the guard is dropped.
+    pub(crate) fn wait(&self, id: &str) -> Waiting<'_> {
+        let number = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.jobs().insert(number, (id.to_string(), false));
+        Waiting {
+            pending: self,
+            number,
+        }
+    }
+
+    /// A producer asked to cancel job `id`: every waiting job with that id
+    /// is marked.
+    pub(crate) fn cancel(&self, id: &str) {
+        for (waiting, asked) in self.jobs().values_mut() {
+            if waiting == id {
+                *asked = true;
+            }
+        }
+    }
+
+    /// Whether a producer asked to cancel a waiting job with id `id`.
+    pub(crate) fn asked(&self, id: &str) -> bool {
+        self.jobs()
+            .values()
+            .any(|(waiting, asked)| waiting == id && *asked)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.jobs().is_empty()
+    }
+}
+
+/// A job noted in [`Pending`], until dropped.
+pub(crate) struct Waiting<'a> {
+    pending: &'a Pending,
+    number: u64,
+}
+
+impl Waiting<'_> {
+    /// Whether a producer asked to cancel this job while it waited.
+    pub(crate) fn asked(&self) -> bool {
+        self.pending
+            .jobs()
+            .get(&self.number)
+            .is_some_and(|(_, asked)| *asked)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pending.jobs().remove(&self.number);
+    }
+}
+
 /// Writes a job's line and its newline to a child's stdin straight from
 /// the job's shared text: the line is not copied into a buffer of its own
 /// first (a job can be as large as the payload limit). One vectored write
