@@ -20,7 +20,9 @@
 # state directory and on ports of its own and stopped with its
 # lib/control-plane-down.sh, so it can run beside another cluster of the
 # kit. KUBECTL (default the kit's K8S_BIN/kubectl, else
-# kubectl on PATH). Uses CARGO_TARGET_DIR when set.
+# kubectl on PATH). Uses CARGO_TARGET_DIR when set. With PERF_DATA=FILE,
+# `perf record` samples the operator (with call graphs) through each steady
+# window, into FILE.N for N pools: `perf report -i FILE.1000` reads it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -140,12 +142,19 @@ PY
   # Steady state: every pool read and decided each poll interval.
   sleep "$POLL"
   t0=$(ticks) s0=$(snapshots) w0=$(date +%s%N)
+  perf_pid=
+  if [ -n "${PERF_DATA:-}" ]; then
+    perf record --quiet -F 199 --call-graph dwarf,16384 -p "$operator_pid" \
+      -o "$PERF_DATA.$total" -- sleep "$STEADY" >/dev/null 2>&1 &
+    perf_pid=$!
+  fi
   peak=0
   for ((s = 0; s < STEADY; s++)); do
     r=$(rss_kb); [ "$r" -gt "$peak" ] && peak=$r
     sleep 1
   done
   t1=$(ticks) s1=$(snapshots) w1=$(date +%s%N)
+  if [ -n "$perf_pid" ]; then wait "$perf_pid" || echo "perf record failed" >&2; fi
   wall=$(echo "($w1 - $w0) / 1000000000" | bc -l)
   cpu=$(echo "100 * ($t1 - $t0) / $hz / $wall" | bc -l)
   reads=$(echo "($s1 - $s0) / $total / ($wall / $POLL)" | bc -l)

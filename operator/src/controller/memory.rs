@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store};
 use workerpool_queue::connection::{Connection, Endpoint};
 use workerpool_queue::memory::Memory;
 
@@ -51,6 +53,9 @@ pub struct Context {
     /// The memory settings of each Redis, and when they were read
     /// ([`Context::now`]): read again every [`super::observe::MEMORY_EVERY`].
     pub(super) memory: Mutex<HashMap<Endpoint, (Duration, Memory)>>,
+    /// The pools' Deployments as the controller's watch last saw them
+    /// (`None`: each look reads its pool's from the API server).
+    deployments: Option<Store<Deployment>>,
     started: Instant,
 }
 
@@ -70,8 +75,38 @@ impl Context {
             pools: Mutex::new(HashMap::new()),
             redis: Mutex::new(HashMap::new()),
             memory: Mutex::new(HashMap::new()),
+            deployments: None,
             started: Instant::now(),
         }
+    }
+
+    /// Reads the pools' Deployments from `store`, which the controller's
+    /// watch of them keeps, instead of from the API server at every look.
+    #[must_use]
+    pub fn with_deployments(mut self, store: Store<Deployment>) -> Self {
+        self.deployments = Some(store);
+        self
+    }
+
+    /// Deployment `name` in `namespace` as the watch last saw it, unless it
+    /// is older than `applied`, the generation this operator's last apply
+    /// got back: a look never decides on less than its own last write.
+    /// `None` when the watch has not seen it (not there, not labelled as
+    /// ours, or the watch not yet listed): the API server is asked then.
+    pub(super) fn watched_deployment(
+        &self,
+        namespace: &str,
+        name: &str,
+        applied: Option<i64>,
+    ) -> Option<Deployment> {
+        let store = self.deployments.as_ref()?;
+        let seen = store.get(&ObjectRef::new(name).within(namespace))?;
+        let fresh = match (applied, seen.metadata.generation) {
+            (Some(applied), Some(seen)) => seen >= applied,
+            (Some(_), None) => false,
+            (None, _) => true,
+        };
+        fresh.then(|| Deployment::clone(&seen))
     }
 
     pub(super) fn now(&self) -> Duration {

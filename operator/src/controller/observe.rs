@@ -255,12 +255,19 @@ pub(super) struct Workload {
 
 /// Reads the Deployment, and the pods when workers are missing.
 pub(super) async fn workload(pool: &WorkerPool, ctx: &Context) -> Result<Workload, Error> {
-    let deployments: Api<Deployment> =
-        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
-    let existing = deployments
-        .get_opt(&pool.name_any())
-        .await
-        .map_err(Error::GetDeployment)?;
+    let namespace = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let applied = ctx.pool(&pool_key(pool), |m| m.applied.and_then(|(_, g)| g));
+    let existing = match ctx.watched_deployment(&namespace, &name, applied) {
+        Some(seen) => Some(seen),
+        None => {
+            let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+            deployments
+                .get_opt(&name)
+                .await
+                .map_err(Error::GetDeployment)?
+        }
+    };
     let foreign = existing
         .as_ref()
         .and_then(|d| workload::not_owned("Deployment", &d.metadata, pool));

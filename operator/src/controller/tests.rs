@@ -358,6 +358,53 @@ async fn a_new_pool_gets_exactly_its_built_deployment_and_a_status() {
 }
 
 #[tokio::test]
+async fn a_look_reads_the_watched_deployment_unless_it_is_older_than_its_own_last_apply() {
+    let redis = TestRedis::start();
+    let p = Arc::new(pool(fixed(&redis.url(), 2)));
+    let (store, mut writer) = kube::runtime::reflector::store::<Deployment>();
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Arc::new(
+        Context::new(Client::new(service, "default"), Metrics::new(), None).with_deployments(store),
+    );
+    let mut api = ApiServer { handle };
+    let mut watch_sees = |mut deployment: Value, generation: i64| {
+        deployment["metadata"]["generation"] = json!(generation);
+        let deployment = serde_json::from_value(deployment).expect("a deployment");
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(deployment));
+    };
+    watch_sees(existing_deployment(2, 2), 4);
+
+    // The watch has it: no GET. Never applied by this operator, it is applied.
+    let task = tokio::spawn(reconcile(p.clone(), ctx.clone()));
+    let applied = api
+        .exchange("PATCH", DEPLOYMENT, StatusCode::OK, |sent| {
+            let mut live = sent.clone();
+            live["metadata"]["generation"] = json!(5);
+            live["status"] = json!({"replicas": 2, "readyReplicas": 2});
+            live
+        })
+        .await;
+    api.status().await;
+    task.await.expect("task").expect("reconcile");
+
+    // The watch still shows generation 4, older than the apply's 5: the API
+    // server is asked, and what it says (5, as applied) needs no apply.
+    let mut live = applied.clone();
+    live["metadata"]["generation"] = json!(5);
+    live["status"] = json!({"replicas": 2, "readyReplicas": 2});
+    let task = tokio::spawn(reconcile(p.clone(), ctx.clone()));
+    api.get(DEPLOYMENT, Some(live.clone())).await;
+    api.status().await;
+    task.await.expect("task").expect("reconcile");
+
+    // The watch caught up: nothing is read from the API server or applied.
+    watch_sees(live, 5);
+    let task = tokio::spawn(reconcile(p.clone(), ctx.clone()));
+    api.status().await;
+    api.finish(task).await.expect("reconcile");
+}
+
+#[tokio::test]
 async fn a_backlog_scales_the_pool_up_with_an_event_and_the_reason_in_status() {
     let redis = TestRedis::start();
     push(&redis, "mail", 12).await;
