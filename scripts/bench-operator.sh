@@ -3,7 +3,8 @@
 # the cluster, no leader election) against a real API server and one
 # redis-server, with POOLS WorkerPools on that Redis (each its own queue).
 # For each total in POOLS it prints: how long until every pool has its
-# Deployment, the operator's RSS and CPU over STEADY seconds of steady state,
+# Deployment, the operator's RSS and CPU over STEADY seconds of steady state
+# (and the API server's CPU then),
 # how often each pool's queue was read (snapshot scripts per pool per
 # poll interval: 1.00 means every pool every pollIntervalSeconds), and the
 # time from a backlog appearing on one pool's queue to that pool's scale-up.
@@ -20,7 +21,8 @@
 # state directory and on ports of its own and stopped with its
 # lib/control-plane-down.sh, so it can run beside another cluster of the
 # kit. KUBECTL (default the kit's K8S_BIN/kubectl, else
-# kubectl on PATH). Uses CARGO_TARGET_DIR when set. With PERF_DATA=FILE,
+# kubectl on PATH). Uses CARGO_TARGET_DIR when set; OPERATOR=BINARY runs
+# that build instead (to compare two). With PERF_DATA=FILE,
 # `perf record` samples the operator (with call graphs) through each steady
 # window, into FILE.N for N pools: `perf report -i FILE.1000` reads it.
 set -euo pipefail
@@ -40,8 +42,10 @@ fi
 for tool in redis-server redis-cli python3; do
   command -v "$tool" >/dev/null || { echo "$tool not found" >&2; exit 1; }
 done
-cargo build --quiet --release -p workerpool-operator
-OPERATOR=$TARGET/release/workerpool-operator
+if [ -z "${OPERATOR:-}" ]; then
+  cargo build --quiet --release -p workerpool-operator
+  OPERATOR=$TARGET/release/workerpool-operator
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 tmp=$(mktemp -d)
@@ -104,8 +108,11 @@ spec:
 YAML
 }
 deployments() { k get deployments -n "$NS" --no-headers 2>/dev/null | wc -l; }
-# Operator CPU ticks (user + system) and RSS in kB.
-ticks() { awk '{print $14 + $15}' "/proc/$operator_pid/stat"; }
+# CPU ticks (user + system) of the operator, or of process $1; RSS in kB.
+ticks() { awk '{print $14 + $15}' "/proc/${1:-$operator_pid}/stat"; }
+# The API server of this control plane (the one on its own port).
+apiserver_pid=$(pgrep -f "kube-apiserver .*--secure-port[= ]$APISERVER_PORT( |\$)" | head -n 1 || true)
+apiserver_ticks() { if [ -n "$apiserver_pid" ]; then ticks "$apiserver_pid"; else echo 0; fi; }
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$operator_pid/status"; }
 snapshots() {
   # A snapshot's transaction is the only EXEC the operator sends.
@@ -113,8 +120,8 @@ snapshots() {
 }
 hz=$(getconf CLK_TCK)
 
-printf '%-7s %14s %12s %9s %9s %14s %12s\n' \
-  pools "create (s)" "all ready(s)" "RSS MB" "CPU %" "reads/poll" "wake-up (s)"
+printf '%-7s %14s %12s %9s %9s %14s %12s %15s\n' \
+  pools "create (s)" "all ready(s)" "RSS MB" "CPU %" "reads/poll" "wake-up (s)" "API server CPU%"
 have=0
 for total in $POOLS; do
   from=$((have + 1))
@@ -141,7 +148,7 @@ PY
 
   # Steady state: every pool read and decided each poll interval.
   sleep "$POLL"
-  t0=$(ticks) s0=$(snapshots) w0=$(date +%s%N)
+  t0=$(ticks) a0=$(apiserver_ticks) s0=$(snapshots) w0=$(date +%s%N)
   perf_pid=
   if [ -n "${PERF_DATA:-}" ]; then
     perf record --quiet -F 199 --call-graph dwarf,16384 -p "$operator_pid" \
@@ -153,10 +160,11 @@ PY
     r=$(rss_kb); [ "$r" -gt "$peak" ] && peak=$r
     sleep 1
   done
-  t1=$(ticks) s1=$(snapshots) w1=$(date +%s%N)
+  t1=$(ticks) a1=$(apiserver_ticks) s1=$(snapshots) w1=$(date +%s%N)
   if [ -n "$perf_pid" ]; then wait "$perf_pid" || echo "perf record failed" >&2; fi
   wall=$(echo "($w1 - $w0) / 1000000000" | bc -l)
   cpu=$(echo "100 * ($t1 - $t0) / $hz / $wall" | bc -l)
+  api_cpu=$(echo "100 * ($a1 - $a0) / $hz / $wall" | bc -l)
   reads=$(echo "($s1 - $s0) / $total / ($wall / $POLL)" | bc -l)
 
   # A backlog on one pool's queue: time until its Deployment scales up.
@@ -169,11 +177,11 @@ PY
   woke=$(date +%s%N)
   cli DEL "q$probe" >/dev/null
 
-  printf '%-7s %14.1f %12.1f %9d %9.1f %14.2f %12.1f\n' "$total" \
+  printf '%-7s %14.1f %12.1f %9d %9.1f %14.2f %12.1f %15.1f\n' "$total" \
     "$(echo "($created - $start) / 1000000000" | bc -l)" \
     "$(echo "($ready - $start) / 1000000000" | bc -l)" \
     $((peak / 1024)) "$cpu" "$reads" \
-    "$(echo "($woke - $pushed) / 1000000000" | bc -l)"
+    "$(echo "($woke - $pushed) / 1000000000" | bc -l)" "$api_cpu"
 done
 if grep -qi "error" "$tmp/operator.log"; then
   echo "operator errors (first 5):" >&2

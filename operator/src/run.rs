@@ -249,7 +249,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         watcher::Config::default().labels("app.kubernetes.io/managed-by=workerpool-operator"),
     )
     .default_backoff()
-    .modify(|d| d.managed_fields_mut().clear())
+    // A look needs a Deployment's metadata, replica count and status: the
+    // rest (its managed fields, the pod template) is not kept.
+    .modify(|d| {
+        d.managed_fields_mut().clear();
+        if let Some(spec) = d.spec.as_mut() {
+            spec.template = Default::default();
+        }
+    })
     .reflect(deployment_writer)
     .touched_objects();
     let ctx =

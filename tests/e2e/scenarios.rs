@@ -202,20 +202,21 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
 
     // Idle at zero, the pool is looked at every second, but a look that
     // changes nothing writes nothing: no apply of the Deployment, no status
-    // patch (the API server's own request counters say so).
+    // patch; and it reads the Deployment from the operator's watch, not
+    // with a GET (the API server's own request counters say so).
     eventually(
         Duration::from_secs(30),
-        "a 4 s window without writes for the idle pool",
+        "a 4 s window without writes or Deployment reads for the idle pool",
         |last| {
-            let before = operator_writes(k);
+            let before = operator_requests(k);
             std::thread::sleep(Duration::from_secs(4));
-            let after = operator_writes(k);
-            let written = (after.0 - before.0, after.1 - before.1);
+            let after = operator_requests(k);
+            let sent = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
             *last = format!(
-                "{} Deployment applies, {} status patches",
-                written.0, written.1
+                "{} Deployment applies, {} status patches, {} Deployment GETs",
+                sent.0, sent.1, sent.2
             );
-            (written.0 <= 1.0 && written.1 <= 1.0).then_some(())
+            (sent.0 <= 1.0 && sent.1 <= 1.0 && sent.2 <= 1.0).then_some(())
         },
     );
 
@@ -329,9 +330,9 @@ fn a_backlog_wakes_a_pool_from_zero_every_job_runs_and_the_pool_returns_to_zero(
     }
 }
 
-/// The API server's count of Deployment applies and WorkerPool status
-/// patches so far (`apiserver_request_total`).
-fn operator_writes(k: &Cluster) -> (f64, f64) {
+/// The API server's count of Deployment applies, WorkerPool status patches
+/// and Deployment GETs so far (`apiserver_request_total`).
+fn operator_requests(k: &Cluster) -> (f64, f64, f64) {
     let text = k.kubectl(&["get", "--raw", "/metrics"]);
     let count = |labels: &[&str]| -> f64 {
         text.lines()
@@ -347,6 +348,7 @@ fn operator_writes(k: &Cluster) -> (f64, f64) {
             r#"subresource="status""#,
             r#"verb="PATCH""#,
         ]),
+        count(&[r#"resource="deployments""#, r#"verb="GET""#]),
     )
 }
 

@@ -53,7 +53,8 @@ pub struct Context {
     /// The memory settings of each Redis, and when they were read
     /// ([`Context::now`]): read again every [`super::observe::MEMORY_EVERY`].
     pub(super) memory: Mutex<HashMap<Endpoint, (Duration, Memory)>>,
-    /// The pools' Deployments as the controller's watch last saw them
+    /// The pools' Deployments as the controller's watch last saw them: their
+    /// metadata, replica count and status, what a look reads of them
     /// (`None`: each look reads its pool's from the API server).
     deployments: Option<Store<Deployment>>,
     started: Instant,
