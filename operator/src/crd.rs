@@ -7,8 +7,10 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::core::crd::CustomResourceExt;
+use kube::core::{Message, Rule};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+use workerpool_queue::keys::KEY_PARTS;
 
 use crate::scaling::ScalingSpec;
 
@@ -326,6 +328,47 @@ pub struct QueueSpec {
     pub redis: RedisQueue,
 }
 
+/// The CEL pattern of a queue name that the queue crate refuses
+/// ([`check_name`](workerpool_queue::keys::check_name)): a part after a colon
+/// that is one of the words of its other keys ([`KEY_PARTS`]), so that its
+/// keys would be another queue's.
+fn key_part_pattern() -> String {
+    format!(":({})(:|$)", KEY_PARTS.join("|"))
+}
+
+/// What a queue name must not hold, in words, and what to do.
+fn key_part_advice() -> String {
+    let [rest @ .., last] = &KEY_PARTS;
+    format!(
+        "would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be {} or {last}; rename it, for example with - for :",
+        rest.join(", ")
+    )
+}
+
+/// `spec.queue.redis.key` is no key of another queue.
+fn key_part_rule() -> Rule {
+    Rule::new(format!(
+        "!has(self.key) || !self.key.matches('{}')",
+        key_part_pattern()
+    ))
+    .message(Message::Expression(format!(
+        "'spec.queue.redis.key ' + self.key + ' {}'",
+        key_part_advice()
+    )))
+}
+
+/// No name of `spec.queue.redis.keys` is a key of another queue.
+fn key_parts_rule() -> Rule {
+    Rule::new(format!(
+        "!has(self.keys) || self.keys.all(k, !k.matches('{}'))",
+        key_part_pattern()
+    ))
+    .message(Message::Message(format!(
+        "spec.queue.redis.keys: a name {}",
+        key_part_advice()
+    )))
+}
+
 /// A queue on Redis.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("set exactly one of spec.queue.redis.url or spec.queue.redis.urlSecretRef"))]
@@ -334,8 +377,8 @@ pub struct QueueSpec {
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'Cluster' || (has(self.key) ? self.key.matches('[{][^}]+[}]') : self.keys.all(k, k.matches('[{][^}]+[}]')))").message("spec.queue.redis.mode is Cluster: queue names need a hash tag so each queue's keys share one slot, for example {mail}, or {mail}:high and {mail}:low for several queues"))]
 #[x_kube(validation = Rule::new("!has(self.url) || self.url.matches('^rediss?([+]sentinel)?://')").message("spec.queue.redis.url must start with redis:// (or rediss:// for TLS): redis://[user:password@]host[:port][/db], for example redis://redis:6379/0; through Redis Sentinel redis+sentinel://host1:26379,host2:26379/<primary name>[/<db>] (rediss+sentinel:// for TLS)"))]
 #[x_kube(validation = Rule::new("!has(self.url) || !has(self.mode) || self.mode != 'Cluster' || !self.url.matches('^rediss?[+]sentinel://')").message("spec.queue.redis.mode is Cluster but spec.queue.redis.url is a redis+sentinel:// URL, which names a primary and its replicas, not a cluster: set mode to Auto or Standalone"))]
-#[x_kube(validation = Rule::new("!has(self.key) || !self.key.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires|wait-probe|job)(:|$)')").message(Message::Expression("'spec.queue.redis.key ' + self.key + ' would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats, fires, wait-probe or job; rename it, for example with - for :'".into())))]
-#[x_kube(validation = Rule::new("!has(self.keys) || self.keys.all(k, !k.matches(':(processing|retry|scheduled|dead|workers|worker|unique|rate|stats|fires|wait-probe|job)(:|$)'))").message("spec.queue.redis.keys: a name would be a key of another queue (emails:retry is the retry set of the queue emails): no part of a queue name after a colon may be processing, retry, scheduled, dead, workers, worker, unique, rate, stats, fires, wait-probe or job; rename it, for example with - for :"))]
+#[x_kube(validation = key_part_rule())]
+#[x_kube(validation = key_parts_rule())]
 #[serde(rename_all = "camelCase")]
 pub struct RedisQueue {
     /// Redis URL, `redis://[user:password@]host[:port][/db]`, `rediss://`
