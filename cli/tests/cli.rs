@@ -394,7 +394,9 @@ async fn workers_shows_each_worker_alive_or_lost_with_its_beat_age_and_jobs() {
     );
 }
 
-#[tokio::test]
+// The worker runs on the test's runtime while the test waits on `workerpool`
+// processes: a runtime thread of its own keeps it working meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_list_retry_brings_a_job_back_to_completion_and_purge_empties_the_list() {
     let redis = TestRedis::start();
     let url = redis.url();
@@ -918,7 +920,9 @@ async fn dead_list_reads_a_huge_dead_letter_as_its_start_and_size_and_retry_and_
 /// prints what the handler returned, `job show` prints it as JSON, a dead
 /// one makes `job wait` fail with its error, and a job that did not ask
 /// has none.
-#[tokio::test]
+// The worker runs on the test's runtime while the test waits on `workerpool`
+// processes: a runtime thread of its own keeps it working meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_wait_prints_a_kept_jobs_result_and_job_show_its_state() {
     let redis = TestRedis::start();
     let url = redis.url();
@@ -1029,7 +1033,9 @@ async fn job_wait_prints_a_kept_jobs_result_and_job_show_its_state() {
 /// cancelled rather than retried. A running job's progress shows in `job
 /// show`. A second cancel says the job already ended; an id nobody knows
 /// is refused with why.
-#[tokio::test]
+// The worker runs on the test's runtime while the test waits on `workerpool`
+// processes: a runtime thread of its own keeps it working meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_cancel_removes_a_waiting_job_and_stops_a_running_one_that_listens() {
     let redis = TestRedis::start();
     let url = redis.url();
