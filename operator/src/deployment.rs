@@ -21,6 +21,8 @@ use crate::crd::WorkerPool;
 
 /// Label that ties pods and the Deployment to their pool.
 pub const POOL_LABEL: &str = "workerpool.dev/pool";
+/// The label, and its value, that mark what this operator manages.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "workerpool-operator");
 /// Port of the worker's `/healthz`, `/readyz` and `/metrics`.
 pub const WORKER_PORT: i32 = 8080;
 /// The worker image's non-root user and group.
@@ -70,10 +72,7 @@ pub fn labels(pool_name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "workerpool-worker".into()),
         ("app.kubernetes.io/instance".into(), pool_name.into()),
-        (
-            "app.kubernetes.io/managed-by".into(),
-            "workerpool-operator".into(),
-        ),
+        (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
         (POOL_LABEL.into(), pool_name.into()),
     ])
 }

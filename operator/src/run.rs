@@ -244,9 +244,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // finds none there asks the API server, which also shows a Deployment
     // of the pool's name that is someone else's.
     let (deployment_store, deployment_writer) = reflector::store();
+    let (label, value) = crate::deployment::MANAGED_BY;
     let deployments = watcher(
         deployments,
-        watcher::Config::default().labels("app.kubernetes.io/managed-by=workerpool-operator"),
+        watcher::Config::default().labels(&format!("{label}={value}")),
     )
     .default_backoff()
     // A look needs a Deployment's metadata, replica count and status: the

@@ -102,11 +102,7 @@ impl Context {
     ) -> Option<Deployment> {
         let store = self.deployments.as_ref()?;
         let seen = store.get(&ObjectRef::new(name).within(namespace))?;
-        let fresh = match (applied, seen.metadata.generation) {
-            (Some(applied), Some(seen)) => seen >= applied,
-            (Some(_), None) => false,
-            (None, _) => true,
-        };
+        let fresh = applied.is_none_or(|applied| seen.metadata.generation >= Some(applied));
         fresh.then(|| Deployment::clone(&seen))
     }
 

@@ -1269,11 +1269,14 @@ mod tests {
         assert_eq!(outcome, Outcome::permanent("stopped"));
     }
 
-    #[tokio::test]
-    async fn a_cancel_while_the_job_waits_out_a_broken_handlers_backoff_reaches_its_child() {
-        let p = pool(ACCEPTS_CANCEL, 1);
-        // Children died unanswered: the next attempt waits out the restart backoff
-        // before its job line is written, and the producer's cancel comes then.
+    /// Runs job `raw` (of id `id`) on `p` after its children died unanswered, so
+    /// that the attempt waits out the restart backoff before its job line is
+    /// written; a producer cancels the job then. Returns the attempt's outcome.
+    async fn cancelled_while_waiting_out_the_backoff(
+        p: &ExecPool,
+        raw: &str,
+        id: &str,
+    ) -> Result<Outcome, tokio::time::error::Elapsed> {
         for _ in 0..BROKEN_AFTER {
             p.rule.died_unanswered("exited before its first job");
         }
@@ -1286,11 +1289,19 @@ mod tests {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             assert!(p.running().attempts.is_empty(), "not waiting any more");
-            p.cancel("b1");
+            p.cancel(id);
         };
-        let j = job(r#"{"id":"b1","task":"wait"}"#);
+        let j = job(raw);
         let attempt = tokio::time::timeout(std::time::Duration::from_secs(20), p.handle(&j));
         let (outcome, ()) = tokio::join!(attempt, cancel);
+        outcome
+    }
+
+    #[tokio::test]
+    async fn a_cancel_while_the_job_waits_out_a_broken_handlers_backoff_reaches_its_child() {
+        let p = pool(ACCEPTS_CANCEL, 1);
+        let outcome =
+            cancelled_while_waiting_out_the_backoff(&p, r#"{"id":"b1","task":"wait"}"#, "b1").await;
         // Its child was told once the job reached it, and stopped it.
         assert_eq!(outcome, Ok(Outcome::permanent("stopped")));
         assert!(p.pending.is_empty());
@@ -1299,21 +1310,12 @@ mod tests {
     #[tokio::test]
     async fn a_job_cancelled_while_it_waited_is_settled_by_its_answer_whatever_follows() {
         let p = pool(ACCEPTS_CANCEL, 1);
-        for _ in 0..BROKEN_AFTER {
-            p.rule.died_unanswered("exited before its first job");
-        }
-        let cancel = async {
-            while p.pending.is_empty() {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            p.cancel("b2");
-        };
         // Told right after its job line, the child answers, writes half a
         // line and exits. (A second whole answer is not detectable in the
         // one-job protocol: it would be taken for the next job's.)
-        let j = job(r#"{"id":"b2","task":"badly"}"#);
-        let attempt = tokio::time::timeout(std::time::Duration::from_secs(20), p.handle(&j));
-        let (outcome, ()) = tokio::join!(attempt, cancel);
+        let outcome =
+            cancelled_while_waiting_out_the_backoff(&p, r#"{"id":"b2","task":"badly"}"#, "b2")
+                .await;
         assert_eq!(outcome, Ok(Outcome::permanent("stopped")));
         assert!(p.pending.is_empty());
         // What it wrote after its answer is no job's: the next job is taken by
